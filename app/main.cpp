@@ -1,0 +1,50 @@
+// The `weft` command: parses the subcommand and maps errors to exit codes. Bad input
+// (weft::UsageError, CLI parse errors) exits 2 with one line on stderr naming the flag; any
+// other error exits 1.
+#include <fmt/format.h>
+#include <torch/version.h>
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "cmd_mesh.h"
+#include "commands.h"
+#include "weft/comm/communicator.h"
+#include "weft/core/error.h"
+
+namespace {
+
+std::string version_string() {
+  std::string nccl = weft::nccl_available() ? weft::nccl_version() : "not built";
+  return fmt::format("weft {}\n  libtorch {}\n  MPI {}\n  NCCL {}", WEFT_VERSION, TORCH_VERSION,
+                     weft::MpiRuntime::library_version(), nccl);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"weft: hybrid-parallel LLM training (FSDP/HSDP x pipeline x experts)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", version_string);
+  weft::app::add_mesh_command(&app);
+  weft::app::add_more_commands(&app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "weft: error: " << e.what() << " (see weft --help)\n";
+    return 2;
+  } catch (const weft::UsageError& e) {
+    std::cerr << "weft: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "weft: fatal: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

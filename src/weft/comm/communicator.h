@@ -1,0 +1,115 @@
+// Collectives on tensors over one process group of the mesh.
+//
+// A Communicator is bound to one group (its members are global ranks in group-rank order) and
+// one backend: MPI for CPU tensors (CUDA tensors are staged through host memory), NCCL for CUDA
+// tensors where weft is built with CUDA. Every member must enter every collective in the same
+// order, including members whose buffer is empty (invariant 6): zero-length buffers are legal
+// everywhere. Buffers must be contiguous; `out` buffers are written in place and never
+// reallocated, so callers may pass views into larger flat buffers.
+//
+// Contract on peers and roots: they are group ranks (0..size()-1), not global ranks.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "weft/mesh/mesh.h"
+
+namespace weft {
+
+enum class ReduceOp { kSum, kAvg, kMax };
+
+// One point-to-point operation of a batch (see Communicator::batch_p2p).
+struct P2POp {
+  enum Kind { kSend, kRecv } kind;
+  at::Tensor tensor;  // contiguous; written in place for kRecv
+  int peer;           // group rank
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  int rank() const { return rank_; }                    // this process's group rank
+  int size() const { return static_cast<int>(members_.size()); }
+  const Group& members() const { return members_; }     // global ranks, group-rank order
+  const std::string& name() const { return name_; }     // e.g. "fsdp_shard", for messages
+  virtual std::string backend() const = 0;              // "mpi" or "nccl"
+
+  // out.numel() == size() * in.numel(); rank i's `in` lands at out[i*n, (i+1)*n).
+  virtual void all_gather(const at::Tensor& in, const at::Tensor& out) = 0;
+  // in.numel() == size() * out.numel(); out = op over ranks of in[rank*n, (rank+1)*n).
+  virtual void reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op) = 0;
+  virtual void all_reduce(const at::Tensor& t, ReduceOp op) = 0;
+  virtual void broadcast(const at::Tensor& t, int root) = 0;
+  virtual void send(const at::Tensor& t, int peer) = 0;
+  virtual void recv(const at::Tensor& t, int peer) = 0;
+  // Posts every operation, then waits for all: a send and a recv in one batch never deadlock.
+  virtual void batch_p2p(const std::vector<P2POp>& ops) = 0;
+  // Uneven all-to-all along dim 0 of flat buffers: send_counts[i] elements of `in` (in rank
+  // order) go to rank i; recv_counts[i] elements from rank i land in `out` in rank order.
+  virtual void all_to_all(const at::Tensor& in, const std::vector<int64_t>& send_counts,
+                          const at::Tensor& out, const std::vector<int64_t>& recv_counts) = 0;
+  virtual void barrier() = 0;
+
+ protected:
+  Communicator(std::string name, Group members, int rank)
+      : name_(std::move(name)), members_(std::move(members)), rank_(rank) {}
+
+ private:
+  std::string name_;
+  Group members_;
+  int rank_;
+};
+
+// MPI start-up and tear-down for the process (MPI_THREAD_MULTIPLE, since autograd may call
+// collectives from its worker threads). Safe to construct once per process.
+class MpiRuntime {
+ public:
+  MpiRuntime(int* argc, char*** argv);
+  ~MpiRuntime();
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+  int world_rank() const { return rank_; }
+  int world_size() const { return size_; }
+  int local_rank() const { return local_rank_; }  // rank among processes on this host
+  static std::string library_version();           // e.g. "Open MPI v4.1.4"
+
+ private:
+  int rank_ = 0, size_ = 1, local_rank_ = 0;
+  bool finalize_ = false;
+};
+
+enum class Backend { kMpi, kNccl };
+
+// Every group of the mesh that holds this rank, as communicators over one backend.
+// Construction is collective over the world: every rank must construct it, and each group is
+// checked by its members (they compare a digest of the membership list) before it is used;
+// a disagreement fails with a message naming the group kind and both member lists.
+class ProcessGroups {
+ public:
+  ProcessGroups(const Mesh& mesh, Backend backend);
+  ~ProcessGroups();
+
+  const Mesh& mesh() const { return mesh_; }
+  int rank() const { return rank_; }
+  // The communicator of group `kind` holding this rank; null for "embedding" on middle stages.
+  Communicator* get(const std::string& kind) const;
+  Communicator& world() const { return *world_; }
+
+ private:
+  Mesh mesh_;
+  int rank_;
+  std::unique_ptr<Communicator> world_;
+  std::vector<std::pair<std::string, std::unique_ptr<Communicator>>> groups_;
+};
+
+// True when weft was built with the NCCL backend.
+bool nccl_available();
+std::string nccl_version();  // "" when not built
+
+}  // namespace weft

@@ -1,0 +1,19 @@
+// main() for multi-rank GoogleTest binaries: starts MPI, gives each rank one intra-op thread
+// (ranks outnumber cores in CI), runs the tests, and makes the job fail if any rank failed.
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include "weft/comm/communicator.h"
+#include "weft/core/error.h"
+
+int main(int argc, char** argv) {
+  weft::MpiRuntime mpi(&argc, &argv);
+  weft::set_error_rank(mpi.world_rank());
+  at::set_num_threads(1);
+  ::testing::InitGoogleTest(&argc, argv);
+  int local_fail = RUN_ALL_TESTS() != 0 ? 1 : 0;
+  int any_fail = 0;
+  MPI_Allreduce(&local_fail, &any_fail, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return any_fail;
+}
