@@ -1,12 +1,16 @@
 // Registry of the runtime subcommands (see commands.h).
 #include "commands.h"
 
+#include "cmd_train.h"
+
 namespace weft::app {
 
 void add_more_commands(CLI::App* app, int argc, char** argv) {
-  (void)app;
-  (void)argc;
-  (void)argv;
+  static int s_argc;
+  static char** s_argv;
+  s_argc = argc;
+  s_argv = argv;
+  add_train_command(app, &s_argc, &s_argv);
 }
 
 }  // namespace weft::app

@@ -1,0 +1,105 @@
+// `weft train`: parses Megatron-named flags into a TrainConfig, validates everything locally
+// (before any collective, so a bad flag is one clear message from every rank), starts MPI,
+// builds and checks the process groups, and trains.
+#include "cmd_train.h"
+
+#include <ATen/Parallel.h>
+
+#include <memory>
+
+#include "layout_flags.h"
+#include "weft/comm/communicator.h"
+#include "weft/core/error.h"
+#include "weft/train/trainer.h"
+
+namespace weft::app {
+namespace {
+
+struct TrainArgs {
+  TrainConfig cfg;
+  std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32", backend = "auto";
+  int threads = 0;
+};
+
+c10::ScalarType moment_dtype(const std::string& flag, const std::string& v) {
+  if (v == "fp32") return at::kFloat;
+  if (v == "bf16") return at::kBFloat16;
+  fail_usage("{} must be fp32 or bf16 (got '{}')", flag, v);
+}
+
+void add_flags(CLI::App* c, TrainArgs* a) {
+  TrainConfig& t = a->cfg;
+  ModelConfig& m = t.model;
+  auto opt = [&](const char* name, auto& v, const char* help) {
+    c->add_option(name, v, help)->capture_default_str();
+  };
+  opt("--num-layers", m.num_layers, "transformer layers");
+  opt("--hidden-size", m.hidden_size, "hidden size");
+  opt("--ffn-hidden-size", m.ffn_hidden_size, "SwiGLU hidden size");
+  opt("--num-attention-heads", m.num_attention_heads, "attention heads");
+  opt("--num-query-groups", m.num_query_groups, "key/value heads (grouped-query attention)");
+  opt("--seq-length", m.seq_length, "sequence length");
+  opt("--vocab-size", m.vocab_size, "vocabulary size");
+  opt("--init-method-std", m.init_method_std, "std of the normal initialisation");
+  opt("--rotary-base", m.rotary_base, "RoPE base");
+  opt("--norm-epsilon", m.norm_epsilon, "RMSNorm epsilon");
+  c->add_flag("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights,
+              "separate output layer instead of the tied embedding");
+  c->add_flag("--bf16", m.bf16, "bf16 compute and weights (fp32 master weights)");
+  opt("--micro-batch-size", t.micro_batch_size, "samples per microbatch");
+  opt("--global-batch-size", t.global_batch_size, "samples per step over all replicas");
+  opt("--train-iters", t.train_iters, "iterations to train");
+  opt("--seed", t.seed, "seed for initialisation and mock data");
+  opt("--lr", t.lr.lr, "peak learning rate");
+  opt("--min-lr", t.lr.min_lr, "final learning rate");
+  opt("--lr-warmup-iters", t.lr.warmup_iters, "linear warmup iterations");
+  opt("--lr-decay-iters", t.lr.decay_iters, "decay iterations (-1: --train-iters)");
+  opt("--lr-decay-style", t.lr.style, "cosine | linear | constant");
+  opt("--weight-decay", t.adam.weight_decay, "AdamW weight decay (not on norms)");
+  opt("--adam-beta1", t.adam.beta1, "AdamW beta1");
+  opt("--adam-beta2", t.adam.beta2, "AdamW beta2");
+  opt("--adam-eps", t.adam.eps, "AdamW epsilon");
+  opt("--clip-grad", t.clip_grad, "global grad-norm clip (0: off)");
+  opt("--exp-avg-dtype", a->exp_avg_dtype, "fp32 | bf16");
+  opt("--exp-avg-sq-dtype", a->exp_avg_sq_dtype, "fp32 | bf16");
+  c->add_flag("--use-precision-aware-optimizer", t.adam.precision_aware,
+              "keep gradients in a decoupled fp32 buffer beside the master weights");
+  opt("--decoder-first-pipeline-num-layers", t.first_stage_layers,
+      "layers on the first stage (-1: even split)");
+  opt("--decoder-last-pipeline-num-layers", t.last_stage_layers,
+      "layers on the last stage (-1: even split)");
+  opt("--device", t.device, "cpu | cuda");
+  opt("--log-jsonl", t.log_jsonl, "append one JSON object per iteration to FILE");
+  opt("--log-interval", t.log_interval, "print every N iterations");
+  opt("--threads", a->threads, "intra-op threads per rank (0: cores / world size)");
+  add_layout_flags(c, &t.layout);
+}
+
+}  // namespace
+
+void add_train_command(CLI::App* app, int* argc, char*** argv) {
+  auto a = std::make_shared<TrainArgs>();
+  CLI::App* c = app->add_subcommand("train", "pretrain a Llama-style model (mock data)");
+  add_flags(c, a.get());
+  c->callback([a, argc, argv] {
+    TrainConfig& t = a->cfg;
+    t.adam.exp_avg_dtype = moment_dtype("--exp-avg-dtype", a->exp_avg_dtype);
+    t.adam.exp_avg_sq_dtype = moment_dtype("--exp-avg-sq-dtype", a->exp_avg_sq_dtype);
+    if (t.log_interval < 1) fail_usage("--log-interval must be >= 1");
+    MpiRuntime mpi(argc, argv);
+    set_error_rank(mpi.world_rank());
+    // Every rank validates the same flags before the first collective.
+    validate_train_config(t, mpi.world_size());
+    int threads = a->threads;
+    if (threads <= 0) threads = std::max(1, at::get_num_threads() / mpi.world_size());
+    at::set_num_threads(threads);
+    LayoutConfig layout = t.layout;
+    layout.world_size = mpi.world_size();
+    Mesh mesh(layout);
+    ProcessGroups groups(mesh, Backend::kMpi);
+    Trainer trainer(t, groups);
+    trainer.train();
+  });
+}
+
+}  // namespace weft::app

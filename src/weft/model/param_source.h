@@ -1,0 +1,57 @@
+// How the model reaches its weights: through a ParamSource, never by owning tensors.
+//
+// The model (model/) knows nothing about sharding. Each parametric op (linear, the RMSNorm
+// scale, the embedding lookup) holds a ParamHandle and asks the source for the full weight at
+// forward time and again at backward time, and accumulates the weight gradient into a buffer
+// the source gives it. A plain source (FullParams) holds full tensors; the FSDP unit
+// (parallel/) gathers shards on demand and reduce-scatters the gradient once every use of the
+// unit in this backward has delivered its gradient.
+//
+// Contract for ops: per forward use under grad mode, call forward_weight() once; in the
+// matching backward, call backward_weight() (if the weight is needed), add into grad_buffer(),
+// then call grad_ready() exactly once. Tensors returned by forward_weight/backward_weight are
+// valid until the op returns; ops must not keep them (so sources may free them).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace weft {
+
+enum class InitKind {
+  kNormal,        // N(0, init_std)
+  kScaledNormal,  // N(0, init_std / sqrt(2 * num_layers)): projections into the residual
+  kOnes,          // norm weights
+};
+
+// A parameter as the model declares it: global name, global shape, initialisation, and
+// whether weight decay applies.
+struct ParamSpec {
+  std::string name;             // global, layout-independent (DESIGN.md "Parameter names")
+  std::vector<int64_t> shape;   // global shape
+  InitKind init = InitKind::kNormal;
+  bool decay = true;            // false for norms and biases
+};
+
+class ParamSource {
+ public:
+  virtual ~ParamSource() = default;
+  // The full weight in compute dtype, for a forward use (counted when grad mode is on).
+  virtual at::Tensor forward_weight(int index) = 0;
+  // The full weight again, inside the backward of a counted use.
+  virtual at::Tensor backward_weight(int index) = 0;
+  // A float32 buffer of the full shape to accumulate this backward's gradient into.
+  virtual at::Tensor grad_buffer(int index) = 0;
+  // Marks one counted use's gradient as delivered.
+  virtual void grad_ready(int index) = 0;
+};
+
+struct ParamHandle {
+  ParamSource* source = nullptr;  // not owned; must outlive every graph that uses it
+  int index = -1;
+};
+
+}  // namespace weft

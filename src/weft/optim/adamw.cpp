@@ -1,0 +1,98 @@
+// Sharded AdamW (see adamw.h). Moments stored in bfloat16 are updated in float32 and rounded
+// back once per step.
+#include "weft/optim/adamw.h"
+
+#include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
+
+#include <cmath>
+
+#include "weft/core/error.h"
+#include "weft/parallel/grad_access.h"
+
+namespace weft {
+
+ShardedAdamW::ShardedAdamW(std::vector<FsdpUnit*> units, const AdamWConfig& cfg)
+    : cfg_(cfg), units_(std::move(units)) {
+  groups_["decay"] = ParamGroupSettings{cfg.weight_decay, cfg.beta1, cfg.beta2, cfg.eps};
+  groups_["no_decay"] = ParamGroupSettings{0.0, cfg.beta1, cfg.beta2, cfg.eps};
+  at::NoGradGuard no_grad;
+  for (FsdpUnit* u : units_) {
+    for (int i = 0; i < u->num_params(); ++i)
+      param_group_[u->spec(i).name] = u->spec(i).decay ? "decay" : "no_decay";
+    UnitOptimState st;
+    const at::Tensor& w = u->param_shard();
+    auto f32 = w.options().dtype(at::kFloat);
+    st.master = w.to(at::kFloat).clone();
+    st.exp_avg = at::zeros({u->shard_numel()}, w.options().dtype(cfg.exp_avg_dtype));
+    st.exp_avg_sq = at::zeros({u->shard_numel()}, w.options().dtype(cfg.exp_avg_sq_dtype));
+    if (cfg.precision_aware) {
+      st.decoupled_grad = at::zeros({u->shard_numel()}, f32);
+      u->set_grad_target(st.decoupled_grad);
+    } else {
+      st.main_grad = at::zeros({u->shard_numel()}, f32);
+      u->set_grad_target(st.main_grad);
+    }
+    if (w.scalar_type() == at::kFloat) u->bind_param_shard(st.master);
+    states_.push_back(std::move(st));
+  }
+}
+
+const ParamGroupSettings& ShardedAdamW::group_of(const std::string& name) const {
+  return groups_.at(group_name_of(name));
+}
+
+const std::string& ShardedAdamW::group_name_of(const std::string& name) const {
+  auto it = param_group_.find(name);
+  if (it == param_group_.end()) fail("optimizer: no parameter named '{}'", name);
+  return it->second;
+}
+
+void ShardedAdamW::zero_grad() {
+  for (FsdpUnit* u : units_) grad_shard(*u).zero_();
+}
+
+void ShardedAdamW::step(double lr) {
+  at::NoGradGuard no_grad;
+  ++steps_;
+  for (size_t k = 0; k < units_.size(); ++k) {
+    FsdpUnit& u = *units_[k];
+    UnitOptimState& st = states_[k];
+    for (int i = 0; i < u.num_params(); ++i) {
+      const ParamGroupSettings& g = group_of(u.spec(i).name);
+      const ShardSegment& seg = u.segment(i);
+      at::Tensor p = st.master.narrow(0, seg.offset, seg.numel());
+      at::Tensor grad = grad_shard(u, i);
+      at::Tensor m_store = st.exp_avg.narrow(0, seg.offset, seg.numel());
+      at::Tensor v_store = st.exp_avg_sq.narrow(0, seg.offset, seg.numel());
+      at::Tensor m = m_store.scalar_type() == at::kFloat ? m_store : m_store.to(at::kFloat);
+      at::Tensor v = v_store.scalar_type() == at::kFloat ? v_store : v_store.to(at::kFloat);
+      m.mul_(g.beta1).add_(grad, 1.0 - g.beta1);
+      v.mul_(g.beta2).addcmul_(grad, grad, 1.0 - g.beta2);
+      const double bc1 = 1.0 - std::pow(g.beta1, static_cast<double>(steps_));
+      const double bc2 = 1.0 - std::pow(g.beta2, static_cast<double>(steps_));
+      at::Tensor denom = v.sqrt().div_(std::sqrt(bc2)).add_(g.eps);
+      if (g.weight_decay != 0) p.mul_(1.0 - lr * g.weight_decay);
+      p.addcdiv_(m, denom, -lr / bc1);
+      if (!m.is_same(m_store)) m_store.copy_(m);
+      if (!v.is_same(v_store)) v_store.copy_(v);
+    }
+    if (!u.param_shard().is_same(st.master)) u.param_shard().copy_(st.master);
+  }
+}
+
+int64_t ShardedAdamW::state_bytes() const {
+  int64_t b = 0;
+  for (const auto& st : states_)
+    for (const at::Tensor* t : {&st.master, &st.exp_avg, &st.exp_avg_sq, &st.decoupled_grad})
+      if (t->defined()) b += t->numel() * t->element_size();
+  return b;
+}
+
+int64_t ShardedAdamW::grad_bytes() const {
+  int64_t b = 0;
+  for (const FsdpUnit* u : units_) b += u->grad_target().numel() * 4;
+  return b;
+}
+
+}  // namespace weft

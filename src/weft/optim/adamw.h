@@ -1,0 +1,81 @@
+// Sharded AdamW: runs on each FSDP unit's local flat shard with float32 master weights.
+//
+// State per unit: the float32 master shard, exp_avg and exp_avg_sq (float32 or bfloat16:
+// --exp-avg-dtype / --exp-avg-sq-dtype, as Megatron's precision-aware optimizer), and, in the
+// precision-aware gradient mode, the decoupled float32 gradient beside the master. With float32
+// compute the unit's weight shard is the master shard itself. Padding elements of a shard have
+// zero gradient and zero value, so the update leaves them zero.
+//
+// Parameter groups are keyed by global parameter name (never by position): "decay" for
+// matrices, "no_decay" for norms and biases, each with its own weight decay and betas.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "weft/parallel/fsdp_unit.h"
+
+namespace weft {
+
+struct AdamWConfig {
+  double weight_decay = 0.01;  // --weight-decay (decay group)
+  double beta1 = 0.9;          // --adam-beta1
+  double beta2 = 0.95;         // --adam-beta2
+  double eps = 1e-8;           // --adam-eps
+  c10::ScalarType exp_avg_dtype = at::kFloat;     // --exp-avg-dtype fp32|bf16
+  c10::ScalarType exp_avg_sq_dtype = at::kFloat;  // --exp-avg-sq-dtype fp32|bf16
+  bool precision_aware = false;  // --use-precision-aware-optimizer: decoupled gradient
+};
+
+struct ParamGroupSettings {
+  double weight_decay = 0;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+};
+
+struct UnitOptimState {
+  at::Tensor master;          // float32 [S]
+  at::Tensor exp_avg;         // [S]
+  at::Tensor exp_avg_sq;      // [S]
+  at::Tensor main_grad;       // float32 [S], default gradient mode
+  at::Tensor decoupled_grad;  // float32 [S], precision-aware gradient mode
+};
+
+class ShardedAdamW {
+ public:
+  // Takes the units' current weight shards as the initial master values and places every
+  // unit's gradient shard (see grad_access.h). Units must outlive the optimizer.
+  ShardedAdamW(std::vector<FsdpUnit*> units, const AdamWConfig& cfg);
+
+  void zero_grad();
+  // One AdamW step at learning rate `lr` for every unit; then refreshes the weight shards.
+  void step(double lr);
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t s) { steps_ = s; }
+
+  const AdamWConfig& config() const { return cfg_; }
+  const std::vector<FsdpUnit*>& units() const { return units_; }
+  UnitOptimState& state(size_t unit_index) { return states_[unit_index]; }
+  // The group settings of a parameter, by global name.
+  const ParamGroupSettings& group_of(const std::string& param_name) const;
+  const std::string& group_name_of(const std::string& param_name) const;
+
+  // Bytes of optimizer state (master, moments, decoupled gradient) held by this rank.
+  int64_t state_bytes() const;
+  // Bytes of the gradient shards held by this rank (main or decoupled).
+  int64_t grad_bytes() const;
+
+ private:
+  AdamWConfig cfg_;
+  std::vector<FsdpUnit*> units_;
+  std::vector<UnitOptimState> states_;
+  std::map<std::string, ParamGroupSettings> groups_;    // group name -> settings
+  std::map<std::string, std::string> param_group_;      // param name -> group name
+  int64_t steps_ = 0;
+};
+
+}  // namespace weft

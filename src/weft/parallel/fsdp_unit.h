@@ -1,0 +1,102 @@
+// An FSDP unit: a few parameters (at most one transformer layer) sharded row-wise over the
+// fsdp_shard group, gathered only while they compute, their gradients reduce-scattered in
+// float32 after each microbatch's backward.
+//
+// Sharding (FSDP2-style, chosen so every saved chunk is a box in the global tensor): parameter
+// p with R rows of `row_numel` elements is cut into D = shard-group-size blocks of
+// c = ceil(R/D) rows; rank i holds rows [i*c, min(R, (i+1)*c)), padded with zeros to c rows.
+// A rank whose block starts past R holds only padding: its shard is "empty" but it enters
+// every collective like the others (invariant 6). The rank's blocks of all parameters are
+// concatenated into one flat shard of shard_numel() elements, so a unit gathers with one
+// all-gather and reduces with one reduce-scatter. With D = 1 the full weights and gradient
+// buffers are views of the flat shard: nothing is gathered, copied or reduced.
+//
+// Lifecycle per microbatch m (the stage sets the microbatch before forward and backward):
+// forward_weight() gathers lazily and counts a use of m; the stage calls reshard() after the
+// unit's forward; in backward, backward_weight() gathers lazily, grad_buffer() hands out float32
+// full-shape buffers, and the last grad_ready() of m reduce-scatters into the gradient shard
+// and frees the full weights and buffers. So full weights exist only while the unit computes.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "weft/comm/communicator.h"
+#include "weft/model/param_source.h"
+
+namespace weft {
+
+// Where one parameter lives inside this rank's flat shard.
+struct ShardSegment {
+  int64_t offset = 0;          // into the flat shard, in elements
+  int64_t rows_per_rank = 0;   // c = ceil(R / D)
+  int64_t row_numel = 1;       // elements per row (product of dims after the first)
+  int64_t row_start = 0;       // global row of this rank's first row (i*c)
+  int64_t valid_rows = 0;      // rows of real data on this rank (0 for an empty shard)
+  int64_t numel() const { return rows_per_rank * row_numel; }
+  int64_t valid_numel() const { return valid_rows * row_numel; }
+};
+
+class FsdpUnit : public ParamSource {
+ public:
+  // `shard` must outlive the unit. `dtype` is the compute dtype of the gathered weights.
+  FsdpUnit(std::string name, std::vector<ParamSpec> specs, Communicator* shard,
+           c10::ScalarType dtype, c10::Device device);
+  ~FsdpUnit() override;
+
+  const std::string& name() const { return name_; }
+  int num_params() const { return static_cast<int>(specs_.size()); }
+  const ParamSpec& spec(int i) const { return specs_[i]; }
+  const ShardSegment& segment(int i) const { return segments_[i]; }
+  int64_t shard_numel() const { return shard_numel_; }
+  Communicator& shard_comm() const { return *shard_; }
+  ParamHandle handle(int i) { return ParamHandle{this, i}; }
+
+  // This rank's flat shard of the weights, in compute dtype. With float32 compute it may be
+  // bound to the optimizer's master shard (bind_param_shard), so both are one tensor.
+  const at::Tensor& param_shard() const { return param_shard_; }
+  void bind_param_shard(const at::Tensor& t);
+  // Fills the shard from each parameter's full float32 value (e.g. init_param).
+  void load_full(const std::function<at::Tensor(const ParamSpec&)>& full_value);
+
+  // The float32 shard that reduced gradients accumulate into. Who owns it depends on the
+  // gradient mode (see optim/); read it only through grad_shard() in grad_access.h.
+  void set_grad_target(const at::Tensor& g);
+  const at::Tensor& grad_target() const { return grad_target_; }
+
+  // The microbatch that forward and backward uses are counted against.
+  void set_microbatch(int m) { microbatch_ = m; }
+  void unshard();  // gathers the full weights now (no-op if gathered)
+  void reshard();  // frees the full weights (no-op with D = 1)
+  // Whether some forward use of microbatch `mb` has not received its gradient yet.
+  bool has_pending_grads(int mb) const { return pending_uses_.count(mb) > 0; }
+
+  at::Tensor forward_weight(int index) override;
+  at::Tensor backward_weight(int index) override;
+  at::Tensor grad_buffer(int index) override;
+  void grad_ready(int index) override;
+
+ private:
+  void reduce_grads();
+
+  std::string name_;
+  std::vector<ParamSpec> specs_;
+  std::vector<ShardSegment> segments_;
+  Communicator* shard_;
+  c10::ScalarType dtype_;
+  c10::Device device_;
+  int64_t shard_numel_ = 0;
+  at::Tensor param_shard_;
+  at::Tensor grad_target_;
+  std::vector<at::Tensor> full_;       // gathered weights (empty when resharded)
+  std::vector<at::Tensor> full_grad_;  // float32 full-shape gradient buffers of this backward
+  bool gathered_ = false;
+  int microbatch_ = 0;
+  std::map<int, int> pending_uses_;    // microbatch -> forward uses still awaiting a gradient
+};
+
+}  // namespace weft

@@ -1,0 +1,33 @@
+// The non-interleaved 1F1B pipeline schedule over the pp group.
+//
+// Stage s of P runs min(P-s-1, M) warm-up forwards, then alternates one forward and one
+// backward, then drains the remaining backwards. Activations go to the next stage and
+// gradients to the previous one by point-to-point transfers on the pp communicator; a send
+// and the opposite-direction receive that follow each other are posted as one batch, so two
+// neighbouring stages never wait on each other. Every member of the pp group walks the same
+// schedule, so the transfers always pair up.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+
+#include "weft/comm/communicator.h"
+#include "weft/parallel/pipeline_stage.h"
+
+namespace weft {
+
+struct Microbatch {
+  at::Tensor tokens;  // [b, s] int64, used by the first stage
+  at::Tensor labels;  // [b, s] int64, used by the last stage
+};
+
+// Runs one step's forward and backward over `num_microbatches` microbatches. `batch(m)` gives
+// microbatch m (called on the first and last stage). `pp` is the pipeline communicator (size 1
+// with pp = 1). Returns the sum of this rank's microbatch losses (each already multiplied by
+// `loss_scale`), or 0 on stages other than the last.
+double run_1f1b(PipelineStage& stage, Communicator& pp, int num_microbatches,
+                int micro_batch_size, const std::function<Microbatch(int)>& batch,
+                double loss_scale);
+
+}  // namespace weft

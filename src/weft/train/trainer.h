@@ -1,0 +1,94 @@
+// The pretraining loop: one step = 1F1B forward/backward over the microbatches, the HSDP
+// replicate all-reduce, the tied-embedding all-reduce over the embedding group, the global
+// grad norm and clipping, and one AdamW step. Same losses whatever the layout.
+//
+// Reduction order per step (all through grad_shard(), invariant 7):
+//   1. per microbatch and unit: reduce-scatter (sum) over fsdp_shard       (FsdpUnit)
+//   2. all-reduce (sum) over fsdp_replicate when dp_outer > 1               (HSDP)
+//   3. all-reduce (sum) of the tied embedding copies over the embedding group, entered by
+//      every member even when its shard is only padding (invariant 6)
+//   4. grad norm: one world all-reduce of the squared shards of replicate-rank-0 ranks, the
+//      tied copy excluded, then clipping by the global norm.
+// Losses are scaled by 1/(global batch tokens), so sums over microbatches and ranks are means.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "weft/comm/communicator.h"
+#include "weft/data/mock_dataset.h"
+#include "weft/model/config.h"
+#include "weft/optim/adamw.h"
+#include "weft/optim/lr_schedule.h"
+#include "weft/parallel/pipeline_stage.h"
+#include "weft/parallel/schedule.h"
+
+namespace weft {
+
+struct TrainConfig {
+  ModelConfig model;
+  LayoutConfig layout;
+  AdamWConfig adam;
+  LrScheduleConfig lr;
+  int micro_batch_size = 2;     // --micro-batch-size
+  int global_batch_size = 16;   // --global-batch-size
+  int train_iters = 10;         // --train-iters
+  uint64_t seed = 1234;         // --seed
+  double clip_grad = 1.0;       // --clip-grad (0 disables)
+  int first_stage_layers = -1;  // --decoder-first-pipeline-num-layers
+  int last_stage_layers = -1;   // --decoder-last-pipeline-num-layers
+  std::string device = "cpu";   // --device cpu|cuda
+  std::string log_jsonl;        // --log-jsonl FILE
+  int log_interval = 1;         // --log-interval
+  bool quiet = false;           // no per-iteration lines (tests)
+};
+
+struct IterationStats {
+  int iteration = 0;
+  int64_t consumed_samples = 0;
+  double lm_loss = 0;
+  double grad_norm = 0;
+  double lr = 0;
+  double ms = 0;
+  double tokens_per_sec = 0;
+  bool skipped = false;
+};
+
+// Throws UsageError naming the flag for anything the trainer cannot run. Local: no collectives.
+void validate_train_config(const TrainConfig& cfg, int world_size);
+
+class Trainer {
+ public:
+  // `groups` must outlive the trainer and match cfg.layout. Collective over the world.
+  Trainer(const TrainConfig& cfg, const ProcessGroups& groups);
+  ~Trainer();
+
+  IterationStats train_step();
+  // Runs until cfg.train_iters, printing and logging; returns every iteration's stats.
+  std::vector<IterationStats> train();
+
+  int iteration() const { return iteration_; }
+  PipelineStage& stage() { return *stage_; }
+  ShardedAdamW& optimizer() { return *optimizer_; }
+  // Startup summary (layout, groups, parameter counts, bytes per rank); rank 0 prints it.
+  std::string summary() const;
+
+ private:
+  Microbatch microbatch(int m) const;
+
+  TrainConfig cfg_;
+  const ProcessGroups& groups_;
+  std::unique_ptr<PipelineStage> stage_;
+  std::unique_ptr<ShardedAdamW> optimizer_;
+  MockDataset data_;
+  int num_microbatches_ = 1;
+  int dp_rank_ = 0;
+  int iteration_ = 0;
+  int64_t consumed_samples_ = 0;
+  int skipped_iters_ = 0;
+  int nan_iters_ = 0;
+};
+
+}  // namespace weft
