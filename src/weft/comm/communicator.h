@@ -11,6 +11,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <mpi.h>
 
 #include <cstdint>
 #include <memory>
@@ -21,6 +22,9 @@
 
 namespace weft {
 
+// Reductions take float32/64, bfloat16, float16, int8, uint8, int32 and int64 (every backend
+// the same set); kAvg (sum, then one division by the group size) needs a floating dtype.
+// Data movement (gather, broadcast, p2p, all-to-all) takes any dtype.
 enum class ReduceOp { kSum, kAvg, kMax };
 
 // One point-to-point operation of a batch (see Communicator::batch_p2p).
@@ -92,7 +96,9 @@ enum class Backend { kMpi, kNccl };
 // a disagreement fails with a message naming the group kind and both member lists.
 class ProcessGroups {
  public:
-  ProcessGroups(const Mesh& mesh, Backend backend);
+  // `base` is the communicator the mesh's ranks are numbered in (a test may run a job on a
+  // subset of the world); it must be valid while the groups are constructed.
+  ProcessGroups(const Mesh& mesh, Backend backend, MPI_Comm base = MPI_COMM_WORLD);
   ~ProcessGroups();
 
   const Mesh& mesh() const { return mesh_; }

@@ -24,9 +24,10 @@ MockDataset::MockDataset(uint64_t seed, int vocab_size, int seq_length)
 void MockDataset::batch(int64_t first, int count, at::Tensor* tokens, at::Tensor* labels) const {
   std::vector<int64_t> buf(static_cast<size_t>(count) * (seq_ + 1));
   for (int k = 0; k < count; ++k) {
-    uint64_t s = seed_ * 0x100000001B3ull ^ static_cast<uint64_t>(first + k) * 0xD6E8FEB86659FD93ull;
     const uint64_t v = static_cast<uint64_t>(vocab_);
-    const uint64_t a = 1 + splitmix64(s) % 7, b = splitmix64(s) % v;
+    uint64_t rule = seed_;
+    const uint64_t a = 1 + splitmix64(rule) % 7, b = splitmix64(rule) % v;
+    uint64_t s = seed_ * 0x100000001B3ull ^ static_cast<uint64_t>(first + k) * 0xD6E8FEB86659FD93ull;
     uint64_t t = splitmix64(s) % v;
     int64_t* row = buf.data() + static_cast<size_t>(k) * (seq_ + 1);
     for (int i = 0; i <= seq_; ++i) {

@@ -2,8 +2,8 @@
 // so every layout sees exactly the same samples and a resumed run continues the same stream.
 //
 // The sequences are learnable rather than uniform noise, so the loss visibly decreases: each
-// sample follows t[i+1] = (a * t[i] + b) mod V with a per-sample (a, b), and with probability
-// 1/8 a token is replaced by a uniformly random one.
+// sample follows t[i+1] = (a * t[i] + b) mod V with one (a, b) drawn from the seed, and with
+// probability 1/8 a token is replaced by a uniformly random one.
 #pragma once
 
 #include <ATen/core/Tensor.h>

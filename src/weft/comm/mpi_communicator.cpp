@@ -1,0 +1,434 @@
+// MpiCommunicator (see mpi_communicator.h) and the argument checks shared by every backend.
+//
+// Invariant: a call either throws before MPI is entered (bad arguments, identical on every
+// member when the caller's arithmetic is), or enters exactly one MPI operation on comm_ (a
+// batch: one Waitall over all its requests) that every member enters too, zero-length buffers
+// included; host staging buffers live until that operation has completed.
+#include "weft/comm/mpi_communicator.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/core/ScalarType.h>
+#include <fmt/ranges.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+
+#include "weft/core/error.h"
+
+namespace weft {
+namespace {
+
+std::string shape_str(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+std::string where(const Communicator& c, const char* op) {
+  return fmt::format("{} on group '{}' (group rank {} of {}, {} backend)", op, c.name(),
+                     c.rank(), c.size(), c.backend());
+}
+
+void check_tensor(const Communicator& c, const char* op, const char* arg, const at::Tensor& t) {
+  if (!t.defined()) fail("{}: `{}` is an undefined tensor", where(c, op), arg);
+  if (t.layout() != at::kStrided) fail("{}: `{}` must be a dense tensor", where(c, op), arg);
+  if (!t.is_contiguous())
+    fail("{}: `{}` must be contiguous (shape {}, strides {})", where(c, op), arg, shape_str(t),
+         fmt::join(t.strides(), ", "));
+}
+
+void check_same_dtype(const Communicator& c, const char* op, const at::Tensor& in,
+                      const at::Tensor& out) {
+  if (in.scalar_type() != out.scalar_type())
+    fail("{}: `in` is {} but `out` is {}; both must have one dtype", where(c, op),
+         c10::toString(in.scalar_type()), c10::toString(out.scalar_type()));
+}
+
+// The dtypes every backend reduces (NCCL's set); movement ops take any dtype.
+void check_reducible(const Communicator& c, const char* op, const at::Tensor& t, ReduceOp rop) {
+  const at::ScalarType s = t.scalar_type();
+  switch (s) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
+    case at::kInt: case at::kLong: case at::kByte: case at::kChar:
+      break;
+    default:
+      fail("{}: cannot reduce dtype {} (float32/64, bfloat16, float16, int8, uint8, int32, "
+           "int64 only)", where(c, op), c10::toString(s));
+  }
+  if (rop == ReduceOp::kAvg && !at::isFloatingType(s))
+    fail("{}: ReduceOp avg needs a floating dtype, got {}; reduce with sum and divide",
+         where(c, op), c10::toString(s));
+}
+
+void check_peer(const Communicator& c, const char* op, int peer) {
+  if (peer < 0 || peer >= c.size())
+    fail("{}: peer {} is not a group rank (0..{})", where(c, op), peer, c.size() - 1);
+}
+
+// MPI moves data in units of the widest unsigned type dividing the element size, so any dtype
+// moves (bf16 as 2-byte units, complex128 as pairs of 8-byte units).
+struct MoveUnit {
+  MPI_Datatype type;
+  int64_t per_element;
+};
+
+MoveUnit move_unit(const at::Tensor& t) {
+  const int64_t item = static_cast<int64_t>(t.element_size());
+  if (item % 8 == 0) return {MPI_UINT64_T, item / 8};
+  if (item % 4 == 0) return {MPI_UINT32_T, item / 4};
+  if (item % 2 == 0) return {MPI_UINT16_T, item / 2};
+  return {MPI_UINT8_T, item};
+}
+
+// bf16 and fp16 are reduced in fp32 (MPI has no reduction for them); the rest natively.
+at::ScalarType reduce_dtype(at::ScalarType s) {
+  return (s == at::kBFloat16 || s == at::kHalf) ? at::kFloat : s;
+}
+
+MPI_Datatype reduce_mpi_type(at::ScalarType s) {
+  switch (s) {
+    case at::kFloat: return MPI_FLOAT;
+    case at::kDouble: return MPI_DOUBLE;
+    case at::kInt: return MPI_INT32_T;
+    case at::kLong: return MPI_INT64_T;
+    case at::kByte: return MPI_UINT8_T;
+    case at::kChar: return MPI_INT8_T;
+    default: fail("no MPI reduction type for {}", c10::toString(s));
+  }
+}
+
+MPI_Op reduce_mpi_op(ReduceOp op) { return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM; }
+
+// Valid address for MPI even when the tensor is empty (its data pointer may be null).
+void* buf(const at::Tensor& t) {
+  static char empty_buffer;
+  void* p = t.data_ptr();
+  return p ? p : &empty_buffer;
+}
+
+// A CPU buffer MPI can use in place of `t`, in dtype `dtype`: `t` itself when it already is one.
+// `load` copies t's values in (inputs and in-place buffers); otherwise it is left uninitialized.
+at::Tensor host_view(const at::Tensor& t, at::ScalarType dtype, bool load) {
+  if (t.is_cpu() && t.scalar_type() == dtype) return t;
+  if (load) return t.to(at::kCPU, dtype).contiguous();
+  return at::empty(t.sizes(), t.options().device(at::kCPU).dtype(dtype));
+}
+
+// Writes a host view back into the caller's tensor when they differ (device and dtype cast).
+void store(const at::Tensor& host, const at::Tensor& t) {
+  if (!host.is_same(t)) t.copy_(host);
+}
+
+// out[0:n) = in[0:n) for the one-member case, skipped when they are one buffer.
+void copy_flat(const at::Tensor& in, const at::Tensor& out) {
+  if (in.numel() == 0 || in.data_ptr() == out.data_ptr()) return;
+  out.reshape({-1}).copy_(in.reshape({-1}));
+}
+
+}  // namespace
+
+// ---- shared checks ---------------------------------------------------------------------------
+
+void comm_check_all_gather(const Communicator& c, const at::Tensor& in, const at::Tensor& out) {
+  check_tensor(c, "all_gather", "in", in);
+  check_tensor(c, "all_gather", "out", out);
+  check_same_dtype(c, "all_gather", in, out);
+  if (out.numel() != c.size() * in.numel())
+    fail("{}: out.numel() {} != size {} * in.numel() {} (in {}, out {})", where(c, "all_gather"),
+         out.numel(), c.size(), in.numel(), shape_str(in), shape_str(out));
+}
+
+void comm_check_reduce_scatter(const Communicator& c, const at::Tensor& in, const at::Tensor& out,
+                               ReduceOp op) {
+  check_tensor(c, "reduce_scatter", "in", in);
+  check_tensor(c, "reduce_scatter", "out", out);
+  check_same_dtype(c, "reduce_scatter", in, out);
+  check_reducible(c, "reduce_scatter", in, op);
+  if (in.numel() != c.size() * out.numel())
+    fail("{}: in.numel() {} != size {} * out.numel() {} (in {}, out {})",
+         where(c, "reduce_scatter"), in.numel(), c.size(), out.numel(), shape_str(in),
+         shape_str(out));
+}
+
+void comm_check_all_reduce(const Communicator& c, const at::Tensor& t, ReduceOp op) {
+  check_tensor(c, "all_reduce", "t", t);
+  check_reducible(c, "all_reduce", t, op);
+}
+
+void comm_check_broadcast(const Communicator& c, const at::Tensor& t, int root) {
+  check_tensor(c, "broadcast", "t", t);
+  if (root < 0 || root >= c.size())
+    fail("{}: root {} is not a group rank (0..{})", where(c, "broadcast"), root, c.size() - 1);
+}
+
+void comm_check_p2p(const Communicator& c, const char* op, const at::Tensor& t, int peer) {
+  check_tensor(c, op, "t", t);
+  check_peer(c, op, peer);
+  if (peer == c.rank())
+    fail("{}: peer {} is this rank; a blocking {} to itself never completes (use batch_p2p)",
+         where(c, op), peer, op);
+}
+
+void comm_check_batch_p2p(const Communicator& c, const std::vector<P2POp>& ops) {
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const char* arg = ops[i].kind == P2POp::kSend ? "send tensor" : "recv tensor";
+    check_tensor(c, "batch_p2p", arg, ops[i].tensor);
+    check_peer(c, "batch_p2p", ops[i].peer);
+  }
+}
+
+void comm_check_all_to_all(const Communicator& c, const at::Tensor& in,
+                           const std::vector<int64_t>& send_counts, const at::Tensor& out,
+                           const std::vector<int64_t>& recv_counts) {
+  const char* op = "all_to_all";
+  check_tensor(c, op, "in", in);
+  check_tensor(c, op, "out", out);
+  check_same_dtype(c, op, in, out);
+  const auto n = static_cast<size_t>(c.size());
+  if (send_counts.size() != n || recv_counts.size() != n)
+    fail("{}: send_counts has {} entries and recv_counts {}; both need one per rank ({})",
+         where(c, op), send_counts.size(), recv_counts.size(), n);
+  for (size_t i = 0; i < n; ++i)
+    if (send_counts[i] < 0 || recv_counts[i] < 0)
+      fail("{}: negative count for rank {} (send {}, recv {})", where(c, op), i, send_counts[i],
+           recv_counts[i]);
+  const int64_t sends = std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0});
+  const int64_t recvs = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
+  if (sends != in.numel() || recvs != out.numel())
+    fail("{}: sum(send_counts) {} vs in.numel() {}, sum(recv_counts) {} vs out.numel() {}; "
+         "each pair must be equal (send_counts [{}], recv_counts [{}])",
+         where(c, op), sends, in.numel(), recvs, out.numel(), fmt::join(send_counts, ", "),
+         fmt::join(recv_counts, ", "));
+  const auto self = static_cast<size_t>(c.rank());
+  if (send_counts[self] != recv_counts[self])
+    fail("{}: this rank sends {} elements to itself but expects {} from itself", where(c, op),
+         send_counts[self], recv_counts[self]);
+}
+
+bool comm_overlaps(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0 || a.device() != b.device()) return false;
+  auto lo_a = reinterpret_cast<uintptr_t>(a.data_ptr()), lo_b = reinterpret_cast<uintptr_t>(b.data_ptr());
+  auto hi_a = lo_a + a.nbytes(), hi_b = lo_b + b.nbytes();
+  return lo_a < hi_b && lo_b < hi_a;
+}
+
+void comm_abort(const std::string& what) {
+  int rank = -1, initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::fprintf(stderr, "[rank %d] weft: %s; aborting the job\n", rank, what.c_str());
+  std::fflush(stderr);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+
+// ---- MpiCommunicator -------------------------------------------------------------------------
+
+namespace {
+int comm_rank_of(MPI_Comm comm) {
+  int r = -1;
+  if (comm == MPI_COMM_NULL || MPI_Comm_rank(comm, &r) != MPI_SUCCESS)
+    fail("MpiCommunicator: invalid MPI communicator");
+  return r;
+}
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(std::string name, Group members, MPI_Comm comm)
+    : Communicator(std::move(name), std::move(members), comm_rank_of(comm)), comm_(comm) {
+  int n = 0;
+  MPI_Comm_size(comm_, &n);
+  WEFT_CHECK(n == size(), "group '{}': the MPI communicator has {} ranks but {} members [{}]",
+             this->name(), n, size(), fmt::join(this->members(), ", "));
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  void* ub = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found);
+  if (found && ub) tag_ub_ = *static_cast<int*>(ub);
+  send_seq_.assign(static_cast<size_t>(n), 0);
+  recv_seq_.assign(static_cast<size_t>(n), 0);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF)
+    MPI_Comm_free(&comm_);
+}
+
+int MpiCommunicator::next_tag(Dir dir, int peer) {
+  std::lock_guard<std::mutex> lock(tag_mu_);
+  uint64_t& seq = (dir == Dir::kSend ? send_seq_ : recv_seq_)[static_cast<size_t>(peer)];
+  return static_cast<int>(seq++ % (static_cast<uint64_t>(tag_ub_) + 1));
+}
+
+void MpiCommunicator::check(int rc, const char* op) const {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  comm_abort(fmt::format("{}: MPI error: {}", where(*this, op), std::string(msg, len)));
+}
+
+int MpiCommunicator::count(int64_t n, const char* op, const char* what) const {
+  if (n > INT_MAX)
+    fail("{}: {} is {} MPI units, more than MPI's int count allows ({}); split the buffer",
+         where(*this, op), what, n, INT_MAX);
+  return static_cast<int>(n);
+}
+
+void MpiCommunicator::all_gather(const at::Tensor& in, const at::Tensor& out) {
+  comm_check_all_gather(*this, in, out);
+  if (size() == 1) return copy_flat(in, out);
+  const MoveUnit u = move_unit(in);
+  const int n = count(in.numel() * u.per_element, "all_gather", "in");
+  count(out.numel() * u.per_element, "all_gather", "out");
+  at::Tensor host_out = host_view(out, out.scalar_type(), false);
+  // `in` already sitting in its slot of `out` is MPI_IN_PLACE; any other overlap is copied.
+  const bool in_place = host_out.is_same(out) && in.is_cpu() && in.numel() > 0 &&
+                        static_cast<char*>(in.data_ptr()) ==
+                            static_cast<char*>(out.data_ptr()) + rank() * in.nbytes();
+  at::Tensor host_in;
+  if (!in_place) {
+    host_in = host_view(in, in.scalar_type(), true);
+    if (comm_overlaps(host_in, host_out)) host_in = host_in.clone();
+  }
+  check(MPI_Allgather(in_place ? MPI_IN_PLACE : buf(host_in), n, u.type, buf(host_out), n, u.type,
+                      comm_),
+        "all_gather");
+  store(host_out, out);
+}
+
+void MpiCommunicator::reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op) {
+  comm_check_reduce_scatter(*this, in, out, op);
+  if (size() == 1) return copy_flat(in, out);
+  const at::ScalarType w = reduce_dtype(in.scalar_type());
+  const int n = count(out.numel(), "reduce_scatter", "out");
+  count(in.numel(), "reduce_scatter", "in");
+  at::Tensor host_in = host_view(in, w, true);
+  at::Tensor host_out = host_view(out, w, false);
+  if (comm_overlaps(host_in, host_out)) host_in = host_in.clone();
+  check(MPI_Reduce_scatter_block(buf(host_in), buf(host_out), n, reduce_mpi_type(w),
+                                 reduce_mpi_op(op), comm_),
+        "reduce_scatter");
+  if (op == ReduceOp::kAvg) host_out.div_(size());
+  store(host_out, out);
+}
+
+void MpiCommunicator::all_reduce(const at::Tensor& t, ReduceOp op) {
+  comm_check_all_reduce(*this, t, op);
+  if (size() == 1) return;
+  const at::ScalarType w = reduce_dtype(t.scalar_type());
+  const int n = count(t.numel(), "all_reduce", "t");
+  at::Tensor host = host_view(t, w, true);
+  check(MPI_Allreduce(MPI_IN_PLACE, buf(host), n, reduce_mpi_type(w), reduce_mpi_op(op), comm_),
+        "all_reduce");
+  if (op == ReduceOp::kAvg) host.div_(size());
+  store(host, t);
+}
+
+void MpiCommunicator::broadcast(const at::Tensor& t, int root) {
+  comm_check_broadcast(*this, t, root);
+  if (size() == 1) return;
+  const MoveUnit u = move_unit(t);
+  const int n = count(t.numel() * u.per_element, "broadcast", "t");
+  at::Tensor host = host_view(t, t.scalar_type(), rank() == root);
+  check(MPI_Bcast(buf(host), n, u.type, root, comm_), "broadcast");
+  if (rank() != root) store(host, t);
+}
+
+void MpiCommunicator::send(const at::Tensor& t, int peer) {
+  comm_check_p2p(*this, "send", t, peer);
+  const MoveUnit u = move_unit(t);
+  const int n = count(t.numel() * u.per_element, "send", "t");
+  at::Tensor host = host_view(t, t.scalar_type(), true);
+  check(MPI_Send(buf(host), n, u.type, peer, next_tag(Dir::kSend, peer), comm_), "send");
+}
+
+void MpiCommunicator::recv(const at::Tensor& t, int peer) {
+  comm_check_p2p(*this, "recv", t, peer);
+  const MoveUnit u = move_unit(t);
+  const int n = count(t.numel() * u.per_element, "recv", "t");
+  at::Tensor host = host_view(t, t.scalar_type(), false);
+  MPI_Status st;
+  check(MPI_Recv(buf(host), n, u.type, peer, next_tag(Dir::kRecv, peer), comm_, &st), "recv");
+  int got = 0;
+  MPI_Get_count(&st, u.type, &got);
+  // Both sides have completed, so throwing here leaves nobody waiting.
+  if (got != n)
+    fail("{}: expected {} elements from group rank {} but it sent {}", where(*this, "recv"),
+         t.numel(), peer, got / u.per_element);
+  store(host, t);
+}
+
+void MpiCommunicator::batch_p2p(const std::vector<P2POp>& ops) {
+  comm_check_batch_p2p(*this, ops);
+  struct Posted {
+    at::Tensor host;
+    MoveUnit unit;
+    int count;
+  };
+  std::vector<Posted> posted;
+  posted.reserve(ops.size());
+  for (const P2POp& op : ops) {
+    const MoveUnit u = move_unit(op.tensor);
+    const int n = count(op.tensor.numel() * u.per_element, "batch_p2p", "a tensor");
+    posted.push_back({host_view(op.tensor, op.tensor.scalar_type(), op.kind == P2POp::kSend), u, n});
+  }
+  std::vector<MPI_Request> reqs(ops.size(), MPI_REQUEST_NULL);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Posted& p = posted[i];
+    if (ops[i].kind == P2POp::kSend)
+      check(MPI_Isend(buf(p.host), p.count, p.unit.type, ops[i].peer,
+                      next_tag(Dir::kSend, ops[i].peer), comm_, &reqs[i]),
+            "batch_p2p (isend)");
+    else
+      check(MPI_Irecv(buf(p.host), p.count, p.unit.type, ops[i].peer,
+                      next_tag(Dir::kRecv, ops[i].peer), comm_, &reqs[i]),
+            "batch_p2p (irecv)");
+  }
+  std::vector<MPI_Status> sts(ops.size());
+  check(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), sts.data()), "batch_p2p (wait)");
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].kind != P2POp::kRecv) continue;
+    int got = 0;
+    MPI_Get_count(&sts[i], posted[i].unit.type, &got);
+    if (got != posted[i].count)
+      fail("{}: receive #{} expected {} elements from group rank {} but it sent {}",
+           where(*this, "batch_p2p"), i, ops[i].tensor.numel(), ops[i].peer,
+           got / posted[i].unit.per_element);
+    store(posted[i].host, ops[i].tensor);
+  }
+}
+
+void MpiCommunicator::all_to_all(const at::Tensor& in, const std::vector<int64_t>& send_counts,
+                                 const at::Tensor& out, const std::vector<int64_t>& recv_counts) {
+  comm_check_all_to_all(*this, in, send_counts, out, recv_counts);
+  if (size() == 1) return copy_flat(in, out);
+  const MoveUnit u = move_unit(in);
+  // Counts and displacements in MPI units; each must fit MPI's int.
+  const auto n = static_cast<size_t>(size());
+  std::vector<int> sc(n), sd(n), rc(n), rd(n);
+  int64_t soff = 0, roff = 0;
+  for (size_t i = 0; i < n; ++i) {
+    sd[i] = count(soff, "all_to_all", "a send displacement");
+    rd[i] = count(roff, "all_to_all", "a receive displacement");
+    sc[i] = count(send_counts[i] * u.per_element, "all_to_all", "a send count");
+    rc[i] = count(recv_counts[i] * u.per_element, "all_to_all", "a receive count");
+    soff += send_counts[i] * u.per_element;
+    roff += recv_counts[i] * u.per_element;
+  }
+  at::Tensor host_in = host_view(in, in.scalar_type(), true);
+  at::Tensor host_out = host_view(out, out.scalar_type(), false);
+  if (comm_overlaps(host_in, host_out)) host_in = host_in.clone();
+  check(MPI_Alltoallv(buf(host_in), sc.data(), sd.data(), u.type, buf(host_out), rc.data(),
+                      rd.data(), u.type, comm_),
+        "all_to_all");
+  store(host_out, out);
+}
+
+void MpiCommunicator::barrier() { check(MPI_Barrier(comm_), "barrier"); }
+
+}  // namespace weft

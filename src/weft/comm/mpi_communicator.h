@@ -1,0 +1,92 @@
+// MpiCommunicator: the MPI backend of Communicator over one MPI_Comm, plus the argument checks
+// every backend shares (comm_check_*).
+//
+// CPU tensors go to MPI directly; CUDA tensors are staged through host memory (copied to the
+// CPU, reduced or moved there, copied back), so this backend needs no CUDA code and works on
+// any device ATen can copy from. Reductions on bf16/fp16 are upcast to fp32, reduced in fp32
+// and cast back once, so the result is the correctly rounded fp32 result, independent of the
+// reduction order for values that fp32 holds exactly. Avg is a Sum followed by one division by
+// size() in the reduction dtype.
+//
+// Invariant: every argument error is detected locally and thrown (weft::Error naming the group,
+// the op and the sizes) before this rank enters MPI; once the ranks are inside a collective, an
+// MPI failure aborts the whole job (comm_abort) instead of leaving peers hanging.
+//
+// Threading: MPI runs with MPI_THREAD_MULTIPLE, so different communicators may be used from
+// different threads at once. Collectives on one communicator must still be issued in the same
+// order on every member; the caller serializes them. Point-to-point tags are per-peer sequence
+// numbers kept under a lock (see next_tag), so the k-th message from A to B on this
+// communicator always meets the k-th receive at B from A, whichever call (send, recv,
+// batch_p2p) posts them.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "weft/comm/communicator.h"
+
+namespace weft {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Takes ownership of `comm` (freed in the destructor while MPI still runs). `members` are the
+  // global ranks of comm in comm-rank order; the size is checked here, the membership itself by
+  // ProcessGroups. Sets MPI_ERRORS_RETURN on comm so failures are reported with context.
+  MpiCommunicator(std::string name, Group members, MPI_Comm comm);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  std::string backend() const override { return "mpi"; }
+  MPI_Comm comm() const { return comm_; }
+
+  void all_gather(const at::Tensor& in, const at::Tensor& out) override;
+  void reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op) override;
+  void all_reduce(const at::Tensor& t, ReduceOp op) override;
+  void broadcast(const at::Tensor& t, int root) override;
+  void send(const at::Tensor& t, int peer) override;
+  void recv(const at::Tensor& t, int peer) override;
+  void batch_p2p(const std::vector<P2POp>& ops) override;
+  void all_to_all(const at::Tensor& in, const std::vector<int64_t>& send_counts,
+                  const at::Tensor& out, const std::vector<int64_t>& recv_counts) override;
+  void barrier() override;
+
+ private:
+  enum class Dir { kSend, kRecv };
+  int next_tag(Dir dir, int peer);  // thread-safe
+  void check(int rc, const char* op) const;  // aborts the job on an MPI error
+  int count(int64_t n, const char* op, const char* what) const;  // n must fit MPI's int
+
+  MPI_Comm comm_;
+  int tag_ub_ = 32767;  // the MPI standard's guaranteed minimum until MPI_TAG_UB is read
+  std::mutex tag_mu_;
+  std::vector<uint64_t> send_seq_, recv_seq_;  // per peer group rank
+};
+
+// ---- Checks shared by every backend. Each throws weft::Error naming the op, the group, this
+// rank's position and the offending sizes; none communicates, so when every member passes the
+// same wrong arguments every member throws and nobody waits in a collective.
+void comm_check_all_gather(const Communicator& c, const at::Tensor& in, const at::Tensor& out);
+void comm_check_reduce_scatter(const Communicator& c, const at::Tensor& in, const at::Tensor& out,
+                               ReduceOp op);
+void comm_check_all_reduce(const Communicator& c, const at::Tensor& t, ReduceOp op);
+void comm_check_broadcast(const Communicator& c, const at::Tensor& t, int root);
+// Blocking send/recv: the peer must be another member (a blocking self-send would deadlock).
+void comm_check_p2p(const Communicator& c, const char* op, const at::Tensor& t, int peer);
+void comm_check_batch_p2p(const Communicator& c, const std::vector<P2POp>& ops);
+void comm_check_all_to_all(const Communicator& c, const at::Tensor& in,
+                           const std::vector<int64_t>& send_counts, const at::Tensor& out,
+                           const std::vector<int64_t>& recv_counts);
+
+// Whether the byte ranges of two tensors' data intersect (both non-empty, same device).
+bool comm_overlaps(const at::Tensor& a, const at::Tensor& b);
+
+// For a failure after ranks entered a collective: prints `what` with the world rank to stderr
+// and aborts every rank of the job (MPI_Abort), so no peer is left waiting.
+[[noreturn]] void comm_abort(const std::string& what);
+
+}  // namespace weft

@@ -1,0 +1,60 @@
+// The one place where weft's code differs between libtorch releases (STYLE.md rule 5).
+//
+// weft builds against Debian's libtorch 1.13 (CPU machines) and PyTorch 2.x (GPU machines).
+// Every API that differs between them is wrapped here behind one function, guarded on
+// TORCH_VERSION_MAJOR/MINOR; the rest of the code calls only these wrappers. Invariant: each
+// wrapper computes the same mathematical result on every supported version (only the kernel,
+// and so the rounding, may differ).
+#pragma once
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <torch/version.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#if TORCH_VERSION_MAJOR >= 2
+#include <ATen/ops/scaled_dot_product_attention.h>
+#else
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/softmax.h>
+#endif
+
+#define WEFT_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||       \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace weft::compat {
+
+// A fresh CPU generator seeded with `seed`; its stream depends only on the seed.
+inline at::Generator make_cpu_generator(uint64_t seed) {
+  return at::detail::createCPUGenerator(seed);
+}
+
+// Causal scaled-dot-product attention, no dropout, scale 1/sqrt(head_dim).
+// q, k, v: [b, heads, s, hd] with the same number of heads (callers expand GQA groups first).
+// Returns [b, heads, s, hd] in q's dtype. Query i attends to keys 0..i.
+// torch >= 2.0: the fused kernel (flash / memory-efficient / math, chosen by PyTorch).
+// torch 1.13: a plain implementation; scores, mask and softmax in float32 (float64 for float64
+// inputs), the two matmuls in the input dtype.
+inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+#else
+  const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const int64_t sq = q.size(-2), sk = k.size(-2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).to(acc) * scale;
+  at::Tensor future = at::ones({sq, sk}, q.options().dtype(at::kBool)).triu_(1);
+  scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
+  at::Tensor probs = at::softmax(scores, -1).to(v.scalar_type());
+  return at::matmul(probs, v);
+#endif
+}
+
+}  // namespace weft::compat

@@ -1,0 +1,224 @@
+// Parametric ops as custom autograd functions over ParamHandles (see ops.h).
+//
+// Each op fetches its weight with forward_weight() *outside* Function::apply, where grad mode
+// still has the caller's value (apply switches it off around forward), so the source counts
+// exactly the uses that get a graph node. The weight travels into forward as a non-tensor
+// argument: it is no autograd input, no edge to whatever produced it is kept, and it is never
+// saved. Backward fetches it again with backward_weight() only when the input gradient needs
+// it, accumulates the weight gradient into grad_buffer(), then calls grad_ready() once.
+#include "weft/model/ops.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/rsqrt.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "weft/core/error.h"
+
+namespace weft::ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Function;
+using torch::autograd::variable_list;
+
+// A weight fetched for one forward: passed to Function::apply as a plain value so that autograd
+// neither tracks nor saves it.
+struct WeightRef {
+  at::Tensor value;
+};
+
+void check_handle(ParamHandle h) {
+  WEFT_CHECK(h.source != nullptr && h.index >= 0, "op called with an unset ParamHandle (index {})",
+             h.index);
+}
+
+void save_handle(AutogradContext* ctx, ParamHandle h) {
+  ctx->saved_data["weft_source"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(h.source));
+  ctx->saved_data["weft_index"] = static_cast<int64_t>(h.index);
+}
+
+ParamHandle load_handle(AutogradContext* ctx) {
+  ParamHandle h;
+  h.source = reinterpret_cast<ParamSource*>(
+      static_cast<intptr_t>(ctx->saved_data.at("weft_source").toInt()));
+  h.index = static_cast<int>(ctx->saved_data.at("weft_index").toInt());
+  return h;
+}
+
+// Under grad mode, an op must get a graph node even when no tensor input requires grad (token
+// ids; a detached stage input), else its weight gradient would silently never be delivered.
+// Returns a zero-element leaf that requires grad in that case (its gradient is always
+// undefined, so nothing accumulates into it), nullopt otherwise.
+c10::optional<at::Tensor> grad_anchor(bool grad_mode, const at::Tensor& x,
+                                      const at::Tensor& weight) {
+  if (!grad_mode || x.requires_grad()) return c10::nullopt;
+  return at::empty({0}, weight.options()).requires_grad_(true);
+}
+
+at::Tensor fetch_grad_buffer(ParamHandle h, at::IntArrayRef shape) {
+  at::Tensor buf = h.source->grad_buffer(h.index);
+  WEFT_CHECK(buf.defined() && buf.sizes() == shape,
+             "grad_buffer({}) must be a full-shape [{}] buffer, got [{}]", h.index,
+             fmt::join(shape, ", "),
+             buf.defined() ? fmt::format("{}", fmt::join(buf.sizes(), ", ")) : "undefined");
+  return buf;
+}
+
+// --- linear: y = x @ W^T ---------------------------------------------------------------------
+
+struct LinearFn : Function<LinearFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const c10::optional<at::Tensor>& /*anchor*/, const WeightRef& w,
+                            ParamHandle h) {
+    save_handle(ctx, h);
+    ctx->save_for_backward({x});
+    ctx->saved_data["weft_out"] = w.value.size(0);
+    ctx->saved_data["weft_in"] = w.value.size(1);
+    return at::matmul(x, w.value.t());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const ParamHandle h = load_handle(ctx);
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const int64_t out = ctx->saved_data.at("weft_out").toInt();
+    const int64_t in = ctx->saved_data.at("weft_in").toInt();
+    const at::Tensor& dy = grads[0];
+
+    at::Tensor dx;
+    if (ctx->needs_input_grad(0)) {
+      const at::Tensor w = h.source->backward_weight(h.index);
+      dx = at::matmul(dy, w);
+    }
+
+    // dW = dy2d^T @ x2d, summed over every token.
+    at::Tensor buf = fetch_grad_buffer(h, {out, in});
+    const at::Tensor dy2 = dy.reshape({-1, out});
+    const at::Tensor x2 = x.reshape({-1, in});
+    if (dy2.scalar_type() == buf.scalar_type() && x2.scalar_type() == buf.scalar_type()) {
+      buf.addmm_(dy2.t(), x2);
+    } else {
+      // Product in the compute dtype; the in-place add casts it to the buffer's dtype.
+      buf.add_(at::mm(dy2.t(), x2));
+    }
+    h.source->grad_ready(h.index);
+    return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// --- RMSNorm scale: y = xhat * w ---------------------------------------------------------------
+
+struct ScaleFn : Function<ScaleFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& xhat,
+                            const c10::optional<at::Tensor>& /*anchor*/, const WeightRef& w,
+                            ParamHandle h) {
+    save_handle(ctx, h);
+    ctx->save_for_backward({xhat});
+    return xhat * w.value;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const ParamHandle h = load_handle(ctx);
+    const at::Tensor xhat = ctx->get_saved_variables()[0];
+    const at::Tensor& dy = grads[0];
+    const int64_t n = xhat.size(-1);
+
+    at::Tensor dxhat;
+    if (ctx->needs_input_grad(0)) dxhat = dy * h.source->backward_weight(h.index);
+
+    // dw = sum over every token of dy * xhat, in the buffer's dtype.
+    at::Tensor buf = fetch_grad_buffer(h, {n});
+    const auto acc = buf.scalar_type();
+    buf.add_((dy.reshape({-1, n}).to(acc) * xhat.reshape({-1, n}).to(acc)).sum(0));
+    h.source->grad_ready(h.index);
+    return {dxhat, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// --- embedding: y = W[tokens] --------------------------------------------------------------------
+
+struct EmbeddingFn : Function<EmbeddingFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& tokens,
+                            const c10::optional<at::Tensor>& /*anchor*/, const WeightRef& w,
+                            ParamHandle h) {
+    save_handle(ctx, h);
+    ctx->save_for_backward({tokens});
+    ctx->saved_data["weft_rows"] = w.value.size(0);
+    std::vector<int64_t> shape(tokens.sizes().begin(), tokens.sizes().end());
+    shape.push_back(w.value.size(1));
+    return w.value.index_select(0, tokens.reshape({-1})).view(shape);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const ParamHandle h = load_handle(ctx);
+    const at::Tensor tokens = ctx->get_saved_variables()[0];
+    const int64_t rows = ctx->saved_data.at("weft_rows").toInt();
+    const at::Tensor& dy = grads[0];
+    const int64_t n = dy.size(-1);
+
+    at::Tensor buf = fetch_grad_buffer(h, {rows, n});
+    // index_put_ with accumulate (not index_add_): on CUDA it is the sort-based kernel, so the
+    // sum over repeated tokens is deterministic (invariant 3, bitwise resume).
+    c10::List<c10::optional<at::Tensor>> index;
+    index.push_back(c10::optional<at::Tensor>(tokens.reshape({-1})));
+    buf.index_put_(index, dy.reshape({-1, n}).to(buf.scalar_type()), /*accumulate=*/true);
+    h.source->grad_ready(h.index);
+    return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor linear(const at::Tensor& x, ParamHandle weight) {
+  check_handle(weight);
+  const bool grad_mode = at::GradMode::is_enabled();
+  at::Tensor w = weight.source->forward_weight(weight.index);
+  WEFT_CHECK(w.dim() == 2 && x.size(-1) == w.size(1),
+             "linear: input [..., {}] does not match weight {} of shape [{}]", x.size(-1),
+             weight.index, fmt::join(w.sizes(), ", "));
+  if (!grad_mode) return at::matmul(x, w.t());
+  auto anchor = grad_anchor(grad_mode, x, w);
+  return LinearFn::apply(x, anchor, WeightRef{std::move(w)}, weight);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, ParamHandle weight, double eps) {
+  check_handle(weight);
+  const bool grad_mode = at::GradMode::is_enabled();
+  // The normalisation runs in float32 (float64 for float64 x) under native autograd and is
+  // cast back to x's dtype *before* the multiply by w, as Megatron's RMSNorm does.
+  const at::Tensor xf = x.to(accum_dtype(x.scalar_type()));
+  const at::Tensor xhat =
+      (xf * at::rsqrt((xf * xf).mean({-1}, /*keepdim=*/true) + eps)).to(x.scalar_type());
+  at::Tensor w = weight.source->forward_weight(weight.index);
+  WEFT_CHECK(w.dim() == 1 && x.size(-1) == w.size(0),
+             "rms_norm: input [..., {}] does not match weight {} of shape [{}]", x.size(-1),
+             weight.index, fmt::join(w.sizes(), ", "));
+  if (!grad_mode) return xhat * w;
+  auto anchor = grad_anchor(grad_mode, xhat, w);
+  return ScaleFn::apply(xhat, anchor, WeightRef{std::move(w)}, weight);
+}
+
+at::Tensor embedding(const at::Tensor& tokens, ParamHandle weight) {
+  check_handle(weight);
+  WEFT_CHECK(tokens.scalar_type() == at::kLong, "embedding: tokens must be int64, got {}",
+             c10::toString(tokens.scalar_type()));
+  const bool grad_mode = at::GradMode::is_enabled();
+  at::Tensor w = weight.source->forward_weight(weight.index);
+  WEFT_CHECK(w.dim() == 2, "embedding: weight {} must be 2-D", weight.index);
+  if (!grad_mode) {
+    std::vector<int64_t> shape(tokens.sizes().begin(), tokens.sizes().end());
+    shape.push_back(w.size(1));
+    return w.index_select(0, tokens.reshape({-1})).view(shape);
+  }
+  auto anchor = grad_anchor(grad_mode, tokens, w);
+  return EmbeddingFn::apply(tokens, anchor, WeightRef{std::move(w)}, weight);
+}
+
+}  // namespace weft::ops

@@ -1,0 +1,40 @@
+// The three parametric ops of the model — linear, the RMSNorm scale, the embedding lookup —
+// as custom autograd functions over ParamHandles.
+//
+// Invariant (param_source.h's contract): under grad mode, each call asks its source for the
+// weight once (forward_weight) and its backward delivers the weight gradient exactly once
+// (accumulate into grad_buffer, then grad_ready). Ops never keep a weight tensor past the call
+// that fetched it: backward fetches it again with backward_weight. Without grad mode, ops call
+// forward_weight and build no graph (the source does not count such uses).
+//
+// Every op gets a graph node under grad mode even when none of its tensor inputs requires grad
+// (token ids, a pipeline stage's detached input), so the weight gradient is never skipped.
+//
+// Dtypes: x and the weight share the compute dtype (bf16, fp32, or fp64 in reference tests).
+// Weight gradients are accumulated in the grad buffer's dtype (float32 in training); products
+// are computed in the compute dtype and added as a cast unless the dtypes already agree.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "weft/model/param_source.h"
+
+namespace weft::ops {
+
+// y = x @ W^T. x [..., in], W [out, in] -> y [..., out].
+at::Tensor linear(const at::Tensor& x, ParamHandle weight);
+
+// y = x * rsqrt(mean(x^2, last dim) + eps) * w, w [h]. The normalisation runs in float32
+// (float64 for float64 x) and is cast back to x's dtype before the multiply by w.
+at::Tensor rms_norm(const at::Tensor& x, ParamHandle weight, double eps);
+
+// tokens [...] int64 -> W[tokens] [..., h]. Tokens get no gradient.
+at::Tensor embedding(const at::Tensor& tokens, ParamHandle weight);
+
+// The dtype reductions and accumulations run in for a tensor of dtype `t`: float64 for
+// float64, float32 otherwise.
+inline at::ScalarType accum_dtype(at::ScalarType t) {
+  return t == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+}  // namespace weft::ops

@@ -1,0 +1,596 @@
+// Model tests: the decoder over ParamHandles against an independent reference written with
+// plain libtorch autograd (leaf tensors, q/k/v taken by index lists from the documented row
+// order, one attention loop per head, RoPE from explicit angles), in float64 to 1e-10 and in
+// float32 to 1e-5, tied and untied; plus the ParamSource contract (one grad_ready per counted
+// use, no counting without grad mode, weights not retained past forward), layout-independent
+// initialisation, bf16 against fp32, causality, and the single ops against native autograd.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "weft/core/error.h"
+#include "weft/model/full_params.h"
+#include "weft/model/ops.h"
+#include "weft/model/transformer.h"
+
+namespace weft {
+namespace {
+
+ModelConfig small_config(bool tied, int heads = 4, int groups = 2) {
+  ModelConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.ffn_hidden_size = 48;
+  c.num_attention_heads = heads;
+  c.num_query_groups = groups;
+  c.seq_length = 16;
+  c.vocab_size = 64;
+  c.untie_embeddings_and_output_weights = !tied;
+  return c;
+}
+
+// max |got - want| / max |want|
+double rel_err(const torch::Tensor& got, const torch::Tensor& want) {
+  const torch::Tensor g = got.to(torch::kDouble), w = want.to(torch::kDouble);
+  const double scale = std::max(w.abs().max().item<double>(), 1e-30);
+  return (g - w).abs().max().item<double>() / scale;
+}
+
+// --- the model under test, over a FullParams -------------------------------------------------
+
+struct Handles {
+  ParamHandle emb, final_norm, output;
+  std::vector<LayerHandles> layers;
+};
+
+Handles register_model(FullParams& p, const ModelConfig& cfg, uint64_t seed,
+                       torch::ScalarType dtype, torch::Device device = torch::kCPU) {
+  auto add = [&](const ParamSpec& s) {
+    return p.add(s, init_param(s, cfg, seed).to(device, dtype));
+  };
+  Handles h;
+  h.emb = add(embedding_param_spec(cfg));
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const auto s = layer_param_specs(cfg, l);
+    h.layers.push_back(
+        LayerHandles{add(s[0]), add(s[1]), add(s[2]), add(s[3]), add(s[4]), add(s[5])});
+  }
+  h.final_norm = add(final_norm_param_spec(cfg));
+  if (!cfg.tied()) h.output = add(output_param_spec(cfg));
+  return h;
+}
+
+// The same handles, reading through another source (same indices).
+Handles rebind(Handles h, ParamSource* src) {
+  auto re = [&](ParamHandle& x) { x.source = src; };
+  re(h.emb);
+  re(h.final_norm);
+  if (h.output.source) re(h.output);
+  for (auto& l : h.layers) {
+    re(l.input_layernorm);
+    re(l.linear_qkv);
+    re(l.linear_proj);
+    re(l.pre_mlp_layernorm);
+    re(l.linear_fc1);
+    re(l.linear_fc2);
+  }
+  return h;
+}
+
+torch::Tensor model_logits(const Handles& h, const ModelConfig& cfg, const torch::Tensor& tokens,
+                           torch::ScalarType dtype) {
+  const RotaryTables rope = make_rotary_tables(cfg, tokens.device(), dtype);
+  torch::Tensor x = embed_tokens(tokens, h.emb);
+  for (const auto& l : h.layers) x = decoder_layer(x, l, rope, cfg);
+  x = final_norm(x, h.final_norm, cfg);
+  return output_logits(x, cfg.tied() ? h.emb : h.output);
+}
+
+// --- the independent reference -----------------------------------------------------------------
+
+struct Reference {
+  ModelConfig cfg;
+  std::map<std::string, torch::Tensor> w;  // leaves that require grad
+
+  torch::Tensor get(const std::string& name) const { return w.at(name); }
+
+  static torch::Tensor rms(const torch::Tensor& x, const torch::Tensor& g, double eps) {
+    return x / torch::sqrt(x.pow(2).mean(-1, true) + eps) * g;
+  }
+
+  // x [b, s, heads, hd]: pairs (i, i + hd/2) rotated by pos * base^(-2i/hd).
+  torch::Tensor rope(const torch::Tensor& x) const {
+    const int64_t s = x.size(1), hd = x.size(3), half = hd / 2;
+    std::vector<double> c, sn;
+    for (int64_t p = 0; p < s; ++p) {
+      for (int64_t i = 0; i < half; ++i) {
+        const double theta =
+            static_cast<double>(p) * std::pow(cfg.rotary_base, -2.0 * static_cast<double>(i) / hd);
+        c.push_back(std::cos(theta));
+        sn.push_back(std::sin(theta));
+      }
+    }
+    auto opts = torch::TensorOptions().dtype(torch::kDouble);
+    const torch::Tensor cs = torch::tensor(c, opts).view({1, s, 1, half}).to(x.scalar_type());
+    const torch::Tensor sns = torch::tensor(sn, opts).view({1, s, 1, half}).to(x.scalar_type());
+    const torch::Tensor a = x.slice(3, 0, half), b = x.slice(3, half, hd);
+    return torch::cat({a * cs - b * sns, b * cs + a * sns}, 3);
+  }
+
+  torch::Tensor layer(const torch::Tensor& x, int l) const {
+    const std::string p = "decoder.layers." + std::to_string(l) + ".";
+    const int64_t b = x.size(0), s = x.size(1), nh = cfg.num_attention_heads;
+    const int64_t ng = cfg.num_query_groups, hd = cfg.head_dim(), r = nh / ng;
+    const int64_t ffn = cfg.ffn_hidden_size;
+    // Row index lists from transformer.h's documented order.
+    std::vector<int64_t> qi, ki, vi;
+    for (int64_t g = 0; g < ng; ++g) {
+      const int64_t base = g * (r + 2) * hd;
+      for (int64_t j = 0; j < r * hd; ++j) qi.push_back(base + j);
+      for (int64_t j = 0; j < hd; ++j) ki.push_back(base + r * hd + j);
+      for (int64_t j = 0; j < hd; ++j) vi.push_back(base + (r + 1) * hd + j);
+    }
+    const torch::Tensor wqkv = get(p + "self_attention.linear_qkv.weight");
+    const torch::Tensor xn = rms(x, get(p + "input_layernorm.weight"), cfg.norm_epsilon);
+    auto proj = [&](const std::vector<int64_t>& rows) {
+      return xn.matmul(wqkv.index_select(0, torch::tensor(rows)).t());
+    };
+    const torch::Tensor q = rope(proj(qi).view({b, s, nh, hd}));
+    const torch::Tensor k = rope(proj(ki).view({b, s, ng, hd}));
+    const torch::Tensor v = proj(vi).view({b, s, ng, hd});
+    const torch::Tensor future = torch::ones({s, s}, torch::kBool).triu(1);
+    std::vector<torch::Tensor> heads;
+    for (int64_t n = 0; n < nh; ++n) {
+      const int64_t g = n / r;
+      torch::Tensor scores = torch::bmm(q.select(2, n), k.select(2, g).transpose(1, 2)) /
+                             std::sqrt(static_cast<double>(hd));
+      scores = scores.masked_fill(future, -INFINITY);
+      heads.push_back(torch::bmm(torch::softmax(scores, -1), v.select(2, g)));
+    }
+    const torch::Tensor attn = torch::cat(heads, -1);
+    const torch::Tensor h1 = x + attn.matmul(get(p + "self_attention.linear_proj.weight").t());
+    const torch::Tensor xn2 = rms(h1, get(p + "pre_mlp_layernorm.weight"), cfg.norm_epsilon);
+    const torch::Tensor fc1 = get(p + "mlp.linear_fc1.weight");
+    const torch::Tensor gate = xn2.matmul(fc1.slice(0, 0, ffn).t());
+    const torch::Tensor up = xn2.matmul(fc1.slice(0, ffn, 2 * ffn).t());
+    return h1 + (gate * torch::sigmoid(gate) * up).matmul(get(p + "mlp.linear_fc2.weight").t());
+  }
+
+  torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& labels) const {
+    const torch::Tensor emb = get("embedding.word_embeddings.weight");
+    torch::Tensor x = torch::one_hot(tokens, cfg.vocab_size).to(emb.scalar_type()).matmul(emb);
+    for (int l = 0; l < cfg.num_layers; ++l) x = layer(x, l);
+    x = rms(x, get("decoder.final_layernorm.weight"), cfg.norm_epsilon);
+    const torch::Tensor out = cfg.tied() ? emb : get("output_layer.weight");
+    const torch::Tensor logp = torch::log_softmax(x.matmul(out.t()), -1);
+    return -logp.gather(-1, labels.unsqueeze(-1)).sum();
+  }
+};
+
+Reference make_reference(const FullParams& p, const ModelConfig& cfg) {
+  Reference r{cfg, {}};
+  for (int i = 0; i < p.size(); ++i) {
+    r.w[p.spec(i).name] = p.value(i).detach().clone().requires_grad_(true);
+  }
+  return r;
+}
+
+struct Batch {
+  torch::Tensor tokens, labels;
+};
+
+Batch make_batch(const ModelConfig& cfg, int64_t b, uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  Batch batch;
+  batch.tokens = torch::randint(cfg.vocab_size, {b, cfg.seq_length}, gen, torch::kLong);
+  batch.labels = torch::randint(cfg.vocab_size, {b, cfg.seq_length}, gen, torch::kLong);
+  return batch;
+}
+
+void check_against_reference(const ModelConfig& cfg, torch::ScalarType dtype, double tol) {
+  SCOPED_TRACE(::testing::Message()
+               << "dtype " << dtype << " tied " << cfg.tied() << " heads "
+               << cfg.num_attention_heads << " groups " << cfg.num_query_groups);
+  FullParams params;
+  const Handles h = register_model(params, cfg, /*seed=*/1234, dtype);
+  const Batch batch = make_batch(cfg, 2, 7);
+
+  const torch::Tensor loss = lm_loss_sum(model_logits(h, cfg, batch.tokens, dtype), batch.labels);
+  loss.backward();
+
+  Reference ref = make_reference(params, cfg);
+  const torch::Tensor ref_loss = ref.loss(batch.tokens, batch.labels);
+  ref_loss.backward();
+
+  EXPECT_LE(rel_err(loss, ref_loss), tol)
+      << loss.item<double>() << " vs " << ref_loss.item<double>();
+  for (int i = 0; i < params.size(); ++i) {
+    const std::string& name = params.spec(i).name;
+    const torch::Tensor want = ref.w.at(name).grad();
+    ASSERT_TRUE(want.defined()) << name;
+    EXPECT_GT(want.abs().max().item<double>(), 0.0) << name;
+    EXPECT_LE(rel_err(params.grad(i), want), tol) << name;
+    EXPECT_EQ(params.pending_uses(i), 0) << name;
+  }
+}
+
+TEST(ModelReference, Float64Untied) {
+  check_against_reference(small_config(false), torch::kDouble, 1e-10);
+}
+TEST(ModelReference, Float64Tied) {
+  check_against_reference(small_config(true), torch::kDouble, 1e-10);
+}
+TEST(ModelReference, Float32Untied) {
+  check_against_reference(small_config(false), torch::kFloat, 1e-5);
+}
+TEST(ModelReference, Float32Tied) {
+  check_against_reference(small_config(true), torch::kFloat, 1e-5);
+}
+
+TEST(ModelReference, Float64MultiHeadAndMultiQuery) {
+  check_against_reference(small_config(false, 4, 4), torch::kDouble, 1e-10);  // MHA
+  check_against_reference(small_config(true, 4, 1), torch::kDouble, 1e-10);   // MQA
+  check_against_reference(small_config(false, 8, 2), torch::kDouble, 1e-10);  // hd 4, r 4
+}
+
+// --- parameter specs and initialisation --------------------------------------------------------
+
+TEST(ModelParams, NamesShapesAndKinds) {
+  const ModelConfig cfg = small_config(false);
+  const auto s = layer_param_specs(cfg, 1);
+  ASSERT_EQ(s.size(), 6u);
+  const std::string p = "decoder.layers.1.";
+  EXPECT_EQ(s[0].name, p + "input_layernorm.weight");
+  EXPECT_EQ(s[1].name, p + "self_attention.linear_qkv.weight");
+  EXPECT_EQ(s[2].name, p + "self_attention.linear_proj.weight");
+  EXPECT_EQ(s[3].name, p + "pre_mlp_layernorm.weight");
+  EXPECT_EQ(s[4].name, p + "mlp.linear_fc1.weight");
+  EXPECT_EQ(s[5].name, p + "mlp.linear_fc2.weight");
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(s[0].shape, V({32}));
+  EXPECT_EQ(s[1].shape, V({(4 + 2 * 2) * 8, 32}));
+  EXPECT_EQ(s[2].shape, V({32, 32}));
+  EXPECT_EQ(s[3].shape, V({32}));
+  EXPECT_EQ(s[4].shape, V({96, 32}));
+  EXPECT_EQ(s[5].shape, V({32, 48}));
+  for (int i : {0, 3}) {
+    EXPECT_EQ(s[i].init, InitKind::kOnes);
+    EXPECT_FALSE(s[i].decay);
+  }
+  for (int i : {2, 5}) EXPECT_EQ(s[i].init, InitKind::kScaledNormal);
+  for (int i : {1, 4}) EXPECT_EQ(s[i].init, InitKind::kNormal);
+  EXPECT_EQ(embedding_param_spec(cfg).name, "embedding.word_embeddings.weight");
+  EXPECT_EQ(embedding_param_spec(cfg).shape, V({64, 32}));
+  EXPECT_EQ(output_param_spec(cfg).name, "output_layer.weight");
+  EXPECT_EQ(output_param_spec(cfg).shape, V({64, 32}));
+  EXPECT_EQ(final_norm_param_spec(cfg).name, "decoder.final_layernorm.weight");
+  EXPECT_FALSE(final_norm_param_spec(cfg).decay);
+  EXPECT_EQ(final_norm_param_spec(cfg).init, InitKind::kOnes);
+}
+
+TEST(ModelParams, InitDependsOnlyOnSeedAndName) {
+  const ModelConfig cfg = small_config(false);
+  const auto a = layer_param_specs(cfg, 0)[1];
+  const auto b = layer_param_specs(cfg, 1)[1];
+  torch::manual_seed(1);
+  const torch::Tensor a1 = init_param(a, cfg, 42);
+  const torch::Tensor b1 = init_param(b, cfg, 42);
+  torch::manual_seed(2);  // the global generator plays no part
+  const torch::Tensor b2 = init_param(b, cfg, 42);
+  const torch::Tensor a2 = init_param(a, cfg, 42);
+  EXPECT_EQ(a1.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(a1, a2));
+  EXPECT_TRUE(torch::equal(b1, b2));
+  EXPECT_FALSE(torch::allclose(a1, b1));                      // another name
+  EXPECT_FALSE(torch::allclose(a1, init_param(a, cfg, 43)));  // another seed
+  EXPECT_TRUE(torch::equal(init_param(final_norm_param_spec(cfg), cfg, 42), torch::ones({32})));
+}
+
+TEST(ModelParams, InitStd) {
+  ModelConfig cfg = small_config(false);
+  cfg.num_layers = 8;
+  cfg.init_method_std = 0.02;
+  ParamSpec s{"big.weight", {1024, 1024}, InitKind::kNormal, true};
+  torch::Tensor t = init_param(s, cfg, 5);
+  EXPECT_NEAR(t.std().item<double>(), 0.02, 0.02 * 0.01);
+  EXPECT_NEAR(t.mean().item<double>(), 0.0, 1e-4);
+  s.init = InitKind::kScaledNormal;
+  t = init_param(s, cfg, 5);
+  EXPECT_NEAR(t.std().item<double>(), 0.02 / 4.0, 0.02 / 4.0 * 0.01);
+}
+
+TEST(ModelParams, ConfigRefusals) {
+  ModelConfig cfg = small_config(false);
+  cfg.num_query_groups = 3;
+  try {
+    check_model_config(cfg);
+    FAIL() << "accepted 4 heads in 3 groups";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--num-query-groups"), std::string::npos) << e.what();
+  }
+  cfg = small_config(false);
+  cfg.hidden_size = 30;
+  EXPECT_THROW(check_model_config(cfg), UsageError);
+  EXPECT_NO_THROW(check_model_config(small_config(true)));
+}
+
+// --- the ParamSource contract --------------------------------------------------------------------
+
+// Forwards to a FullParams and counts every call per index. With `clone_forward`, each
+// forward_weight returns a fresh copy, which the test poisons after the forward: an op that
+// kept the forward weight for its backward would then produce NaNs (or a version error).
+class CountingSource : public ParamSource {
+ public:
+  CountingSource(FullParams& inner, bool clone_forward)
+      : inner_(inner), clone_forward_(clone_forward) {}
+
+  at::Tensor forward_weight(int i) override {
+    ++fwd_[i];
+    if (at::GradMode::is_enabled()) ++fwd_counted_[i];
+    at::Tensor w = inner_.forward_weight(i);
+    if (!clone_forward_) return w;
+    handed_out_.push_back(w.clone());
+    return handed_out_.back();
+  }
+  at::Tensor backward_weight(int i) override {
+    ++bwd_[i];
+    EXPECT_LT(bwd_[i] - 1, fwd_counted_[i]) << "backward_weight without a counted use, " << i;
+    return inner_.backward_weight(i);
+  }
+  at::Tensor grad_buffer(int i) override { return inner_.grad_buffer(i); }
+  void grad_ready(int i) override {
+    ++ready_[i];
+    inner_.grad_ready(i);
+  }
+
+  void poison_handed_out() {
+    for (auto& t : handed_out_) t.fill_(std::nan(""));
+    handed_out_.clear();
+  }
+
+  FullParams& inner_;
+  bool clone_forward_;
+  std::map<int, int> fwd_, fwd_counted_, bwd_, ready_;  // per index
+  std::vector<at::Tensor> handed_out_;
+};
+
+TEST(ModelContract, GradReadyOncePerCountedUse) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const ModelConfig cfg = small_config(tied);
+    FullParams params;
+    CountingSource src(params, /*clone_forward=*/false);
+    const Handles h = rebind(register_model(params, cfg, 3, torch::kFloat), &src);
+    const Batch batch = make_batch(cfg, 2, 1);
+    lm_loss_sum(model_logits(h, cfg, batch.tokens, torch::kFloat), batch.labels).backward();
+    const int emb = h.emb.index;
+    for (int i = 0; i < params.size(); ++i) {
+      const int uses = (tied && i == emb) ? 2 : 1;
+      EXPECT_EQ(src.fwd_counted_[i], uses) << params.spec(i).name;
+      EXPECT_EQ(src.ready_[i], uses) << params.spec(i).name;
+      EXPECT_EQ(params.pending_uses(i), 0) << params.spec(i).name;
+    }
+    // The lookup needs no weight in backward; the tied output layer's linear does.
+    EXPECT_EQ(src.bwd_[emb], tied ? 1 : 0);
+  }
+}
+
+TEST(ModelContract, NoGradForwardCountsNothing) {
+  const ModelConfig cfg = small_config(true);
+  FullParams params;
+  CountingSource src(params, false);
+  const Handles h = rebind(register_model(params, cfg, 3, torch::kFloat), &src);
+  const Batch batch = make_batch(cfg, 2, 1);
+  torch::Tensor eval;
+  {
+    at::NoGradGuard no_grad;
+    eval = model_logits(h, cfg, batch.tokens, torch::kFloat);
+  }
+  EXPECT_FALSE(eval.requires_grad());
+  for (int i = 0; i < params.size(); ++i) {
+    EXPECT_GT(src.fwd_[i], 0) << params.spec(i).name;
+    EXPECT_EQ(src.fwd_counted_[i], 0) << params.spec(i).name;
+    EXPECT_EQ(params.pending_uses(i), 0) << params.spec(i).name;
+  }
+  const torch::Tensor train = model_logits(h, cfg, batch.tokens, torch::kFloat);
+  EXPECT_TRUE(torch::equal(eval, train.detach()));
+}
+
+TEST(ModelContract, ForwardWeightsAreNotRetained) {
+  const ModelConfig cfg = small_config(true);
+  const Batch batch = make_batch(cfg, 2, 1);
+  FullParams plain;
+  const Handles hp = register_model(plain, cfg, 9, torch::kDouble);
+  lm_loss_sum(model_logits(hp, cfg, batch.tokens, torch::kDouble), batch.labels).backward();
+
+  FullParams params;
+  CountingSource src(params, /*clone_forward=*/true);
+  const Handles h = rebind(register_model(params, cfg, 9, torch::kDouble), &src);
+  const torch::Tensor loss =
+      lm_loss_sum(model_logits(h, cfg, batch.tokens, torch::kDouble), batch.labels);
+  src.poison_handed_out();
+  loss.backward();
+  for (int i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(params.grad(i), plain.grad(i))) << params.spec(i).name;
+  }
+}
+
+TEST(ModelContract, GradientsAccumulateUntilZeroGrad) {
+  const ModelConfig cfg = small_config(false);
+  FullParams params;
+  const Handles h = register_model(params, cfg, 3, torch::kDouble);
+  const Batch batch = make_batch(cfg, 2, 1);
+  auto step = [&] {
+    lm_loss_sum(model_logits(h, cfg, batch.tokens, torch::kDouble), batch.labels).backward();
+  };
+  step();
+  std::vector<torch::Tensor> once;
+  for (int i = 0; i < params.size(); ++i) once.push_back(params.grad(i).clone());
+  step();
+  for (int i = 0; i < params.size(); ++i) {
+    EXPECT_LE(rel_err(params.grad(i), 2 * once[i]), 1e-14) << params.spec(i).name;
+  }
+  params.zero_grad();
+  step();
+  for (int i = 0; i < params.size(); ++i) {
+    EXPECT_LE(rel_err(params.grad(i), once[i]), 1e-14) << params.spec(i).name;
+  }
+}
+
+// --- precision and causality -------------------------------------------------------------------
+
+TEST(ModelNumerics, Bf16CloseToFp32) {
+  const ModelConfig cfg = small_config(true);
+  const Batch batch = make_batch(cfg, 2, 4);
+  FullParams p16, p32;
+  const Handles h16 = register_model(p16, cfg, 11, torch::kBFloat16);
+  // fp32 weights equal to the bf16 ones, so only the compute precision differs.
+  Handles h32;
+  {
+    h32.emb = p32.add(p16.spec(h16.emb.index), p16.value(h16.emb.index).to(torch::kFloat));
+    for (int i = 1; i < p16.size(); ++i) p32.add(p16.spec(i), p16.value(i).to(torch::kFloat));
+    h32 = rebind(h16, &p32);
+  }
+  const torch::Tensor l16 = model_logits(h16, cfg, batch.tokens, torch::kBFloat16);
+  const torch::Tensor l32 = model_logits(h32, cfg, batch.tokens, torch::kFloat);
+  EXPECT_EQ(l16.scalar_type(), torch::kBFloat16);
+  EXPECT_LE(rel_err(l16, l32), 0.02);
+  const torch::Tensor loss16 = lm_loss_sum(l16, batch.labels);
+  const torch::Tensor loss32 = lm_loss_sum(l32, batch.labels);
+  EXPECT_EQ(loss16.scalar_type(), torch::kFloat);
+  EXPECT_LE(rel_err(loss16, loss32), 1e-3);
+  loss16.backward();
+  loss32.backward();
+  for (int i = 0; i < p16.size(); ++i) {
+    const torch::Tensor g16 = p16.grad(i), g32 = p32.grad(i);
+    EXPECT_EQ(g16.scalar_type(), torch::kFloat);
+    const double cos = torch::cosine_similarity(g16.flatten(), g32.flatten(), 0).item<double>();
+    EXPECT_GT(cos, 0.99) << p16.spec(i).name;
+  }
+}
+
+TEST(ModelNumerics, Causal) {
+  const ModelConfig cfg = small_config(false);
+  FullParams params;
+  const Handles h = register_model(params, cfg, 2, torch::kDouble);
+  const Batch batch = make_batch(cfg, 2, 3);
+  const int64_t p = 9;
+  torch::Tensor changed = batch.tokens.clone();
+  changed.select(1, p).add_(1).remainder_(cfg.vocab_size);
+  at::NoGradGuard no_grad;
+  const torch::Tensor a = model_logits(h, cfg, batch.tokens, torch::kDouble);
+  const torch::Tensor b = model_logits(h, cfg, changed, torch::kDouble);
+  EXPECT_LE((a.slice(1, 0, p) - b.slice(1, 0, p)).abs().max().item<double>(), 1e-12);
+  for (int64_t t = p; t < cfg.seq_length; ++t) {
+    EXPECT_GT((a.select(1, t) - b.select(1, t)).abs().max().item<double>(), 1e-6) << t;
+  }
+}
+
+// --- single ops against native autograd ---------------------------------------------------------
+
+TEST(ModelOps, LinearMatchesNativeAndDeliversGradWithoutInputGrad) {
+  FullParams params;
+  const ParamSpec s{"w", {5, 4}, InitKind::kNormal, true};
+  const torch::Tensor w0 = torch::randn({5, 4}, torch::kDouble);
+  const ParamHandle h = params.add(s, w0);
+  const torch::Tensor x = torch::randn({3, 2, 4}, torch::kDouble);  // requires no grad
+  const torch::Tensor dy = torch::randn({3, 2, 5}, torch::kDouble);
+  const torch::Tensor y = ops::linear(x, h);
+  ASSERT_TRUE(y.requires_grad());
+  (y * dy).sum().backward();
+  const torch::Tensor wl = w0.clone().requires_grad_(true);
+  const torch::Tensor yl = torch::matmul(x, wl.t());
+  (yl * dy).sum().backward();
+  EXPECT_LE(rel_err(y, yl), 1e-15);
+  EXPECT_LE(rel_err(params.grad(0), wl.grad()), 1e-14);
+  EXPECT_EQ(params.pending_uses(0), 0);
+
+  // bf16 compute, float32 buffer, input gradient too.
+  FullParams p16;
+  const ParamHandle h16 = p16.add(s, w0.to(torch::kBFloat16));
+  const torch::Tensor x16 = x.to(torch::kBFloat16).requires_grad_(true);
+  (ops::linear(x16, h16) * dy.to(torch::kBFloat16)).sum().backward();
+  EXPECT_EQ(p16.grad(0).scalar_type(), torch::kFloat);
+  EXPECT_LE(rel_err(p16.grad(0), wl.grad()), 0.03);
+  EXPECT_LE(rel_err(x16.grad(), dy.matmul(w0)), 0.03);
+}
+
+TEST(ModelOps, RmsNormMatchesNative) {
+  FullParams params;
+  const torch::Tensor w0 = torch::randn({6}, torch::kDouble);
+  const ParamHandle h = params.add(ParamSpec{"n", {6}, InitKind::kOnes, false}, w0);
+  const torch::Tensor x = torch::randn({2, 3, 6}, torch::kDouble).requires_grad_(true);
+  const torch::Tensor dy = torch::randn({2, 3, 6}, torch::kDouble);
+  (ops::rms_norm(x, h, 1e-5) * dy).sum().backward();
+  const torch::Tensor xl = x.detach().clone().requires_grad_(true);
+  const torch::Tensor wl = w0.clone().requires_grad_(true);
+  (xl * torch::rsqrt(xl.pow(2).mean(-1, true) + 1e-5) * wl * dy).sum().backward();
+  EXPECT_LE(rel_err(x.grad(), xl.grad()), 1e-13);
+  EXPECT_LE(rel_err(params.grad(0), wl.grad()), 1e-13);
+}
+
+TEST(ModelOps, EmbeddingAccumulatesRepeatedTokens) {
+  FullParams params;
+  const torch::Tensor w0 = torch::randn({7, 3}, torch::kDouble);
+  const ParamHandle h = params.add(ParamSpec{"e", {7, 3}, InitKind::kNormal, true}, w0);
+  const torch::Tensor tokens = torch::tensor({1, 4, 1, 1, 6, 0}, torch::kLong).view({2, 3});
+  const torch::Tensor dy = torch::randn({2, 3, 3}, torch::kDouble);
+  const torch::Tensor y = ops::embedding(tokens, h);
+  EXPECT_TRUE(torch::equal(y, w0.index_select(0, tokens.flatten()).view({2, 3, 3})));
+  (y * dy).sum().backward();
+  const torch::Tensor wl = w0.clone().requires_grad_(true);
+  (torch::embedding(wl, tokens) * dy).sum().backward();
+  EXPECT_LE(rel_err(params.grad(0), wl.grad()), 1e-15);
+  EXPECT_EQ(params.pending_uses(0), 0);
+}
+
+// --- CUDA against CPU (skipped without a GPU) ----------------------------------------------------
+
+TEST(ModelCuda, MatchesCpuAndIsDeterministic) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const ModelConfig cfg = small_config(true);
+  const Batch batch = make_batch(cfg, 2, 5);
+  FullParams cpu;
+  const Handles hc = register_model(cpu, cfg, 21, torch::kDouble);
+  const torch::Tensor want =
+      lm_loss_sum(model_logits(hc, cfg, batch.tokens, torch::kDouble), batch.labels);
+  want.backward();
+
+  const torch::Device dev(torch::kCUDA, 0);
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    SCOPED_TRACE(::testing::Message() << dtype);
+    const double tol = dtype == torch::kFloat ? 1e-4 : 0.05;
+    std::vector<torch::Tensor> first;
+    for (int run = 0; run < 2; ++run) {
+      FullParams gpu;
+      const Handles hg = register_model(gpu, cfg, 21, dtype, dev);
+      const torch::Tensor loss =
+          lm_loss_sum(model_logits(hg, cfg, batch.tokens.to(dev), dtype), batch.labels.to(dev));
+      loss.backward();
+      EXPECT_LE(rel_err(loss.cpu(), want), tol);
+      for (int i = 0; i < gpu.size(); ++i) {
+        const torch::Tensor g = gpu.grad(i).cpu();
+        EXPECT_EQ(g.scalar_type(), torch::kFloat);
+        if (dtype == torch::kFloat) {
+          EXPECT_LE(rel_err(g, cpu.grad(i)), tol) << gpu.spec(i).name;
+        } else {
+          const double c =
+              torch::cosine_similarity(g.flatten(), cpu.grad(i).to(torch::kFloat).flatten(), 0)
+                  .item<double>();
+          EXPECT_GT(c, 0.99) << gpu.spec(i).name;
+        }
+        if (run == 0)
+          first.push_back(g);
+        else
+          EXPECT_TRUE(torch::equal(g, first[i])) << "run-to-run, " << gpu.spec(i).name;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace weft
