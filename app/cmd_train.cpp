@@ -5,6 +5,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <cstdio>
 #include <memory>
 
 #include "layout_flags.h"
@@ -13,6 +14,9 @@
 #include "weft/train/trainer.h"
 
 namespace weft::app {
+
+void run_training(TrainConfig& t, int threads, MpiRuntime& mpi);
+
 namespace {
 
 struct TrainArgs {
@@ -31,7 +35,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   TrainConfig& t = a->cfg;
   ModelConfig& m = t.model;
   auto opt = [&](const char* name, auto& v, const char* help) {
-    c->add_option(name, v, help)->capture_default_str();
+    c->add_option(name, v, help)
+        ->capture_default_str()
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   };
   opt("--num-layers", m.num_layers, "transformer layers");
   opt("--hidden-size", m.hidden_size, "hidden size");
@@ -71,6 +77,14 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--device", t.device, "cpu | cuda");
   opt("--log-jsonl", t.log_jsonl, "append one JSON object per iteration to FILE");
   opt("--log-interval", t.log_interval, "print every N iterations");
+  opt("--save", t.save, "directory to save checkpoints into");
+  opt("--save-interval", t.save_interval, "save every K iterations (0: only at the end and on exit)");
+  opt("--load", t.load, "directory to load the latest checkpoint from");
+  opt("--ckpt-step", t.ckpt_step, "load this iteration instead of the latest (-1: latest)");
+  opt("--dist-ckpt-strictness", t.strictness,
+      "raise_all | raise_unexpected | log_all | log_unexpected | assume_ok_unexpected | ignore_all");
+  opt("--exit-interval", t.exit_interval, "save and exit when iteration % N == 0 (0: off)");
+  opt("--exit-duration-in-mins", t.exit_duration_mins, "save and exit after this many minutes (0: off)");
   opt("--threads", a->threads, "intra-op threads per rank (0: cores / world size)");
   add_layout_flags(c, &t.layout);
 }
@@ -88,9 +102,26 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
     if (t.log_interval < 1) fail_usage("--log-interval must be >= 1");
     MpiRuntime mpi(argc, argv);
     set_error_rank(mpi.world_rank());
+    try {
+      run_training(t, a->threads, mpi);
+    } catch (const std::exception& e) {
+      // Usage errors are raised identically on every rank (validated before any collective or
+      // agreed on by one), so rank 0 alone prints them; any other error is printed by the rank
+      // that raised it. With several ranks the job is then aborted, so that no peer waits in a
+      // collective forever.
+      const bool usage = dynamic_cast<const UsageError*>(&e) != nullptr;
+      if (!usage || mpi.world_rank() == 0)
+        std::fprintf(stderr, "weft: %s: %s\n", usage ? "error" : "fatal", e.what());
+      if (mpi.world_size() > 1) MpiRuntime::abort(usage ? 2 : 1);
+      throw CLI::RuntimeError(usage ? 2 : 1);
+    }
+  });
+}
+
+void run_training(TrainConfig& t, int threads, MpiRuntime& mpi) {
+  {
     // Every rank validates the same flags before the first collective.
     validate_train_config(t, mpi.world_size());
-    int threads = a->threads;
     if (threads <= 0) threads = std::max(1, at::get_num_threads() / mpi.world_size());
     at::set_num_threads(threads);
     LayoutConfig layout = t.layout;
@@ -99,7 +130,7 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
     ProcessGroups groups(mesh, Backend::kMpi);
     Trainer trainer(t, groups);
     trainer.train();
-  });
+  }
 }
 
 }  // namespace weft::app

@@ -1,6 +1,7 @@
 // Registry of the runtime subcommands (see commands.h).
 #include "commands.h"
 
+#include "cmd_ckpt.h"
 #include "cmd_train.h"
 
 namespace weft::app {
@@ -11,6 +12,7 @@ void add_more_commands(CLI::App* app, int argc, char** argv) {
   s_argc = argc;
   s_argv = argv;
   add_train_command(app, &s_argc, &s_argv);
+  add_ckpt_command(app);
 }
 
 }  // namespace weft::app

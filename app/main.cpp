@@ -36,6 +36,8 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
+  } catch (const CLI::RuntimeError& e) {
+    return e.get_exit_code();  // a command's own non-zero result (e.g. ckpt diff: differences)
   } catch (const CLI::ParseError& e) {
     std::cerr << "weft: error: " << e.what() << " (see weft --help)\n";
     return 2;

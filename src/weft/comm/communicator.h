@@ -82,6 +82,8 @@ class MpiRuntime {
   int world_size() const { return size_; }
   int local_rank() const { return local_rank_; }  // rank among processes on this host
   static std::string library_version();           // e.g. "Open MPI v4.1.4"
+  // Aborts every rank of the job with `code` (MPI_Abort on the world); does not return.
+  [[noreturn]] static void abort(int code);
 
  private:
   int rank_ = 0, size_ = 1, local_rank_ = 0;

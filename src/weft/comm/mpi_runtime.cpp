@@ -6,6 +6,8 @@
 // host application) keeps ownership of it.
 #include <mpi.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "weft/comm/communicator.h"
@@ -92,6 +94,13 @@ std::string MpiRuntime::library_version() {
   if (b == std::string::npos) return "unknown MPI";
   size_t e = s.find_last_not_of(ws);
   return s.substr(b, e - b + 1);
+}
+
+void MpiRuntime::abort(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);  // MPI_Abort does not return; this satisfies [[noreturn]]
 }
 
 }  // namespace weft

@@ -5,11 +5,14 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <filesystem>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <fmt/format.h>
 
+#include "weft/checkpoint/checkpoint.h"
 #include "weft/core/error.h"
 #include "weft/parallel/grad_access.h"
 #include "weft/parallel/schedule.h"
@@ -30,7 +33,44 @@ std::string now_string() {
   return buf;
 }
 
+volatile std::sig_atomic_t g_exit_signal = 0;
+void on_exit_signal(int) { g_exit_signal = 1; }
+
 }  // namespace
+
+bool exit_signal_received() { return g_exit_signal != 0; }
+
+nlohmann::json train_config_to_json(const TrainConfig& c) {
+  const ModelConfig& m = c.model;
+  auto dt = [](c10::ScalarType t) { return t == at::kBFloat16 ? "bf16" : "fp32"; };
+  return {
+      {"model",
+       {{"num_layers", m.num_layers}, {"hidden_size", m.hidden_size},
+        {"ffn_hidden_size", m.ffn_hidden_size}, {"num_attention_heads", m.num_attention_heads},
+        {"num_query_groups", m.num_query_groups}, {"seq_length", m.seq_length},
+        {"vocab_size", m.vocab_size}, {"init_method_std", m.init_method_std},
+        {"rotary_base", m.rotary_base}, {"norm_epsilon", m.norm_epsilon},
+        {"untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights},
+        {"bf16", m.bf16}}},
+      {"optimizer",
+       {{"weight_decay", c.adam.weight_decay}, {"adam_beta1", c.adam.beta1},
+        {"adam_beta2", c.adam.beta2}, {"adam_eps", c.adam.eps},
+        {"exp_avg_dtype", dt(c.adam.exp_avg_dtype)}, {"exp_avg_sq_dtype", dt(c.adam.exp_avg_sq_dtype)},
+        {"use_precision_aware_optimizer", c.adam.precision_aware}, {"clip_grad", c.clip_grad}}},
+      {"lr", {{"lr", c.lr.lr}, {"min_lr", c.lr.min_lr}, {"warmup_iters", c.lr.warmup_iters},
+              {"decay_iters", c.lr.decay_iters}, {"style", c.lr.style}}},
+      {"micro_batch_size", c.micro_batch_size}, {"global_batch_size", c.global_batch_size},
+      {"train_iters", c.train_iters}, {"seed", c.seed}, {"device", c.device},
+      {"save_interval", c.save_interval}};
+}
+
+nlohmann::json layout_to_json(const Mesh& mesh, const TrainConfig& c) {
+  return {{"world", mesh.world_size()}, {"tp", mesh.tp()}, {"cp", mesh.cp()},
+          {"pp", mesh.pp()},           {"ep", mesh.ep()}, {"etp", mesh.etp()},
+          {"dp", mesh.dp()},           {"dp_outer", mesh.dp_outer()}, {"order", mesh.order()},
+          {"first_stage_layers", c.first_stage_layers},
+          {"last_stage_layers", c.last_stage_layers}};
+}
 
 void validate_train_config(const TrainConfig& c, int world_size) {
   LayoutConfig l = c.layout;
@@ -69,6 +109,12 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   if (c.device != "cpu" && c.device != "cuda")
     fail_usage("--device must be cpu or cuda (got '{}')", c.device);
   validate_lr_schedule(c.lr);
+  parse_strictness(c.strictness);
+  if (c.save_interval < 0) fail_usage("--save-interval must be >= 0");
+  if (c.save_interval > 0 && c.save.empty()) fail_usage("--save-interval needs --save DIR");
+  if (c.ckpt_step >= 0 && c.load.empty()) fail_usage("--ckpt-step needs --load DIR");
+  if (c.exit_interval < 0) fail_usage("--exit-interval must be >= 0");
+  if (c.exit_duration_mins < 0) fail_usage("--exit-duration-in-mins must be >= 0");
 }
 
 Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
@@ -88,6 +134,57 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   optimizer_ = std::make_unique<ShardedAdamW>(units, cfg_.adam);
   num_microbatches_ = cfg_.global_batch_size / (cfg_.micro_batch_size * mesh.dp());
   dp_rank_ = mesh.group_rank("dp_cp", groups.rank());
+  if (!cfg_.load.empty()) {
+    LoadRequest req;
+    req.dir = cfg_.load;
+    req.step = cfg_.ckpt_step;
+    req.strictness = parse_strictness(cfg_.strictness);
+    req.layout = layout_to_json(mesh, cfg_);
+    nlohmann::json meta = load_checkpoint(req, *stage_, *optimizer_, groups);
+    if (!meta.is_null()) {
+      iteration_ = meta.value("iteration", 0);
+      consumed_samples_ = meta.value("consumed_samples", int64_t{0});
+      skipped_iters_ = meta.value("skipped_iterations", 0);
+      nan_iters_ = meta.value("nan_iterations", 0);
+      last_saved_ = iteration_;
+      if (groups.rank() == 0 && !cfg_.quiet)
+        fmt::print("weft train: loaded {} at iteration {} ({} consumed samples)\n", cfg_.load,
+                   iteration_, consumed_samples_);
+    }
+  }
+}
+
+void Trainer::save() {
+  const Mesh& mesh = groups_.mesh();
+  SaveRequest req;
+  req.dir = cfg_.save;
+  req.iteration = iteration_;
+  nlohmann::json& m = req.meta;
+  m["config"] = train_config_to_json(cfg_);
+  m["layout"] = layout_to_json(mesh, cfg_);
+  m["consumed_samples"] = consumed_samples_;
+  m["consumed_tokens"] = consumed_samples_ * cfg_.model.seq_length;
+  m["skipped_iterations"] = skipped_iters_;
+  m["nan_iterations"] = nan_iters_;
+  m["lr_scheduler"] = {{"lr", cfg_.lr.lr}, {"min_lr", cfg_.lr.min_lr},
+                       {"warmup_iters", cfg_.lr.warmup_iters},
+                       {"decay_iters", cfg_.lr.decay_iters}, {"style", cfg_.lr.style},
+                       {"iteration", iteration_}};
+  m["data"] = {{"kind", "mock"}, {"seed", cfg_.seed}, {"consumed_samples", consumed_samples_}};
+  nlohmann::json groups = nlohmann::json::object();
+  for (const FsdpUnit* u : optimizer_->units())
+    for (int i = 0; i < u->num_params(); ++i) {
+      const std::string& n = u->spec(i).name;
+      const ParamGroupSettings& g = optimizer_->group_of(n);
+      groups[n] = {{"group", optimizer_->group_name_of(n)}, {"weight_decay", g.weight_decay},
+                   {"beta1", g.beta1}, {"beta2", g.beta2}, {"eps", g.eps}};
+    }
+  m["optimizer"] = {{"steps", optimizer_->steps()}};
+  req.local_param_groups = groups;  // merged over all stages by save_checkpoint
+  save_checkpoint(req, *stage_, *optimizer_, groups_);
+  last_saved_ = iteration_;
+  if (groups_.rank() == 0 && !cfg_.quiet)
+    fmt::print("weft train: saved checkpoint {} at iteration {}\n", cfg_.save, iteration_);
 }
 
 Trainer::~Trainer() = default;
@@ -198,13 +295,28 @@ std::string Trainer::summary() const {
 std::vector<IterationStats> Trainer::train() {
   const bool rank0 = groups_.rank() == 0;
   FILE* jsonl = nullptr;
-  if (rank0 && !cfg_.log_jsonl.empty()) {
-    jsonl = std::fopen(cfg_.log_jsonl.c_str(), "a");
-    if (!jsonl) fail_usage("--log-jsonl {}: cannot open for appending", cfg_.log_jsonl);
+  if (!cfg_.log_jsonl.empty()) {
+    // Rank 0 writes the log; every rank learns whether it could open it.
+    at::Tensor ok = at::ones({1}, at::kInt);
+    if (rank0) {
+      std::error_code ec;
+      const auto parent = std::filesystem::path(cfg_.log_jsonl).parent_path();
+      if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+      jsonl = std::fopen(cfg_.log_jsonl.c_str(), "a");
+      if (!jsonl) ok.fill_(0);
+    }
+    groups_.world().all_reduce(ok, ReduceOp::kSum);
+    if (ok.item<int>() < groups_.world().size())
+      fail_usage("--log-jsonl {}: cannot open for appending", cfg_.log_jsonl);
   }
   if (rank0 && !cfg_.quiet) fmt::print("{}", summary());
+  g_exit_signal = 0;
+  auto old_term = std::signal(SIGTERM, on_exit_signal);
+  auto old_int = std::signal(SIGINT, on_exit_signal);
+  const auto start = std::chrono::steady_clock::now();
   std::vector<IterationStats> all;
-  while (iteration_ < cfg_.train_iters) {
+  bool exiting = false;
+  while (iteration_ < cfg_.train_iters && !exiting) {
     IterationStats s = train_step();
     all.push_back(s);
     if (rank0 && !cfg_.quiet && (s.iteration % cfg_.log_interval == 0)) {
@@ -227,7 +339,29 @@ std::vector<IterationStats> Trainer::train() {
                    s.grad_norm, s.lr, s.tokens_per_sec, s.ms, s.skipped ? "true" : "false");
       std::fflush(jsonl);
     }
+    if (!cfg_.save.empty() && cfg_.save_interval > 0 && iteration_ % cfg_.save_interval == 0)
+      save();
+    // Every rank takes the same exit decision: one all-reduce of the local reasons.
+    const double minutes =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 60.0;
+    at::Tensor why = at::tensor(
+        std::vector<double>{exit_signal_received() ? 1.0 : 0.0,
+                            cfg_.exit_duration_mins > 0 && minutes >= cfg_.exit_duration_mins ? 1.0 : 0.0,
+                            cfg_.exit_interval > 0 && iteration_ % cfg_.exit_interval == 0 ? 1.0 : 0.0},
+        at::kDouble);
+    groups_.world().all_reduce(why, ReduceOp::kMax);
+    if (why.sum().item<double>() > 0) {
+      exiting = true;
+      if (rank0 && !cfg_.quiet)
+        fmt::print("weft train: exiting after iteration {} ({})\n", iteration_,
+                   why[0].item<double>() > 0 ? "signal" : why[1].item<double>() > 0
+                                                              ? "--exit-duration-in-mins"
+                                                              : "--exit-interval");
+    }
   }
+  if (!cfg_.save.empty() && last_saved_ != iteration_ && iteration_ > 0) save();
+  std::signal(SIGTERM, old_term);
+  std::signal(SIGINT, old_int);
   if (jsonl) std::fclose(jsonl);
   return all;
 }

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "weft/comm/communicator.h"
 #include "weft/data/mock_dataset.h"
 #include "weft/model/config.h"
@@ -43,7 +45,19 @@ struct TrainConfig {
   std::string log_jsonl;        // --log-jsonl FILE
   int log_interval = 1;         // --log-interval
   bool quiet = false;           // no per-iteration lines (tests)
+  // Checkpoints (docs/checkpoint-format.md).
+  std::string save;             // --save DIR
+  int save_interval = 0;        // --save-interval K (0: only at the end and on exit)
+  std::string load;             // --load DIR
+  int ckpt_step = -1;           // --ckpt-step N (-1: the tracker's latest)
+  std::string strictness = "raise_all";  // --dist-ckpt-strictness
+  int exit_interval = 0;        // --exit-interval N: save and exit when iteration % N == 0
+  double exit_duration_mins = 0;  // --exit-duration-in-mins: save and exit after this long
 };
+
+// The whole config as JSON (stored in checkpoints) and the layout part of it.
+nlohmann::json train_config_to_json(const TrainConfig& cfg);
+nlohmann::json layout_to_json(const Mesh& mesh, const TrainConfig& cfg);
 
 struct IterationStats {
   int iteration = 0;
@@ -66,8 +80,12 @@ class Trainer {
   ~Trainer();
 
   IterationStats train_step();
-  // Runs until cfg.train_iters, printing and logging; returns every iteration's stats.
+  // Runs until cfg.train_iters (or an exit condition: SIGTERM/SIGINT, --exit-interval,
+  // --exit-duration-in-mins), printing, logging and saving; returns every iteration's stats.
   std::vector<IterationStats> train();
+  // Saves the current state to cfg.save as this iteration (collective).
+  void save();
+  int64_t consumed_samples() const { return consumed_samples_; }
 
   int iteration() const { return iteration_; }
   PipelineStage& stage() { return *stage_; }
@@ -89,6 +107,10 @@ class Trainer {
   int64_t consumed_samples_ = 0;
   int skipped_iters_ = 0;
   int nan_iters_ = 0;
+  int last_saved_ = -1;
 };
+
+// Set by SIGTERM/SIGINT while Trainer::train runs; checked once per iteration by every rank.
+bool exit_signal_received();
 
 }  // namespace weft

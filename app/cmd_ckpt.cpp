@@ -1,0 +1,163 @@
+// `weft ckpt`: inspect (keys, shapes, dtypes, bytes, the saving layout, the iteration), verify
+// (every checksum and the coverage of every key) and diff (per key, bitwise or with
+// --rtol/--atol). A DIR is either a save directory (its tracker's latest is used) or one
+// iter_NNNNNNN directory. Exit codes: 0 ok/identical, 1 differences or corruption, 2 bad input.
+#include "cmd_ckpt.h"
+
+#include <ATen/Functions.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <filesystem>
+#include <memory>
+
+#include "weft/checkpoint/format.h"
+#include "weft/core/error.h"
+
+namespace weft::app {
+namespace {
+
+struct Loaded {
+  std::string dir;
+  nlohmann::json meta;
+  CkptIndex index;
+};
+
+Loaded open_checkpoint(const std::string& path) {
+  Loaded l;
+  l.dir = path;
+  int it = 0;
+  if (!std::filesystem::exists(path + "/metadata.json")) {
+    if (Status s = ckpt_read_tracker(path, &it); !s)
+      fail_usage("{} is neither a checkpoint (no metadata.json) nor a save directory ({})", path,
+                 s.message());
+    l.dir = ckpt_iter_dir(path, it);
+  }
+  if (Status s = ckpt_read_metadata(l.dir, &l.meta, &l.index); !s) fail_usage("{}", s.message());
+  return l;
+}
+
+c10::ScalarType to_torch(const std::string& d) {
+  if (d == "F32") return at::kFloat;
+  if (d == "BF16") return at::kBFloat16;
+  if (d == "F16") return at::kHalf;
+  if (d == "F64") return at::kDouble;
+  if (d == "I64") return at::kLong;
+  if (d == "I32") return at::kInt;
+  return at::kByte;
+}
+
+// The full tensor of `key`, assembled from its chunks (checksums verified).
+Status read_full(const Loaded& l, const std::string& key, CkptFileCache& files, at::Tensor* out) {
+  const CkptTensorInfo& t = l.index.at(key);
+  *out = at::empty(t.shape, at::TensorOptions().dtype(to_torch(t.dtype)));
+  for (const auto& c : t.chunks) {
+    at::Tensor buf = at::empty(c.lengths, out->options());
+    if (Status s = files.read_chunk(c, buf.data_ptr()); !s) return s;
+    out->narrow(0, c.offsets[0], c.lengths[0]).copy_(buf);
+  }
+  return Status::ok();
+}
+
+int inspect(const std::string& path) {
+  Loaded l = open_checkpoint(path);
+  fmt::print("checkpoint {}\n  iteration {} | consumed samples {} | format {} v{}\n", l.dir,
+             l.meta.value("iteration", -1), l.meta.value("consumed_samples", int64_t{-1}),
+             l.meta.value("format", ""), l.meta.value("version", -1));
+  fmt::print("  saved with layout {}\n", l.meta.value("layout", nlohmann::json()).dump());
+  int64_t total = 0;
+  for (const auto& [key, t] : l.index) {
+    int64_t bytes = 0;
+    for (const auto& c : t.chunks) bytes += c.nbytes();
+    total += bytes;
+    fmt::print("  {:<64} {:>5} [{}] {} bytes in {} chunk(s)\n", key, t.dtype,
+               fmt::join(t.shape, ", "), bytes, t.chunks.size());
+  }
+  fmt::print("  {} keys, {} bytes\n", l.index.size(), total);
+  return 0;
+}
+
+int verify(const std::string& path) {
+  Loaded l = open_checkpoint(path);  // coverage is checked while building the index
+  CkptFileCache files(l.dir);
+  int bad = 0;
+  int64_t chunks = 0, bytes = 0;
+  for (const auto& [key, t] : l.index)
+    for (const auto& c : t.chunks) {
+      std::vector<uint8_t> buf(static_cast<size_t>(c.nbytes()));
+      if (Status s = files.read_chunk(c, buf.data()); !s) {
+        fmt::print("BAD  {}\n", s.message());
+        ++bad;
+      }
+      ++chunks;
+      bytes += c.nbytes();
+    }
+  fmt::print("{}: {} keys, {} chunks, {} bytes: {}\n", l.dir, l.index.size(), chunks, bytes,
+             bad ? fmt::format("{} corrupted chunk(s)", bad) : "all checksums and coverage ok");
+  return bad ? 1 : 0;
+}
+
+int diff(const std::string& a, const std::string& b, double rtol, double atol) {
+  Loaded la = open_checkpoint(a), lb = open_checkpoint(b);
+  CkptFileCache fa(la.dir), fb(lb.dir);
+  int differ = 0;
+  for (const auto& [key, t] : la.index) {
+    if (!lb.index.count(key)) {
+      fmt::print("only in A: {}\n", key);
+      ++differ;
+      continue;
+    }
+    at::Tensor x, y;
+    if (Status s = read_full(la, key, fa, &x); !s) fail("{}", s.message());
+    if (Status s = read_full(lb, key, fb, &y); !s) fail("{}", s.message());
+    if (x.sizes() != y.sizes() || x.scalar_type() != y.scalar_type()) {
+      fmt::print("differ: {} (shape or dtype)\n", key);
+      ++differ;
+      continue;
+    }
+    const bool same = (rtol == 0 && atol == 0)
+                          ? at::equal(x, y)
+                          : at::allclose(x.to(at::kDouble), y.to(at::kDouble), rtol, atol);
+    if (!same) {
+      double m = x.to(at::kDouble).sub(y.to(at::kDouble)).abs().max().item<double>();
+      fmt::print("differ: {} (max abs diff {:.3g})\n", key, m);
+      ++differ;
+    }
+  }
+  for (const auto& [key, t] : lb.index)
+    if (!la.index.count(key)) {
+      fmt::print("only in B: {}\n", key);
+      ++differ;
+    }
+  fmt::print("{} key(s) differ{}\n", differ, rtol == 0 && atol == 0 ? " (bitwise)" : "");
+  return differ ? 1 : 0;
+}
+
+}  // namespace
+
+void add_ckpt_command(CLI::App* app) {
+  CLI::App* ck = app->add_subcommand("ckpt", "inspect, verify and compare checkpoints");
+  ck->require_subcommand(1);
+  auto dir = std::make_shared<std::string>();
+  auto other = std::make_shared<std::string>();
+  auto rtol = std::make_shared<double>(0.0), atol = std::make_shared<double>(0.0);
+  auto rc = std::make_shared<int>(0);
+  CLI::App* in = ck->add_subcommand("inspect", "keys, shapes, dtypes, bytes, layout, iteration");
+  in->add_option("DIR", *dir, "save directory or iter_NNNNNNN directory")->required();
+  in->callback([=] { *rc = inspect(*dir); });
+  CLI::App* ve = ck->add_subcommand("verify", "all checksums and coverage");
+  ve->add_option("DIR", *dir, "save directory or iter_NNNNNNN directory")->required();
+  ve->callback([=] {
+    if (int r = verify(*dir)) throw CLI::RuntimeError(r);
+  });
+  CLI::App* di = ck->add_subcommand("diff", "compare two checkpoints key by key");
+  di->add_option("A", *dir, "first checkpoint")->required();
+  di->add_option("B", *other, "second checkpoint")->required();
+  di->add_option("--rtol", *rtol, "relative tolerance (0 with --atol 0: bitwise)")->capture_default_str();
+  di->add_option("--atol", *atol, "absolute tolerance")->capture_default_str();
+  di->callback([=] {
+    if (int r = diff(*dir, *other, *rtol, *atol)) throw CLI::RuntimeError(r);
+  });
+}
+
+}  // namespace weft::app

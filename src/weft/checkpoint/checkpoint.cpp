@@ -1,0 +1,478 @@
+// Distributed checkpoint save and load (see checkpoint.h and docs/checkpoint-format.md).
+#include "weft/checkpoint/checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "weft/checkpoint/crc32c.h"
+#include "weft/checkpoint/format.h"
+#include "weft/checkpoint/safetensors.h"
+#include "weft/core/error.h"
+#include "weft/core/fault.h"
+#include "weft/parallel/grad_access.h"
+
+namespace weft {
+namespace fs = std::filesystem;
+namespace {
+
+const char* const kStateKinds[] = {"fp32_param", "exp_avg", "exp_avg_sq"};
+
+std::string st_dtype(c10::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "F32";
+    case at::kBFloat16: return "BF16";
+    case at::kHalf: return "F16";
+    case at::kDouble: return "F64";
+    case at::kLong: return "I64";
+    case at::kInt: return "I32";
+    case at::kByte: return "U8";
+    default: fail("checkpoint: dtype {} cannot be stored", c10::toString(t));
+  }
+}
+
+c10::ScalarType torch_dtype(const std::string& d) {
+  if (d == "F32") return at::kFloat;
+  if (d == "BF16") return at::kBFloat16;
+  if (d == "F16") return at::kHalf;
+  if (d == "F64") return at::kDouble;
+  if (d == "I64") return at::kLong;
+  if (d == "I32") return at::kInt;
+  if (d == "U8") return at::kByte;
+  fail("checkpoint: stored dtype {} is not supported", d);
+}
+
+// All ranks' strings, in rank order (collective over `world`).
+std::vector<std::string> all_gather_strings(Communicator& world, const std::string& mine) {
+  const int n = world.size();
+  at::Tensor len = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong);
+  at::Tensor lens = at::empty({n}, at::kLong);
+  world.all_gather(len, lens);
+  int64_t max_len = lens.max().item<int64_t>();
+  at::Tensor buf = at::zeros({max_len}, at::kByte);
+  std::memcpy(buf.data_ptr(), mine.data(), mine.size());
+  at::Tensor all = at::empty({n * max_len}, at::kByte);
+  world.all_gather(buf, all);
+  std::vector<std::string> out;
+  const char* p = static_cast<const char*>(all.data_ptr());
+  for (int r = 0; r < n; ++r) out.emplace_back(p + r * max_len, lens[r].item<int64_t>());
+  return out;
+}
+
+// Collective: every rank gets the first failure (by rank) or ok.
+Status agree(Communicator& world, const Status& mine) {
+  auto all = all_gather_strings(world, mine ? "" : mine.message());
+  for (size_t r = 0; r < all.size(); ++r)
+    if (!all[r].empty()) return Status::error(all[r]);
+  return Status::ok();
+}
+
+std::string stage_local_name(const std::string& name, int first_layer) {
+  const std::string prefix = "decoder.layers.";
+  if (name.rfind(prefix, 0) != 0) return name;
+  size_t dot = name.find('.', prefix.size());
+  int l = std::stoi(name.substr(prefix.size(), dot - prefix.size()));
+  return prefix + std::to_string(l - first_layer) + name.substr(dot);
+}
+
+// The checkpoint key of parameter i of unit u (the tied copy maps to the embedding's key).
+std::string model_key(const FsdpUnit& u, int i) { return u.spec(i).name; }
+std::string state_key(const char* kind, const std::string& name) {
+  return std::string("optimizer.") + kind + "." + name;
+}
+
+struct LocalTensor {
+  std::string key;
+  at::Tensor data;  // this rank's valid rows, contiguous, on the CPU
+  int64_t row_start;
+  std::vector<int64_t> shape;  // global
+};
+
+std::vector<LocalTensor> local_tensors(const PipelineStage& stage, ShardedAdamW& opt,
+                                       bool stage_local) {
+  std::vector<LocalTensor> out;
+  const auto& units = opt.units();
+  for (size_t k = 0; k < units.size(); ++k) {
+    const FsdpUnit& u = *units[k];
+    if (stage.is_tied_copy(&u)) continue;  // stored once, by the first stage
+    UnitOptimState& st = opt.state(k);
+    for (int i = 0; i < u.num_params(); ++i) {
+      const ShardSegment& seg = u.segment(i);
+      if (seg.valid_rows == 0) continue;
+      std::string name = model_key(u, i);
+      if (stage_local) name = stage_local_name(name, stage.first_layer());
+      auto rows = [&](const at::Tensor& flat) {
+        std::vector<int64_t> shape = u.spec(i).shape;
+        shape[0] = seg.valid_rows;
+        return flat.narrow(0, seg.offset, seg.valid_numel()).view(shape).to(at::kCPU).contiguous();
+      };
+      out.push_back({name, rows(u.param_shard()), seg.row_start, u.spec(i).shape});
+      const at::Tensor* states[] = {&st.master, &st.exp_avg, &st.exp_avg_sq};
+      for (int s = 0; s < 3; ++s)
+        out.push_back({state_key(kStateKinds[s], name), rows(*states[s]), seg.row_start,
+                       u.spec(i).shape});
+    }
+  }
+  return out;
+}
+
+std::string rng_state_hex() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  at::Tensor s = gen.get_state();
+  std::string hex;
+  const uint8_t* p = s.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < s.numel(); ++i) hex += fmt::format("{:02x}", p[i]);
+  return hex;
+}
+
+void restore_rng_state(const std::string& hex) {
+  at::Tensor s = at::empty({static_cast<int64_t>(hex.size() / 2)}, at::kByte);
+  uint8_t* p = s.data_ptr<uint8_t>();
+  for (size_t i = 0; i < hex.size() / 2; ++i) p[i] = std::stoi(hex.substr(2 * i, 2), nullptr, 16);
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  gen.set_state(s);
+}
+
+Status write_text_file_synced(const std::string& path, const std::string& text) {
+  {
+    std::ofstream f(path, std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) return Status::error(fmt::format("{}: write failed", path));
+  }
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    if (fd >= 0) ::close(fd);
+    return Status::error(fmt::format("{}: fsync failed", path));
+  }
+  ::close(fd);
+  return Status::ok();
+}
+
+// Rank 0's part of the commit: coverage, metadata.json, rename, tracker.
+Status commit(const SaveRequest& req, const std::vector<std::string>& chunk_lists,
+              const std::vector<std::string>& rngs, const std::vector<std::string>& pgroups) {
+  const std::string tmp = ckpt_tmp_dir(req.dir, req.iteration);
+  const std::string final_dir = ckpt_iter_dir(req.dir, req.iteration);
+  std::vector<CkptChunk> chunks;
+  nlohmann::json tensors = nlohmann::json::object();
+  for (const auto& list : chunk_lists) {
+    for (const auto& cj : nlohmann::json::parse(list)) {
+      CkptChunk c;
+      if (Status s = ckpt_chunk_from_json(cj, &c); !s) return s;
+      chunks.push_back(c);
+    }
+  }
+  CkptIndex index;
+  if (!req.debug_skip_coverage_check) {
+    if (Status s = ckpt_build_index(chunks, &index); !s)
+      return Status::error("save refused: " + s.message());
+  }
+  for (const auto& c : chunks) {
+    auto& t = tensors[c.key];
+    t["shape"] = c.shape;
+    t["dtype"] = c.dtype;
+    t["chunks"].push_back(ckpt_chunk_to_json(c));
+  }
+  nlohmann::json meta = req.meta;
+  meta["format"] = kCheckpointFormat;
+  meta["version"] = kCheckpointVersion;
+  meta["iteration"] = req.iteration;
+  meta["tensors"] = tensors;
+  nlohmann::json rng = nlohmann::json::array();
+  for (size_t r = 0; r < rngs.size(); ++r) rng.push_back({{"rank", r}, {"cpu_state", rngs[r]}});
+  meta["rng"] = rng;
+  nlohmann::json merged = nlohmann::json::object();
+  for (const auto& g : pgroups) merged.update(nlohmann::json::parse(g));
+  meta["optimizer"]["param_groups"] = merged;
+  if (Status s = write_text_file_synced(tmp + "/metadata.json", meta.dump(1)); !s) return s;
+  if (Status s = fsync_dir(tmp); !s) return s;
+  std::error_code ec;
+  const std::string old = final_dir + ".old";
+  if (fs::exists(final_dir)) {
+    fs::remove_all(old, ec);
+    fs::rename(final_dir, old, ec);
+    if (ec) return Status::error(fmt::format("{}: cannot move aside: {}", final_dir, ec.message()));
+  }
+  fs::rename(tmp, final_dir, ec);
+  if (ec) return Status::error(fmt::format("{}: rename to {} failed: {}", tmp, final_dir, ec.message()));
+  if (Status s = fsync_dir(req.dir); !s) return s;
+  fs::remove_all(old, ec);
+  const std::string tracker = req.dir + "/" + kTrackerFile;
+  if (Status s = write_text_file_synced(tracker + ".tmp", fmt::format("{}\n", req.iteration)); !s)
+    return s;
+  fs::rename(tracker + ".tmp", tracker, ec);
+  if (ec) return Status::error(fmt::format("{}: rename failed: {}", tracker, ec.message()));
+  return fsync_dir(req.dir);
+}
+
+}  // namespace
+
+void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, ShardedAdamW& opt,
+                     const ProcessGroups& groups) {
+  at::NoGradGuard no_grad;
+  Communicator& world = groups.world();
+  const int rank = world.rank();
+  const std::string tmp = ckpt_tmp_dir(req.dir, req.iteration);
+
+  Status st = Status::ok();
+  if (rank == 0) {
+    std::error_code ec;
+    fs::create_directories(req.dir, ec);
+    if (!ec) fs::remove_all(tmp, ec);
+    if (!ec) fs::create_directory(tmp, ec);
+    if (ec) st = Status::error(fmt::format("--save {}: cannot create {}: {}", req.dir, tmp, ec.message()));
+  }
+  if (Status s = agree(world, st); !s) fail("checkpoint save failed: {}", s.message());
+
+  // This rank's chunks: only the main replica of each shard writes.
+  nlohmann::json chunk_list = nlohmann::json::array();
+  st = Status::ok();
+  const bool writer = groups.get("fsdp_replicate")->rank() == 0;
+  if (writer) {
+    std::vector<LocalTensor> tensors = local_tensors(stage, opt, req.debug_stage_local_names);
+    std::vector<SafetensorsWriteEntry> entries;
+    const std::string file = ckpt_shard_file_name(rank);
+    for (const auto& t : tensors) {
+      SafetensorsWriteEntry e;
+      e.name = fmt::format("{}@{}", t.key, t.row_start);
+      e.dtype = st_dtype(t.data.scalar_type());
+      e.shape = t.data.sizes().vec();
+      e.data = t.data.data_ptr();
+      e.nbytes = static_cast<size_t>(t.data.numel()) * t.data.element_size();
+      entries.push_back(e);
+      CkptChunk c;
+      c.key = t.key;
+      c.file = file;
+      c.entry = e.name;
+      c.dtype = e.dtype;
+      c.shape = t.shape;
+      c.offsets.assign(t.shape.size(), 0);
+      c.offsets[0] = t.row_start;
+      c.lengths = e.shape;
+      c.crc32c = crc32c(e.data, e.nbytes);
+      chunk_list.push_back(ckpt_chunk_to_json(c));
+    }
+    std::map<std::string, std::string> md = {{"format", kCheckpointFormat},
+                                             {"version", std::to_string(kCheckpointVersion)},
+                                             {"rank", std::to_string(rank)},
+                                             {"chunks", chunk_list.dump()}};
+    st = write_safetensors(tmp + "/" + file, entries, md);
+  }
+  fault_point("checkpoint.after_shard_write", rank, req.iteration);
+  auto lists = all_gather_strings(world, chunk_list.dump());
+  auto rngs = all_gather_strings(world, rng_state_hex());
+  auto pgroups = all_gather_strings(world, req.local_param_groups.dump());
+  if (Status s = agree(world, st ? st : Status::error(fmt::format("rank {}: {}", rank, st.message())));
+      !s) {
+    if (rank == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    fail("checkpoint save failed, nothing was listed: {}", s.message());
+  }
+  fault_point("checkpoint.before_commit", rank, req.iteration);
+  st = rank == 0 ? commit(req, lists, rngs, pgroups) : Status::ok();
+  if (Status s = agree(world, st); !s) {
+    if (rank == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    fail("checkpoint save failed, nothing was listed: {}", s.message());
+  }
+}
+
+Strictness parse_strictness(const std::string& v) {
+  if (v == "raise_all") return Strictness::kRaiseAll;
+  if (v == "raise_unexpected") return Strictness::kRaiseUnexpected;
+  if (v == "log_all" || v == "return_all") return Strictness::kLogAll;
+  if (v == "log_unexpected" || v == "return_unexpected") return Strictness::kLogUnexpected;
+  if (v == "assume_ok_unexpected") return Strictness::kAssumeOkUnexpected;
+  if (v == "ignore_all") return Strictness::kIgnoreAll;
+  fail_usage(
+      "--dist-ckpt-strictness must be one of raise_all, raise_unexpected, log_all, "
+      "log_unexpected, assume_ok_unexpected, ignore_all, return_all, return_unexpected "
+      "(got '{}')",
+      v);
+}
+
+std::vector<std::string> expected_checkpoint_keys(const ModelConfig& cfg) {
+  std::vector<std::string> names = {embedding_param_spec(cfg).name};
+  for (int l = 0; l < cfg.num_layers; ++l)
+    for (const auto& s : layer_param_specs(cfg, l)) names.push_back(s.name);
+  names.push_back(final_norm_param_spec(cfg).name);
+  if (!cfg.tied()) names.push_back(output_param_spec(cfg).name);
+  std::vector<std::string> keys;
+  for (const auto& n : names) {
+    keys.push_back(n);
+    for (const char* k : kStateKinds) keys.push_back(state_key(k, n));
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+namespace {
+
+std::string first_keys(const std::vector<std::string>& keys) {
+  std::vector<std::string> head(keys.begin(), keys.begin() + std::min<size_t>(keys.size(), 5));
+  return fmt::format("{}{}", fmt::join(head, ", "), keys.size() > 5 ? ", ..." : "");
+}
+
+// Local checks every rank makes identically (no collective): key sets and shapes.
+void check_keys(const std::string& dir, const CkptIndex& index, const ModelConfig& cfg,
+                Strictness strict, bool rank0) {
+  const auto expected = expected_checkpoint_keys(cfg);
+  std::vector<std::string> missing, unexpected;
+  std::set<std::string> exp(expected.begin(), expected.end());
+  for (const auto& k : expected)
+    if (!index.count(k)) missing.push_back(k);
+  for (const auto& [k, t] : index)
+    if (!exp.count(k)) unexpected.push_back(k);
+  const bool raise_missing = strict == Strictness::kRaiseAll ||
+                             strict == Strictness::kLogUnexpected ||
+                             strict == Strictness::kAssumeOkUnexpected;
+  const bool raise_unexpected =
+      strict == Strictness::kRaiseAll || strict == Strictness::kRaiseUnexpected;
+  const bool log_missing = strict == Strictness::kRaiseUnexpected || strict == Strictness::kLogAll;
+  const bool log_unexpected = strict == Strictness::kLogAll || strict == Strictness::kLogUnexpected;
+  if (!missing.empty() && raise_missing)
+    fail_usage("checkpoint {}: {} key(s) the model expects are missing: {} (a checkpoint of a "
+               "different model? --dist-ckpt-strictness relaxes this)",
+               dir, missing.size(), first_keys(missing));
+  if (!unexpected.empty() && raise_unexpected)
+    fail_usage("checkpoint {}: {} unexpected key(s) that nothing loads: {} (a checkpoint of a "
+               "different model? --dist-ckpt-strictness relaxes this)",
+               dir, unexpected.size(), first_keys(unexpected));
+  if (rank0 && !missing.empty() && log_missing)
+    fmt::print(stderr, "weft: warning: checkpoint {}: missing keys not loaded: {}\n", dir,
+               first_keys(missing));
+  if (rank0 && !unexpected.empty() && log_unexpected)
+    fmt::print(stderr, "weft: warning: checkpoint {}: unexpected keys ignored: {}\n", dir,
+               first_keys(unexpected));
+}
+
+// Copies rows [row_start, row_start + rows) of `key` into `dst` ([rows, ...] view of a live
+// buffer), reading every overlapping chunk (checksum verified).
+Status load_rows(const std::string& dir, const CkptTensorInfo& t, const std::string& key,
+                 int64_t row_start, int64_t rows, at::Tensor dst, CkptFileCache& files) {
+  const int64_t end = row_start + rows;
+  for (const CkptChunk& c : t.chunks) {
+    const int64_t c0 = c.offsets[0], c1 = c0 + c.lengths[0];
+    const int64_t lo = std::max(row_start, c0), hi = std::min(end, c1);
+    if (lo >= hi) continue;
+    at::Tensor buf = at::empty(c.lengths, at::TensorOptions().dtype(torch_dtype(c.dtype)));
+    if (Status s = files.read_chunk(c, buf.data_ptr()); !s) return s;
+    dst.narrow(0, lo - row_start, hi - lo).copy_(buf.narrow(0, lo - c0, hi - lo));
+  }
+  (void)dir;
+  (void)key;
+  return Status::ok();
+}
+
+}  // namespace
+
+nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, ShardedAdamW& opt,
+                               const ProcessGroups& groups) {
+  at::NoGradGuard no_grad;
+  Communicator& world = groups.world();
+  const bool rank0 = world.rank() == 0;
+  int iteration = req.step;
+  if (iteration < 0) {
+    if (!fs::exists(req.dir + "/" + kTrackerFile)) {
+      if (rank0)
+        fmt::print(stderr, "weft: warning: --load {}: no {} found; starting from scratch\n",
+                   req.dir, kTrackerFile);
+      return nlohmann::json();
+    }
+    if (Status s = ckpt_read_tracker(req.dir, &iteration); !s) fail_usage("--load: {}", s.message());
+  }
+  const std::string dir = ckpt_iter_dir(req.dir, iteration);
+  nlohmann::json meta;
+  CkptIndex index;
+  if (Status s = ckpt_read_metadata(dir, &meta, &index); !s)
+    fail_usage("--load {} (iteration {}): {}", req.dir, iteration, s.message());
+  const ModelConfig& cfg = stage.model_config();
+  check_keys(dir, index, cfg, req.strictness, rank0);
+
+  // Shapes of every key this model expects and the checkpoint has.
+  auto check_shape = [&](const std::string& key, const std::vector<int64_t>& shape) {
+    auto it = index.find(key);
+    if (it != index.end() && it->second.shape != shape)
+      fail_usage("checkpoint {}: key '{}' has shape [{}], the model expects [{}] (a checkpoint of "
+                 "a different model?)",
+                 dir, key, fmt::join(it->second.shape, ","), fmt::join(shape, ","));
+  };
+  for (FsdpUnit* u : opt.units())
+    for (int i = 0; i < u->num_params(); ++i) {
+      check_shape(model_key(*u, i), u->spec(i).shape);
+      for (const char* k : kStateKinds) check_shape(state_key(k, model_key(*u, i)), u->spec(i).shape);
+    }
+
+  // Copy rows in place.
+  Status st = Status::ok();
+  CkptFileCache files(dir);
+  const auto& units = opt.units();
+  try {
+    for (size_t k = 0; k < units.size() && st; ++k) {
+      FsdpUnit& u = *units[k];
+      UnitOptimState& state = opt.state(k);
+      for (int i = 0; i < u.num_params() && st; ++i) {
+        const ShardSegment& seg = u.segment(i);
+        if (seg.valid_rows == 0) continue;
+        std::vector<int64_t> shape = u.spec(i).shape;
+        shape[0] = seg.valid_rows;
+        auto view = [&](const at::Tensor& flat) {
+          return flat.narrow(0, seg.offset, seg.valid_numel()).view(shape);
+        };
+        const std::string name = model_key(u, i);
+        auto load = [&](const std::string& key, const at::Tensor& flat) {
+          auto it = index.find(key);
+          if (it == index.end()) return false;
+          at::Tensor dst = view(flat);
+          if (dst.device().is_cpu()) {
+            st = load_rows(dir, it->second, key, seg.row_start, seg.valid_rows, dst, files);
+          } else {
+            at::Tensor host = at::empty(shape, dst.options().device(at::kCPU));
+            st = load_rows(dir, it->second, key, seg.row_start, seg.valid_rows, host, files);
+            if (st) dst.copy_(host);
+          }
+          return true;
+        };
+        const bool has_master = load(state_key("fp32_param", name), state.master);
+        if (st && !u.param_shard().is_same(state.master)) {
+          if (!load(name, u.param_shard()) && has_master) view(u.param_shard()).copy_(view(state.master));
+        } else if (st && !has_master) {
+          load(name, u.param_shard());
+        }
+        if (st) load(state_key("exp_avg", name), state.exp_avg);
+        if (st) load(state_key("exp_avg_sq", name), state.exp_avg_sq);
+      }
+    }
+  } catch (const std::exception& e) {
+    st = Status::error(e.what());
+  }
+  if (Status s = agree(world, st ? st : Status::error(fmt::format("rank {}: {}", world.rank(), st.message())));
+      !s)
+    fail("--load {} failed: {}", req.dir, s.message());
+
+  if (meta.contains("optimizer")) opt.set_steps(meta["optimizer"].value("steps", int64_t{0}));
+  // RNG streams belong to ranks; restore them only on the layout that saved them.
+  if (!req.layout.is_null() && meta.value("layout", nlohmann::json()) == req.layout &&
+      meta.contains("rng")) {
+    for (const auto& r : meta["rng"])
+      if (r.value("rank", -1) == world.rank()) restore_rng_state(r.value("cpu_state", ""));
+  }
+  return meta;
+}
+
+}  // namespace weft

@@ -1,0 +1,73 @@
+// Distributed save and load of a training state under global names (invariants 1-4, 9).
+//
+// Save is collective over the job's world: every rank writes its chunks (model tensors in
+// compute dtype, float32 master, both moments) into a temporary directory and fsyncs; rank 0
+// checks coverage, writes metadata.json last, renames the directory and then replaces the
+// tracker atomically (docs/checkpoint-format.md). Only replicate-rank-0 ranks write (HSDP
+// replicas are deduplicated) and the last stage's tied embedding copy is not written.
+//
+// Load reads the index, checks coverage, shapes and the key sets (strictness), and then every
+// rank copies the rows of its shards from whichever chunks overlap them (a box intersection),
+// in place into the live buffers, so the tensors the optimizer holds stay the same objects.
+// Any layout loads any checkpoint. Every rank agrees on success before returning, so a bad
+// chunk on one rank makes every rank fail with that rank's message instead of a hang.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "weft/comm/communicator.h"
+#include "weft/optim/adamw.h"
+#include "weft/parallel/pipeline_stage.h"
+
+namespace weft {
+
+struct SaveRequest {
+  std::string dir;           // --save
+  int iteration = 0;
+  nlohmann::json meta;       // config, layout, counters, lr scheduler, data position
+  // This rank's optimizer parameter-group settings keyed by global name; the union over all
+  // ranks is stored as meta["optimizer"]["param_groups"].
+  nlohmann::json local_param_groups = nlohmann::json::object();
+  // Test hooks: write layer keys under stage-local numbers, and skip the coverage check, to
+  // produce the colliding checkpoints that other systems write.
+  bool debug_stage_local_names = false;
+  bool debug_skip_coverage_check = false;
+};
+
+// Collective. Throws weft::Error (same message on every rank) when any rank fails; then
+// nothing new is listed and the previous checkpoint stays the latest.
+void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, ShardedAdamW& opt,
+                     const ProcessGroups& groups);
+
+// Megatron's --dist-ckpt-strictness values.
+enum class Strictness {
+  kRaiseAll,            // missing and unexpected keys are errors (weft's default)
+  kRaiseUnexpected,     // unexpected keys are errors, missing keys are logged
+  kLogAll,              // both logged
+  kLogUnexpected,       // unexpected logged, missing keys are errors
+  kAssumeOkUnexpected,  // unexpected ignored, missing keys are errors
+  kIgnoreAll,           // both ignored
+};
+// Parses a --dist-ckpt-strictness value (also accepts return_all / return_unexpected, which
+// behave as log_all / log_unexpected); throws UsageError naming the flag.
+Strictness parse_strictness(const std::string& value);
+
+struct LoadRequest {
+  std::string dir;          // --load
+  int step = -1;            // --ckpt-step (-1: the tracker's latest)
+  Strictness strictness = Strictness::kRaiseAll;
+  nlohmann::json layout;    // the current layout, as saved in metadata["layout"]: per-rank RNG
+                            // streams are restored only when it equals the saved one
+};
+
+// Collective. Returns the checkpoint's metadata.json, or null JSON when `dir` has no tracker
+// and no step was asked for (nothing to load: training starts from scratch). Throws
+// UsageError/Error with the same message on every rank otherwise.
+nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, ShardedAdamW& opt,
+                               const ProcessGroups& groups);
+
+// Every global key a model with this config expects (weights and optimizer state), sorted.
+std::vector<std::string> expected_checkpoint_keys(const ModelConfig& cfg);
+
+}  // namespace weft

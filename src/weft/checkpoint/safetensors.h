@@ -1,0 +1,58 @@
+// Reading and writing safetensors files, implemented from the safetensors specification:
+// 8 bytes little-endian u64 N, then N bytes of UTF-8 JSON header, then the data region. The
+// header maps tensor names to {"dtype", "shape", "data_offsets": [begin, end]} (byte offsets
+// into the data region, end exclusive) and may hold "__metadata__", a map of string to string.
+// Entries are laid out back to back in the order given, and the header is padded with spaces
+// to a multiple of 8 bytes so that every tensor starts 8-byte aligned.
+//
+// Contract: write_safetensors writes the file completely and fsyncs it before returning ok;
+// on any error it removes the partial file. Readers never trust the header: offsets, sizes and
+// dtype widths are checked against the file size and each other.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "weft/core/status.h"
+
+namespace weft {
+
+// Safetensors dtype names: "F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL".
+size_t safetensors_dtype_size(const std::string& dtype);  // 0 for an unknown dtype
+
+struct SafetensorsWriteEntry {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  // nbytes readable bytes; must stay valid during the call
+  size_t nbytes = 0;           // must equal prod(shape) * dtype size
+};
+
+// Writes `entries` and `metadata` to `path` (truncating it), fsyncs the file.
+Status write_safetensors(const std::string& path, const std::vector<SafetensorsWriteEntry>& entries,
+                         const std::map<std::string, std::string>& metadata);
+
+struct SafetensorsEntry {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // offsets into the data region
+};
+
+struct SafetensorsHeader {
+  std::map<std::string, SafetensorsEntry> entries;
+  std::map<std::string, std::string> metadata;
+  uint64_t data_start = 0;  // file offset of the data region (8 + N)
+  uint64_t file_size = 0;
+};
+
+// Parses and checks the header of `path` (every entry inside the file, sizes matching shapes).
+Status read_safetensors_header(const std::string& path, SafetensorsHeader* out);
+
+// Reads the bytes of entry `name` into `dst` (exactly end - begin bytes).
+Status read_safetensors_entry(const std::string& path, const SafetensorsHeader& header,
+                              const std::string& name, void* dst, size_t nbytes);
+
+}  // namespace weft
