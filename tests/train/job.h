@@ -4,7 +4,10 @@
 
 #include <mpi.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "weft/train/trainer.h"
@@ -23,11 +26,16 @@ inline int world_size() {
   return n;
 }
 
-// `inspect`, if given, runs on every member after each iteration (collective allowed over the
-// job's groups).
+// A run of the trainer on a sub-world. With `inspect`, steps are driven here and `inspect`
+// runs on every member after each iteration (collectives over the job's groups allowed);
+// without it, Trainer::train() runs (saving, loading and exit conditions included).
+// `error`, if given, receives the message of an exception thrown by the job (every member is
+// expected to throw the same); otherwise exceptions propagate.
 inline std::vector<IterationStats> run_job(
     TrainConfig cfg, int world, bool self_only = false,
-    const std::function<void(Trainer&, const ProcessGroups&)>& inspect = nullptr) {
+    const std::function<void(Trainer&, const ProcessGroups&)>& inspect = nullptr,
+    std::string* error = nullptr,
+    const std::function<void(Trainer&, const ProcessGroups&)>& after = nullptr) {
   MPI_Comm base = MPI_COMM_SELF;
   bool member = true;
   if (!self_only) {
@@ -35,22 +43,44 @@ inline std::vector<IterationStats> run_job(
     MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, world_rank(), &base);
   }
   std::vector<IterationStats> out;
+  std::string message;
   if (member) {
     cfg.layout.world_size = self_only ? 1 : world;
     cfg.quiet = true;
-    Mesh mesh(cfg.layout);
-    {
+    try {
+      Mesh mesh(cfg.layout);
       ProcessGroups groups(mesh, Backend::kMpi, base);
       Trainer t(cfg, groups);
-      while (t.iteration() < cfg.train_iters) {
-        out.push_back(t.train_step());
-        if (inspect) inspect(t, groups);
+      if (inspect) {
+        while (t.iteration() < cfg.train_iters) {
+          out.push_back(t.train_step());
+          inspect(t, groups);
+        }
+      } else {
+        out = t.train();
       }
+      if (after) after(t, groups);
+    } catch (const std::exception& e) {
+      if (!error) throw;
+      message = e.what();
     }
     if (!self_only) MPI_Comm_free(&base);
   }
+  if (error) *error = message;
   MPI_Barrier(MPI_COMM_WORLD);
   return out;
+}
+
+// A fresh directory made by rank 0 and known to every rank.
+inline std::string shared_temp_dir(const std::string& tag) {
+  char buf[256] = {0};
+  if (world_rank() == 0) {
+    std::string tmpl = "/tmp/weft-" + tag + "-XXXXXX";
+    std::snprintf(buf, sizeof buf, "%s", tmpl.c_str());
+    if (!mkdtemp(buf)) buf[0] = 0;
+  }
+  MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return buf;
 }
 
 }  // namespace weft::test

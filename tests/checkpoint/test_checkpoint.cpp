@@ -1,0 +1,262 @@
+// Checkpoint tests under 8 MPI ranks (invariants 1-4, 9):
+// - bitwise restart: 3 iterations saving at 2, versus 2 iterations, save, restart, 1 more; the
+//   third iteration's loss and grad norm and the final checkpoints are bitwise equal, for
+//   pp1 dp1, pp2 dp4, pp4 dp2 uneven and HSDP, tied, bf16 compute, fp32 and then bf16 moments;
+// - every saved tensor is restored bitwise: load, save again at once, compare;
+// - any-layout resume: a pp2 dp4 checkpoint continues on other layouts with fp32 parity;
+// - refusals, each with its own message: missing keys, unexpected keys, a stage-local
+//   (colliding) checkpoint, a truncated file, a flipped byte, a different model.
+#include <gtest/gtest.h>
+
+#include <ATen/Functions.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../train/job.h"
+#include "weft/checkpoint/checkpoint.h"
+#include "weft/checkpoint/format.h"
+#include "weft/core/error.h"
+
+namespace weft {
+namespace {
+
+using test::run_job;
+namespace fs = std::filesystem;
+
+TrainConfig small_config() {
+  TrainConfig c;
+  ModelConfig& m = c.model;
+  m.num_layers = 6;
+  m.hidden_size = 32;
+  m.num_attention_heads = 4;
+  m.num_query_groups = 2;
+  m.ffn_hidden_size = 48;
+  m.seq_length = 16;
+  m.vocab_size = 64;
+  c.micro_batch_size = 2;
+  c.global_batch_size = 16;
+  c.train_iters = 3;
+  c.lr.lr = 1e-2;
+  c.lr.min_lr = 1e-3;
+  c.lr.warmup_iters = 1;
+  c.seed = 11;
+  return c;
+}
+
+struct Layout {
+  const char* name;
+  int world, pp, outer, first, last;
+};
+const Layout kLayouts[] = {{"pp1_dp1", 1, 1, 1, -1, -1},
+                           {"pp2_dp4", 8, 2, 1, -1, -1},
+                           {"pp4_dp2_uneven", 8, 4, 1, 1, 1},
+                           {"pp2_hsdp2x2", 8, 2, 2, -1, -1}};
+
+TrainConfig with_layout(TrainConfig c, const Layout& l) {
+  c.layout.pp = l.pp;
+  c.layout.dp_outer = l.outer;
+  c.first_stage_layers = l.first;
+  c.last_stage_layers = l.last;
+  return c;
+}
+
+// Bitwise comparison of two checkpoints, key by key (rank 0 reads, everyone learns).
+std::string diff_checkpoints(const std::string& a, const std::string& b) {
+  std::string out;
+  if (test::world_rank() == 0) {
+    nlohmann::json ma, mb;
+    CkptIndex ia, ib;
+    Status sa = ckpt_read_metadata(a, &ma, &ia), sb = ckpt_read_metadata(b, &mb, &ib);
+    if (!sa) return sa.message();
+    if (!sb) return sb.message();
+    CkptFileCache fa(a), fb(b);
+    for (const auto& [key, t] : ia) {
+      if (!ib.count(key)) {
+        out += "missing in B: " + key + "\n";
+        continue;
+      }
+      auto full = [](const CkptTensorInfo& ti, CkptFileCache& f) {
+        std::vector<uint8_t> bytes;
+        for (const auto& c : ti.chunks) {
+          std::vector<uint8_t> buf(c.nbytes());
+          if (!f.read_chunk(c, buf.data())) return std::vector<uint8_t>{};
+          bytes.insert(bytes.end(), buf.begin(), buf.end());
+        }
+        return bytes;
+      };
+      if (full(t, fa) != full(ib.at(key), fb)) out += "differs: " + key + "\n";
+    }
+    if (ia.size() != ib.size()) out += "key counts differ\n";
+  }
+  return out;
+}
+
+class Restart : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Restart, BitwiseOnSameLayout) {
+  const bool bf16_moments = GetParam();
+  for (const Layout& l : kLayouts) {
+    SCOPED_TRACE(l.name);
+    const std::string dir = test::shared_temp_dir("restart");
+    TrainConfig c = with_layout(small_config(), l);
+    c.model.bf16 = true;
+    if (bf16_moments) {
+      c.adam.exp_avg_dtype = at::kBFloat16;
+      c.adam.exp_avg_sq_dtype = at::kBFloat16;
+    }
+    // A: uninterrupted, saving at 2 and at the end.
+    TrainConfig a = c;
+    a.save = dir + "/a";
+    a.save_interval = 2;
+    auto sa = run_job(a, l.world);
+    // B: 2 iterations (exit), then resume for the third.
+    TrainConfig b1 = c;
+    b1.save = dir + "/b";
+    b1.exit_interval = 2;
+    run_job(b1, l.world);
+    TrainConfig b2 = c;
+    b2.load = b2.save = dir + "/b";
+    auto sb = run_job(b2, l.world);
+    if (test::world_rank() < l.world) {
+      ASSERT_EQ(sa.size(), 3u);
+      ASSERT_EQ(sb.size(), 1u);
+      EXPECT_EQ(sb[0].iteration, 3);
+      EXPECT_EQ(sa[2].lm_loss, sb[0].lm_loss) << "third loss not bitwise equal";
+      EXPECT_EQ(sa[2].grad_norm, sb[0].grad_norm) << "third grad norm not bitwise equal";
+    }
+    EXPECT_EQ(diff_checkpoints(dir + "/a/iter_0000003", dir + "/b/iter_0000003"), "");
+    EXPECT_EQ(diff_checkpoints(dir + "/a/iter_0000002", dir + "/b/iter_0000002"), "");
+    // Everything saved is restored bitwise: load iteration 2 and save it again at once.
+    TrainConfig r = c;
+    r.load = dir + "/b";
+    r.ckpt_step = 2;
+    r.save = dir + "/c";
+    r.train_iters = 2;
+    run_job(r, l.world, false, nullptr, nullptr,
+            [](Trainer& t, const ProcessGroups&) { t.save(); });
+    EXPECT_EQ(diff_checkpoints(dir + "/b/iter_0000002", dir + "/c/iter_0000002"), "");
+    if (test::world_rank() == 0) fs::remove_all(dir);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Moments, Restart, ::testing::Bool(), [](const auto& info) {
+  return std::string(info.param ? "bf16_moments" : "fp32_moments");
+});
+
+// A pp2 dp4 checkpoint resumes on other layouts; fp32 losses match the uninterrupted run.
+TEST(Reshard, AnyLayoutResume) {
+  const std::string dir = test::shared_temp_dir("reshard");
+  TrainConfig c = with_layout(small_config(), kLayouts[1]);
+  c.train_iters = 4;
+  TrainConfig a = c;
+  auto ref = run_job(a, 8);
+  TrainConfig b = c;
+  b.save = dir;
+  b.exit_interval = 2;
+  run_job(b, 8);
+  const Layout targets[] = {{"pp1_dp1", 1, 1, 1, -1, -1},
+                            {"pp4_dp2_uneven", 8, 4, 1, 1, 1},
+                            {"pp3_dp2", 6, 3, 1, -1, -1},
+                            {"pp1_hsdp2x2", 4, 1, 2, -1, -1}};
+  for (const Layout& l : targets) {
+    SCOPED_TRACE(l.name);
+    TrainConfig r = with_layout(c, l);
+    r.load = dir;
+    auto got = run_job(r, l.world);
+    if (test::world_rank() < l.world) {
+      ASSERT_EQ(got.size(), 2u);
+      for (int i = 0; i < 2; ++i) {
+        EXPECT_NEAR(got[i].lm_loss, ref[2 + i].lm_loss, 1e-5 * ref[2 + i].lm_loss);
+        EXPECT_NEAR(got[i].grad_norm, ref[2 + i].grad_norm, 1e-5 * ref[2 + i].grad_norm);
+      }
+    }
+  }
+  if (test::world_rank() == 0) fs::remove_all(dir);
+}
+
+// Runs a load of `dir` with config `c` on `world` ranks; returns the error every member saw.
+std::string load_error(TrainConfig c, int world, const std::string& dir) {
+  c.load = dir;
+  c.train_iters = 0;
+  std::string err;
+  run_job(c, world, false, nullptr, &err);
+  return err;
+}
+
+void expect_refused(const std::string& err, const std::string& needle) {
+  if (test::world_rank() == 0 || !err.empty())
+    EXPECT_NE(err.find(needle), std::string::npos) << "error was: '" << err << "'";
+}
+
+TEST(Refusals, EachWithItsOwnMessage) {
+  const std::string dir = test::shared_temp_dir("refuse");
+  TrainConfig c = small_config();
+  c.train_iters = 1;
+  c.save = dir + "/good";
+  run_job(c, 2);
+  const std::string good = dir + "/good";
+  TrainConfig more = c, fewer = c, wider = c;
+  more.model.num_layers = 8;
+  fewer.model.num_layers = 4;
+  wider.model.hidden_size = 64;
+  expect_refused(load_error(more, 2, good), "missing: decoder.layers.6");
+  expect_refused(load_error(fewer, 2, good), "unexpected key(s) that nothing loads: decoder.layers.4");
+  expect_refused(load_error(wider, 2, good), "has shape [64,32], the model expects [64,64]");
+  // Relaxed strictness loads the overlapping layers of a smaller checkpoint.
+  TrainConfig relaxed = fewer;
+  relaxed.strictness = "assume_ok_unexpected";
+  EXPECT_EQ(load_error(relaxed, 2, good), "");
+
+  // Stage-local names: two stages write layer 0; the save itself refuses, and a checkpoint
+  // forced past that check is refused on load.
+  TrainConfig pp = c;
+  pp.layout.pp = 2;
+  pp.save = "";
+  pp.train_iters = 0;
+  std::string save_err;
+  run_job(pp, 2, false, nullptr, nullptr, [&](Trainer& t, const ProcessGroups& g) {
+    SaveRequest req;
+    req.dir = dir + "/local";
+    req.iteration = 1;
+    req.debug_stage_local_names = true;
+    try {
+      save_checkpoint(req, t.stage(), t.optimizer(), g);
+    } catch (const Error& e) {
+      save_err = e.what();
+    }
+    req.debug_skip_coverage_check = true;
+    save_checkpoint(req, t.stage(), t.optimizer(), g);
+  });
+  if (test::world_rank() < 2) EXPECT_NE(save_err.find("overlap"), std::string::npos) << save_err;
+  expect_refused(load_error(fewer, 2, dir + "/local"), "overlap");
+
+  // Corruption: a flipped byte in a tensor, then a truncated file.
+  if (test::world_rank() == 0) {
+    fs::copy(good, dir + "/flip", fs::copy_options::recursive);
+    fs::copy(good, dir + "/trunc", fs::copy_options::recursive);
+    const std::string f = dir + "/flip/iter_0000001/shard_00001.safetensors";
+    std::fstream s(f, std::ios::in | std::ios::out | std::ios::binary);
+    s.seekg(-3, std::ios::end);
+    char ch;
+    s.read(&ch, 1);
+    ch ^= 0x10;
+    s.seekp(-3, std::ios::end);
+    s.write(&ch, 1);
+    s.close();
+    const std::string t = dir + "/trunc/iter_0000001/shard_00000.safetensors";
+    fs::resize_file(t, fs::file_size(t) / 2);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  expect_refused(load_error(c, 2, dir + "/flip"), "checksum mismatch for key");
+  expect_refused(load_error(c, 2, dir + "/flip"), "shard_00001.safetensors");
+  expect_refused(load_error(c, 2, dir + "/trunc"), "shard_00000.safetensors");
+  // Missing checkpoint step.
+  TrainConfig step = c;
+  step.ckpt_step = 7;
+  expect_refused(load_error(step, 2, good), "iter_0000007/metadata.json: not found");
+  if (test::world_rank() == 0) fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace weft
