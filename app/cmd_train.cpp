@@ -10,17 +10,20 @@
 
 #include "layout_flags.h"
 #include "weft/comm/communicator.h"
+#include "weft/comm/device.h"
 #include "weft/core/error.h"
 #include "weft/train/trainer.h"
 
 namespace weft::app {
 
-void run_training(TrainConfig& t, int threads, MpiRuntime& mpi);
+void run_training(TrainConfig& t, int threads, const std::string& backend, bool deterministic,
+                  MpiRuntime& mpi);
 
 namespace {
 
 struct TrainArgs {
   TrainConfig cfg;
+  bool deterministic = false;
   std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32", backend = "auto";
   int threads = 0;
 };
@@ -85,6 +88,10 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       "raise_all | raise_unexpected | log_all | log_unexpected | assume_ok_unexpected | ignore_all");
   opt("--exit-interval", t.exit_interval, "save and exit when iteration % N == 0 (0: off)");
   opt("--exit-duration-in-mins", t.exit_duration_mins, "save and exit after this many minutes (0: off)");
+  opt("--distributed-backend", a->backend,
+      "auto | mpi | nccl (auto: nccl for --device cuda when every rank has its own GPU)");
+  c->add_flag("--deterministic", a->deterministic,
+              "deterministic kernels (cuBLAS workspace, ATen deterministic algorithms)");
   opt("--threads", a->threads, "intra-op threads per rank (0: cores / world size)");
   add_layout_flags(c, &t.layout);
 }
@@ -103,7 +110,7 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
     MpiRuntime mpi(argc, argv);
     set_error_rank(mpi.world_rank());
     try {
-      run_training(t, a->threads, mpi);
+      run_training(t, a->threads, a->backend, a->deterministic, mpi);
     } catch (const std::exception& e) {
       // Usage errors are raised identically on every rank (validated before any collective or
       // agreed on by one), so rank 0 alone prints them; any other error is printed by the rank
@@ -118,16 +125,30 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
   });
 }
 
-void run_training(TrainConfig& t, int threads, MpiRuntime& mpi) {
+void run_training(TrainConfig& t, int threads, const std::string& backend_flag,
+                  bool deterministic, MpiRuntime& mpi) {
   {
     // Every rank validates the same flags before the first collective.
     validate_train_config(t, mpi.world_size());
+    if (backend_flag != "auto" && backend_flag != "mpi" && backend_flag != "nccl")
+      fail_usage("--distributed-backend must be auto, mpi or nccl (got '{}')", backend_flag);
+    if (deterministic) set_deterministic_mode();
+    Backend backend = Backend::kMpi;
+    if (t.device == "cuda") {
+      const int devices = cuda_device_count();
+      set_cuda_device(mpi.local_rank());  // fails with a clear message without CUDA
+      const bool own_gpu = mpi.world_size() <= devices;  // single-host assumption for auto
+      if (backend_flag == "nccl" || (backend_flag == "auto" && nccl_available() && own_gpu))
+        backend = Backend::kNccl;
+    } else if (backend_flag == "nccl") {
+      fail_usage("--distributed-backend nccl needs --device cuda");
+    }
     if (threads <= 0) threads = std::max(1, at::get_num_threads() / mpi.world_size());
     at::set_num_threads(threads);
     LayoutConfig layout = t.layout;
     layout.world_size = mpi.world_size();
     Mesh mesh(layout);
-    ProcessGroups groups(mesh, Backend::kMpi);
+    ProcessGroups groups(mesh, backend);
     Trainer trainer(t, groups);
     trainer.train();
   }

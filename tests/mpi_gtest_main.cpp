@@ -4,13 +4,22 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "weft/comm/communicator.h"
+#include "weft/comm/device.h"
 #include "weft/core/error.h"
 
 int main(int argc, char** argv) {
   weft::MpiRuntime mpi(&argc, &argv);
   weft::set_error_rank(mpi.world_rank());
   at::set_num_threads(1);
+  // WEFT_TEST_DEVICE=cuda runs the engine tests on CUDA (ranks share the GPUs round-robin).
+  if (const char* d = std::getenv("WEFT_TEST_DEVICE"); d && std::string(d) == "cuda") {
+    weft::set_deterministic_mode();
+    weft::set_cuda_device(mpi.local_rank());
+  }
   ::testing::InitGoogleTest(&argc, argv);
   int local_fail = RUN_ALL_TESTS() != 0 ? 1 : 0;
   int any_fail = 0;

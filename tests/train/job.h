@@ -20,6 +20,12 @@ inline int world_rank() {
   return r;
 }
 
+// The device the engine tests run on: WEFT_TEST_DEVICE (cpu unless set to cuda).
+inline std::string test_device() {
+  const char* d = std::getenv("WEFT_TEST_DEVICE");
+  return d ? d : "cpu";
+}
+
 inline int world_size() {
   int n = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &n);

@@ -221,7 +221,7 @@ Status commit(const SaveRequest& req, const std::vector<std::string>& chunk_list
 void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, ShardedAdamW& opt,
                      const ProcessGroups& groups) {
   at::NoGradGuard no_grad;
-  Communicator& world = groups.world();
+  Communicator& world = groups.control();
   const int rank = world.rank();
   const std::string tmp = ckpt_tmp_dir(req.dir, req.iteration);
 
@@ -384,7 +384,7 @@ Status load_rows(const std::string& dir, const CkptTensorInfo& t, const std::str
 nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, ShardedAdamW& opt,
                                const ProcessGroups& groups) {
   at::NoGradGuard no_grad;
-  Communicator& world = groups.world();
+  Communicator& world = groups.control();
   const bool rank0 = world.rank() == 0;
   int iteration = req.step;
   if (iteration < 0) {

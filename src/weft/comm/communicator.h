@@ -108,11 +108,15 @@ class ProcessGroups {
   // The communicator of group `kind` holding this rank; null for "embedding" on middle stages.
   Communicator* get(const std::string& kind) const;
   Communicator& world() const { return *world_; }
+  // An MPI communicator over the world for small host-side exchanges (agreement flags,
+  // checkpoint chunk lists), whatever the backend: it takes CPU tensors.
+  Communicator& control() const { return *control_; }
 
  private:
   Mesh mesh_;
   int rank_;
   std::unique_ptr<Communicator> world_;
+  std::unique_ptr<Communicator> control_;
   std::vector<std::pair<std::string, std::unique_ptr<Communicator>>> groups_;
 };
 

@@ -177,6 +177,9 @@ ProcessGroups::ProcessGroups(const Mesh& mesh, Backend backend, MPI_Comm base)
   MPI_Comm world_comm = MPI_COMM_NULL;
   MPI_Comm_dup(base, &world_comm);
   world_ = make_communicator(backend, "world", all, world_comm);
+  MPI_Comm control_comm = MPI_COMM_NULL;
+  MPI_Comm_dup(base, &control_comm);
+  control_ = std::make_unique<MpiCommunicator>("control", all, control_comm);
   for (Split& s : splits)
     groups_.emplace_back(s.kind, s.expected
                                      ? make_communicator(backend, s.kind, *s.expected, s.comm)

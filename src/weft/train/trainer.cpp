@@ -13,18 +13,13 @@
 #include <fmt/format.h>
 
 #include "weft/checkpoint/checkpoint.h"
+#include "weft/comm/device.h"
 #include "weft/core/error.h"
 #include "weft/parallel/grad_access.h"
 #include "weft/parallel/schedule.h"
 
 namespace weft {
 namespace {
-
-double peak_rss_mb() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_maxrss / 1024.0;
-}
 
 std::string now_string() {
   std::time_t t = std::time(nullptr);
@@ -223,14 +218,17 @@ IterationStats Trainer::train_step() {
     if (tied) groups_.get("embedding")->all_reduce(grad_shard(*tied), ReduceOp::kSum);
   }
 
-  // One world all-reduce carries the loss and the squared gradient norm.
-  double sumsq = 0;
+  // One world all-reduce carries the loss and the squared gradient norm; it runs on the
+  // compute device so that the NCCL backend can take it.
+  const c10::Device dev = stage_->options().device;
+  at::Tensor sumsq = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(dev));
   if (replicate->rank() == 0)
     for (auto& u : stage_->units())
       if (!stage_->is_tied_copy(u.get()))
-        sumsq += grad_shard(*u).to(at::kDouble).pow(2).sum().item<double>();
-  at::Tensor red = at::tensor(std::vector<double>{loss_local, sumsq}, at::kDouble);
+        sumsq.add_(at::linalg_vector_norm(grad_shard(*u), 2, c10::nullopt, false, at::kDouble).pow(2));
+  at::Tensor red = at::stack({at::full({}, loss_local, sumsq.options()), sumsq});
   groups_.world().all_reduce(red, ReduceOp::kSum);
+  red = red.cpu();
   IterationStats s;
   s.iteration = it;
   s.lr = lr;
@@ -249,6 +247,7 @@ IterationStats Trainer::train_step() {
     }
     optimizer_->step(lr);
   }
+  device_synchronize(stage_->options().device);
   iteration_ = it;
   consumed_samples_ += cfg_.global_batch_size;
   s.consumed_samples = consumed_samples_;
@@ -305,8 +304,8 @@ std::vector<IterationStats> Trainer::train() {
       jsonl = std::fopen(cfg_.log_jsonl.c_str(), "a");
       if (!jsonl) ok.fill_(0);
     }
-    groups_.world().all_reduce(ok, ReduceOp::kSum);
-    if (ok.item<int>() < groups_.world().size())
+    groups_.control().all_reduce(ok, ReduceOp::kSum);
+    if (ok.item<int>() < groups_.control().size())
       fail_usage("--log-jsonl {}: cannot open for appending", cfg_.log_jsonl);
   }
   if (rank0 && !cfg_.quiet) fmt::print("{}", summary());
@@ -327,7 +326,7 @@ std::vector<IterationStats> Trainer::train() {
           "| number of nan iterations: {:>3} | peak memory (MB): {:.1f}\n",
           now_string(), s.iteration, cfg_.train_iters, s.consumed_samples, s.ms, s.tokens_per_sec,
           s.lr, cfg_.global_batch_size, s.lm_loss, s.grad_norm, skipped_iters_, nan_iters_,
-          peak_rss_mb());
+          device_peak_memory_mb(stage_->options().device));
       std::fflush(stdout);
     }
     if (jsonl) {
@@ -349,7 +348,7 @@ std::vector<IterationStats> Trainer::train() {
                             cfg_.exit_duration_mins > 0 && minutes >= cfg_.exit_duration_mins ? 1.0 : 0.0,
                             cfg_.exit_interval > 0 && iteration_ % cfg_.exit_interval == 0 ? 1.0 : 0.0},
         at::kDouble);
-    groups_.world().all_reduce(why, ReduceOp::kMax);
+    groups_.control().all_reduce(why, ReduceOp::kMax);
     if (why.sum().item<double>() > 0) {
       exiting = true;
       if (rank0 && !cfg_.quiet)

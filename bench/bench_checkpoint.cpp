@@ -1,0 +1,730 @@
+// bench_checkpoint: save and load throughput of weft's distributed checkpoint code for a model
+// with gigabytes of training state, next to the raw sequential write and read bandwidth of the
+// same directory, measured in the same run. Run it under mpirun, e.g.
+//   mpirun -np 2 bench_checkpoint --dir /tmp/weft-bench-ckpt --repeats 3
+//
+// What is timed (barrier to barrier, so the slowest rank's time; every rank is in step):
+//   save      Trainer::save(): the real save_checkpoint (chunk CRC-32C, shard writes, fsync,
+//             commit protocol). bytes = the sizes of every file in the iter_NNNNNNN directory.
+//   load      load_checkpoint() called directly on the live trainer, after every checkpoint
+//             file was fsynced and evicted from the page cache (posix_fadvise DONTNEED; mincore
+//             tells whether that worked). bytes = what the loader read through read/pread
+//             (/proc/self/io rchar, summed over ranks). With float32 compute the weights are the
+//             master, so the loader skips the weight entries and reads 3/4 of the files.
+//   raw write each rank write()s the bytes of its own shard file (rank 0 also the metadata) to
+//             one file in the same directory, 64 MiB blocks from a pre-touched buffer, fsync.
+//   raw read  the same files read back with read() in 64 MiB blocks after DONTNEED eviction.
+// Baseline (STYLE.md rule 7): ratios save/raw-write and load/raw-read. `disk%` is the share of
+// the bytes the kernel read from or wrote to the block device during the timed region
+// (/proc/self/io read_bytes / write_bytes), the evidence that a read was cold.
+//
+// --phases also runs an instrumented copy of the save and load steps of one rank (the library
+// is not touched): collect, CRC-32C, write() to the page cache, fsync, metadata; and for load:
+// header + metadata, pread into a fresh buffer, CRC-32C, copy into the live shard. Phase
+// times are the slowest rank's; their sum is compared with the real call's time.
+//
+// The state is the initial state (--iters-train 0) unless training steps are asked for. The
+// directory holds `ckpt/`, `raw_RRRRR.bin` and `phases/` while running; all are removed at the
+// end, and the directory too when it is left empty.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <fcntl.h>
+#include <mpi.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "weft/checkpoint/checkpoint.h"
+#include "weft/checkpoint/crc32c.h"
+#include "weft/checkpoint/format.h"
+#include "weft/checkpoint/safetensors.h"
+#include "weft/comm/communicator.h"
+#include "weft/core/error.h"
+#include "weft/train/trainer.h"
+
+namespace {
+namespace fs = std::filesystem;
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+void barrier() { MPI_Barrier(MPI_COMM_WORLD); }
+
+double max_over_ranks(double v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return v;
+}
+
+int64_t sum_over_ranks(int64_t v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return v;
+}
+
+// Seconds of `fn` from a barrier to a barrier: the slowest rank's time.
+template <class Fn>
+double timed(Fn&& fn) {
+  barrier();
+  const double t0 = MPI_Wtime();
+  fn();
+  barrier();
+  return max_over_ranks(MPI_Wtime() - t0);
+}
+
+// This process's I/O counters (/proc/self/io): bytes through read/write syscalls and bytes the
+// block layer moved for it.
+struct IoCounters {
+  int64_t rchar = 0, wchar = 0, read_bytes = 0, write_bytes = 0;
+};
+
+IoCounters io_counters() {
+  IoCounters c;
+  std::ifstream f("/proc/self/io");
+  std::string key;
+  int64_t v = 0;
+  while (f >> key >> v) {
+    if (key == "rchar:") c.rchar = v;
+    else if (key == "wchar:") c.wchar = v;
+    else if (key == "read_bytes:") c.read_bytes = v;
+    else if (key == "write_bytes:") c.write_bytes = v;
+  }
+  return c;
+}
+
+IoCounters io_delta_over_ranks(const IoCounters& a, const IoCounters& b) {
+  return {sum_over_ranks(b.rchar - a.rchar), sum_over_ranks(b.wchar - a.wchar),
+          sum_over_ranks(b.read_bytes - a.read_bytes),
+          sum_over_ranks(b.write_bytes - a.write_bytes)};
+}
+
+void check_errno(bool ok, const std::string& what) {
+  if (!ok) weft::fail("bench_checkpoint: {}: {}", what, std::strerror(errno));
+}
+
+// Flushes the file's dirty pages (a no-op after the writer's fsync), then drops its pages from
+// the page cache. Returns {bytes resident before, bytes resident after} per mincore.
+std::pair<int64_t, int64_t> evict_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  check_errno(fd >= 0, "open " + path);
+  struct stat sb;
+  check_errno(::fstat(fd, &sb) == 0, "fstat " + path);
+  const int64_t size = sb.st_size;
+  const long page = ::sysconf(_SC_PAGESIZE);
+  auto resident = [&]() -> int64_t {
+    if (size == 0) return 0;
+    void* m = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, fd, 0);
+    check_errno(m != MAP_FAILED, "mmap " + path);
+    std::vector<unsigned char> vec(static_cast<size_t>((size + page - 1) / page));
+    check_errno(::mincore(m, static_cast<size_t>(size), vec.data()) == 0, "mincore " + path);
+    ::munmap(m, static_cast<size_t>(size));
+    int64_t n = 0;
+    for (unsigned char v : vec) n += v & 1;
+    return std::min(size, n * page);
+  };
+  check_errno(::fsync(fd) == 0, "fsync " + path);
+  const int64_t before = resident();
+  if (const int rc = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED); rc != 0)
+    weft::fail("bench_checkpoint: posix_fadvise(DONTNEED) {}: {}", path, std::strerror(rc));
+  const int64_t after = resident();
+  ::close(fd);
+  return {before, after};
+}
+
+struct Eviction {
+  int64_t bytes = 0, before = 0, after = 0;
+};
+
+// Every regular file under `dir` (recursively), or `dir` itself when it is a file.
+Eviction evict_tree(const std::string& dir) {
+  Eviction e;
+  auto one = [&](const fs::path& p) {
+    auto [b, a] = evict_file(p.string());
+    e.bytes += static_cast<int64_t>(fs::file_size(p));
+    e.before += b;
+    e.after += a;
+  };
+  if (fs::is_regular_file(dir)) {
+    one(dir);
+  } else {
+    for (const auto& f : fs::recursive_directory_iterator(dir))
+      if (f.is_regular_file()) one(f.path());
+  }
+  return e;
+}
+
+int64_t tree_bytes(const std::string& dir) {
+  int64_t n = 0;
+  for (const auto& f : fs::recursive_directory_iterator(dir))
+    if (f.is_regular_file()) n += static_cast<int64_t>(f.file_size());
+  return n;
+}
+
+// Commits the file system's dirty data and journal (deletions included, which this ext4 mount
+// turns into discards), so that a timed region starts from a quiet device.
+void sync_fs(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  check_errno(fd >= 0, "open " + dir);
+  check_errno(::syncfs(fd) == 0, "syncfs " + dir);
+  ::close(fd);
+}
+
+// ---- raw sequential baseline ---------------------------------------------------------------
+
+void raw_write(const std::string& path, int64_t bytes, std::vector<char>& buf) {
+  const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+  check_errno(fd >= 0, "create " + path);
+  int64_t left = bytes;
+  while (left > 0) {
+    const size_t n = static_cast<size_t>(std::min<int64_t>(left, static_cast<int64_t>(buf.size())));
+    const ssize_t w = ::write(fd, buf.data(), n);
+    if (w < 0 && errno == EINTR) continue;
+    check_errno(w > 0, "write " + path);
+    left -= w;
+  }
+  check_errno(::fsync(fd) == 0, "fsync " + path);
+  check_errno(::close(fd) == 0, "close " + path);
+}
+
+void raw_read(const std::string& path, int64_t bytes, std::vector<char>& buf) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  check_errno(fd >= 0, "open " + path);
+  int64_t got = 0;
+  for (;;) {
+    const ssize_t r = ::read(fd, buf.data(), buf.size());
+    if (r < 0 && errno == EINTR) continue;
+    check_errno(r >= 0, "read " + path);
+    if (r == 0) break;
+    got += r;
+  }
+  ::close(fd);
+  if (got != bytes) weft::fail("bench_checkpoint: {}: read {} bytes, wrote {}", path, got, bytes);
+}
+
+// ---- instrumented copies of the library's per-rank save and load steps ---------------------
+
+const char* const kStateKinds[] = {"fp32_param", "exp_avg", "exp_avg_sq"};
+
+struct SavePhases {
+  double collect = 0, crc = 0, write = 0, fsync = 0, meta = 0;
+};
+
+// The writer-rank part of save_checkpoint, phase by phase, into <dir>/phases/ (same bytes,
+// same entry order, same write loop; the header is built the same way by write order).
+SavePhases save_phases(weft::Trainer& t, const std::string& dir) {
+  SavePhases p;
+  const int rank = world_rank();
+  const std::string out = dir + "/phases";
+  if (rank == 0) {
+    fs::remove_all(out);
+    fs::create_directories(out);
+  }
+  barrier();
+  weft::PipelineStage& stage = t.stage();
+  weft::ShardedAdamW& opt = t.optimizer();
+  struct Entry {
+    std::string name;
+    at::Tensor data;
+    uint32_t crc = 0;
+  };
+  std::vector<Entry> entries;
+  p.collect = timed([&] {
+    at::NoGradGuard no_grad;
+    const auto& units = opt.units();
+    for (size_t k = 0; k < units.size(); ++k) {
+      const weft::FsdpUnit& u = *units[k];
+      if (stage.is_tied_copy(&u)) continue;
+      weft::UnitOptimState& st = opt.state(k);
+      for (int i = 0; i < u.num_params(); ++i) {
+        const weft::ShardSegment& seg = u.segment(i);
+        if (seg.valid_rows == 0) continue;
+        const std::string name = u.spec(i).name;
+        auto rows = [&](const at::Tensor& flat) {
+          std::vector<int64_t> shape = u.spec(i).shape;
+          shape[0] = seg.valid_rows;
+          return flat.narrow(0, seg.offset, seg.valid_numel()).view(shape).to(at::kCPU).contiguous();
+        };
+        const std::string at_row = "@" + std::to_string(seg.row_start);
+        entries.push_back({name + at_row, rows(u.param_shard())});
+        const at::Tensor* states[] = {&st.master, &st.exp_avg, &st.exp_avg_sq};
+        for (int s = 0; s < 3; ++s)
+          entries.push_back({std::string("optimizer.") + kStateKinds[s] + "." + name + at_row,
+                             rows(*states[s])});
+      }
+    }
+  });
+  auto nbytes = [](const at::Tensor& d) { return static_cast<size_t>(d.numel()) * d.element_size(); };
+  p.crc = timed([&] {
+    for (auto& e : entries) e.crc = weft::crc32c(e.data.data_ptr(), nbytes(e.data));
+  });
+  const std::string path = out + "/" + weft::ckpt_shard_file_name(rank);
+  int fd = -1;
+  p.write = timed([&] {
+    std::string header(8, '\0');
+    header += '{';
+    for (const auto& e : entries) {
+      nlohmann::ordered_json j;
+      j["dtype"] = e.data.scalar_type() == at::kFloat ? "F32" : "BF16";
+      j["shape"] = e.data.sizes().vec();
+      if (header.size() > 9) header += ',';
+      header += nlohmann::json(e.name).dump() + ":" + j.dump();
+    }
+    header += '}';
+    fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+    check_errno(fd >= 0, "create " + path);
+    auto write_all = [&](const void* data, size_t n) {
+      const char* c = static_cast<const char*>(data);
+      while (n > 0) {
+        const ssize_t w = ::write(fd, c, std::min(n, size_t{1} << 30));
+        if (w < 0 && errno == EINTR) continue;
+        check_errno(w > 0, "write " + path);
+        c += w;
+        n -= static_cast<size_t>(w);
+      }
+    };
+    write_all(header.data(), header.size());
+    for (const auto& e : entries) write_all(e.data.data_ptr(), nbytes(e.data));
+  });
+  p.fsync = timed([&] {
+    check_errno(::fsync(fd) == 0, "fsync " + path);
+    check_errno(::close(fd) == 0, "close " + path);
+  });
+  p.meta = timed([&] {
+    // Chunk list to JSON on every rank; rank 0 writes a metadata file of that size and fsyncs
+    // it and the directory (the all-gathers of the real commit carry a few kB).
+    nlohmann::json chunks = nlohmann::json::array();
+    for (const auto& e : entries) {
+      weft::CkptChunk c;
+      c.key = e.name.substr(0, e.name.find('@'));
+      c.file = weft::ckpt_shard_file_name(rank);
+      c.entry = e.name;
+      c.dtype = "F32";
+      c.shape = e.data.sizes().vec();
+      c.offsets.assign(c.shape.size(), 0);
+      c.lengths = c.shape;
+      c.crc32c = e.crc;
+      chunks.push_back(weft::ckpt_chunk_to_json(c));
+    }
+    const std::string text = chunks.dump(1);
+    if (rank == 0) {
+      const std::string mpath = out + "/metadata.json";
+      const int mfd = ::open(mpath.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+      check_errno(mfd >= 0, "create " + mpath);
+      check_errno(::write(mfd, text.data(), text.size()) == static_cast<ssize_t>(text.size()),
+                  "write " + mpath);
+      check_errno(::fsync(mfd) == 0, "fsync " + mpath);
+      ::close(mfd);
+      check_errno(weft::fsync_dir(out).is_ok(), "fsync dir " + out);
+    }
+  });
+  barrier();
+  if (rank == 0) fs::remove_all(out);
+  return p;
+}
+
+struct LoadPhases {
+  // alloc: at::empty plus the first touch of every page (the page faults that a pread into a
+  // fresh buffer would take inside the kernel), so `read` is the I/O and the kernel's copy.
+  double meta = 0, header = 0, alloc = 0, read = 0, crc = 0, copy = 0;
+};
+
+// The per-rank part of load_checkpoint on the checkpoint just saved (same layout): the same
+// units, keys, skip rule and chunk reads, with each step timed on its own. Collective only at
+// the ends; phase times are each rank's sum, then the slowest rank's.
+LoadPhases load_phases(weft::Trainer& t, const std::string& save_dir) {
+  LoadPhases p;
+  int iteration = 0;
+  if (!weft::ckpt_read_tracker(save_dir, &iteration).is_ok())
+    weft::fail("bench_checkpoint: no tracker in {}", save_dir);
+  const std::string dir = weft::ckpt_iter_dir(save_dir, iteration);
+  barrier();
+  auto clock = [] { return MPI_Wtime(); };
+  double t0 = clock();
+  nlohmann::json meta;
+  weft::CkptIndex index;
+  if (weft::Status s = weft::ckpt_read_metadata(dir, &meta, &index); !s)
+    weft::fail("bench_checkpoint: {}", s.message());
+  p.meta = clock() - t0;
+  std::map<std::string, weft::SafetensorsHeader> headers;
+  at::NoGradGuard no_grad;
+  weft::ShardedAdamW& opt = t.optimizer();
+  const auto& units = opt.units();
+  auto load_rows = [&](const weft::CkptTensorInfo& info, int64_t row_start, int64_t rows,
+                       at::Tensor dst) {
+    const int64_t end = row_start + rows;
+    for (const weft::CkptChunk& c : info.chunks) {
+      const int64_t c0 = c.offsets[0], c1 = c0 + c.lengths[0];
+      const int64_t lo = std::max(row_start, c0), hi = std::min(end, c1);
+      if (lo >= hi) continue;
+      const std::string path = dir + "/" + c.file;
+      double s = clock();
+      auto it = headers.find(c.file);
+      if (it == headers.end()) {
+        weft::SafetensorsHeader h;
+        if (weft::Status st = weft::read_safetensors_header(path, &h); !st)
+          weft::fail("bench_checkpoint: {}", st.message());
+        it = headers.emplace(c.file, std::move(h)).first;
+      }
+      p.header += clock() - s;
+      s = clock();
+      at::Tensor buf = at::empty(c.lengths, at::TensorOptions().dtype(
+                                                c.dtype == "F32" ? at::kFloat : at::kBFloat16));
+      auto* bytes = static_cast<volatile char*>(buf.data_ptr());
+      for (int64_t off = 0; off < c.nbytes(); off += 4096) bytes[off] = 0;
+      p.alloc += clock() - s;
+      s = clock();
+      if (weft::Status st = weft::read_safetensors_entry(path, it->second, c.entry, buf.data_ptr(),
+                                                         static_cast<size_t>(c.nbytes()));
+          !st)
+        weft::fail("bench_checkpoint: {}", st.message());
+      p.read += clock() - s;
+      s = clock();
+      const uint32_t crc = weft::crc32c(buf.data_ptr(), static_cast<size_t>(c.nbytes()));
+      p.crc += clock() - s;
+      if (crc != c.crc32c) weft::fail("bench_checkpoint: checksum mismatch in {}", c.entry);
+      s = clock();
+      dst.narrow(0, lo - row_start, hi - lo).copy_(buf.narrow(0, lo - c0, hi - lo));
+      p.copy += clock() - s;
+    }
+  };
+  for (size_t k = 0; k < units.size(); ++k) {
+    weft::FsdpUnit& u = *units[k];
+    weft::UnitOptimState& state = opt.state(k);
+    for (int i = 0; i < u.num_params(); ++i) {
+      const weft::ShardSegment& seg = u.segment(i);
+      if (seg.valid_rows == 0) continue;
+      std::vector<int64_t> shape = u.spec(i).shape;
+      shape[0] = seg.valid_rows;
+      const std::string name = u.spec(i).name;
+      auto load = [&](const std::string& key, const at::Tensor& flat) {
+        auto it = index.find(key);
+        if (it == index.end()) return false;
+        load_rows(it->second, seg.row_start, seg.valid_rows,
+                  flat.narrow(0, seg.offset, seg.valid_numel()).view(shape));
+        return true;
+      };
+      const bool has_master = load("optimizer.fp32_param." + name, state.master);
+      if (!u.param_shard().is_same(state.master) || !has_master) load(name, u.param_shard());
+      load("optimizer.exp_avg." + name, state.exp_avg);
+      load("optimizer.exp_avg_sq." + name, state.exp_avg_sq);
+    }
+  }
+  barrier();
+  for (double* v : {&p.meta, &p.header, &p.alloc, &p.read, &p.crc, &p.copy}) *v = max_over_ranks(*v);
+  return p;
+}
+
+// ---- reporting -----------------------------------------------------------------------------
+
+struct Sample {
+  double save_s = 0, load_s = 0, wr_s = 0, rd_s = 0;
+  int64_t save_bytes = 0, load_bytes = 0, wr_bytes = 0, rd_bytes = 0;
+  IoCounters save_io, load_io, wr_io, rd_io;
+  Eviction ckpt_evict, raw_evict;
+  bool phases = false;
+  std::string loadavg;  // /proc/loadavg at the start of the round: how busy the machine was
+  SavePhases sp;
+  LoadPhases lp;
+  double gbps(int64_t b, double s) const { return static_cast<double>(b) / 1e9 / s; }
+  double save_gbps() const { return gbps(save_bytes, save_s); }
+  double load_gbps() const { return gbps(load_bytes, load_s); }
+  double wr_gbps() const { return gbps(wr_bytes, wr_s); }
+  double rd_gbps() const { return gbps(rd_bytes, rd_s); }
+};
+
+double pct(int64_t part, int64_t whole) {
+  return whole > 0 ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+}
+
+void print_sample(int r, int n, const Sample& s) {
+  std::printf("# repeat %d/%d (%s first; load average %s)\n", r + 1, n,
+              r % 2 ? "raw" : "checkpoint", s.loadavg.c_str());
+  std::printf("%-10s %14s %9s %8s %7s\n", "op", "bytes", "seconds", "GB/s", "disk%");
+  std::printf("%-10s %14lld %9.3f %8.3f %6.1f%%\n", "save", static_cast<long long>(s.save_bytes),
+              s.save_s, s.save_gbps(), pct(s.save_io.write_bytes, s.save_bytes));
+  std::printf("%-10s %14lld %9.3f %8.3f %6.1f%%\n", "raw write",
+              static_cast<long long>(s.wr_bytes), s.wr_s, s.wr_gbps(),
+              pct(s.wr_io.write_bytes, s.wr_bytes));
+  std::printf("%-10s %14lld %9.3f %8.3f %6.1f%%\n", "load", static_cast<long long>(s.load_bytes),
+              s.load_s, s.load_gbps(), pct(s.load_io.read_bytes, s.load_bytes));
+  std::printf("%-10s %14lld %9.3f %8.3f %6.1f%%\n", "raw read",
+              static_cast<long long>(s.rd_bytes), s.rd_s, s.rd_gbps(),
+              pct(s.rd_io.read_bytes, s.rd_bytes));
+  std::printf("save/raw-write %.3f   load/raw-read %.3f   (checkpoint bytes / load time: %.3f "
+              "GB/s)\n",
+              s.save_gbps() / s.wr_gbps(), s.load_gbps() / s.rd_gbps(),
+              static_cast<double>(s.save_bytes) / 1e9 / s.load_s);
+  std::printf("eviction: checkpoint %.1f%% -> %.1f%% resident, raw %.1f%% -> %.1f%% resident "
+              "(mincore, before -> after DONTNEED)\n",
+              pct(s.ckpt_evict.before, s.ckpt_evict.bytes),
+              pct(s.ckpt_evict.after, s.ckpt_evict.bytes), pct(s.raw_evict.before, s.raw_evict.bytes),
+              pct(s.raw_evict.after, s.raw_evict.bytes));
+  if (s.phases) {
+    const SavePhases& p = s.sp;
+    const double sum = p.collect + p.crc + p.write + p.fsync + p.meta;
+    std::printf("save phases (instrumented copy, s): collect %.3f  crc32c %.3f  write %.3f  "
+                "fsync %.3f  metadata %.3f  = %.3f (real save %.3f)\n",
+                p.collect, p.crc, p.write, p.fsync, p.meta, sum, s.save_s);
+    const LoadPhases& l = s.lp;
+    const double lsum = l.meta + l.header + l.alloc + l.read + l.crc + l.copy;
+    std::printf("load phases (instrumented copy, s): metadata %.3f  headers %.3f  alloc+fault %.3f  "
+                "pread %.3f  crc32c %.3f  copy %.3f  = %.3f (real load %.3f)\n",
+                l.meta, l.header, l.alloc, l.read, l.crc, l.copy, lsum, s.load_s);
+  }
+}
+
+void print_stat(const char* name, std::vector<double> v, const char* unit) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  const double med = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  std::printf("%-16s %8.3f %8.3f %8.3f  %s\n", name, med, v.front(), v.back(), unit);
+}
+
+// ---- the benchmark -------------------------------------------------------------------------
+
+int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
+  CLI::App app{"checkpoint save/load throughput against raw sequential disk bandwidth"};
+  std::string dir = "/tmp/weft-bench-ckpt";
+  weft::TrainConfig cfg;
+  cfg.model.hidden_size = 1024;
+  cfg.model.ffn_hidden_size = 2816;
+  cfg.model.num_layers = 8;
+  cfg.model.num_attention_heads = 16;
+  cfg.model.num_query_groups = 16;
+  cfg.model.vocab_size = 32000;
+  cfg.model.seq_length = 128;
+  int iters_train = 0, repeats = 3, block_mib = 64;
+  bool phases = false, keep = false;
+  app.add_option("--dir", dir, "directory for the checkpoint and the raw files");
+  app.add_option("--hidden-size", cfg.model.hidden_size);
+  app.add_option("--ffn-hidden-size", cfg.model.ffn_hidden_size);
+  app.add_option("--num-layers", cfg.model.num_layers);
+  app.add_option("--num-attention-heads", cfg.model.num_attention_heads);
+  app.add_option("--num-query-groups", cfg.model.num_query_groups);
+  app.add_option("--vocab-size", cfg.model.vocab_size);
+  app.add_option("--seq-length", cfg.model.seq_length);
+  app.add_flag("--bf16", cfg.model.bf16, "bf16 weights (the fp32 master is then a separate buffer)");
+  app.add_option("--pipeline-model-parallel-size", cfg.layout.pp, "pp; dp = world / pp");
+  app.add_option("--iters-train", iters_train, "training steps before the first save (0: initial state)");
+  app.add_option("--repeats", repeats, "save/load/raw rounds in this process");
+  app.add_option("--block-mib", block_mib, "raw baseline block size in MiB");
+  app.add_flag("--phases", phases, "also time the phases of an instrumented copy of save and load");
+  app.add_flag("--keep", keep, "leave the last checkpoint in --dir");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return mpi.world_rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
+  }
+  if (repeats < 1 || block_mib < 1 || iters_train < 0)
+    weft::fail_usage("--repeats and --block-mib must be >= 1, --iters-train >= 0");
+  const int rank = mpi.world_rank(), world = mpi.world_size();
+  const std::string save_dir = dir + "/ckpt";
+  const std::string raw_path = dir + "/" + fmt::format("raw_{:05d}.bin", rank);
+  if (rank == 0) {
+    fs::create_directories(dir);
+    fs::remove_all(save_dir);
+    fs::remove_all(dir + "/phases");
+  }
+  barrier();
+
+  cfg.layout.world_size = world;
+  cfg.micro_batch_size = 1;
+  const int dp = world / std::max(1, cfg.layout.pp);
+  cfg.global_batch_size = cfg.micro_batch_size * dp;
+  cfg.train_iters = iters_train;
+  cfg.quiet = true;
+  cfg.save = save_dir;
+  weft::Mesh mesh(cfg.layout);
+  weft::ProcessGroups groups(mesh, weft::Backend::kMpi);
+  double t_init = MPI_Wtime();
+  weft::Trainer trainer(cfg, groups);
+  for (int i = 0; i < iters_train; ++i) trainer.train_step();
+  t_init = max_over_ranks(MPI_Wtime() - t_init);
+
+  // Training-state bytes: weights in compute dtype + float32 master + both moments, over the
+  // shards this job writes (replicate rank 0; the tied copy once).
+  const int64_t elem = cfg.model.bf16 ? 2 : 4;
+  int64_t params = 0;
+  if (groups.get("fsdp_replicate")->rank() == 0)
+    for (auto& u : trainer.stage().units())
+      if (!trainer.stage().is_tied_copy(u.get()))
+        for (int i = 0; i < u->num_params(); ++i) params += u->segment(i).valid_numel();
+  params = sum_over_ranks(params);
+  const int64_t state_bytes = params * (elem + 4 + 4 + 4);
+
+  if (rank == 0) {
+    std::printf("# bench_checkpoint: %d rank(s), pp %d, dp %d, %d threads/rank, MPI %s\n", world,
+                mesh.pp(), mesh.dp(), at::get_num_threads(),
+                weft::MpiRuntime::library_version().c_str());
+    std::printf("# model: hidden %d, ffn %d, layers %d, heads %d, query groups %d, vocab %d, "
+                "%s compute; %lld parameters; state %lld bytes (%.2f GB: weights + fp32 master "
+                "+ 2 fp32 moments); trainer ready in %.1f s (%d train steps)\n",
+                cfg.model.hidden_size, cfg.model.ffn_hidden_size, cfg.model.num_layers,
+                cfg.model.num_attention_heads, cfg.model.num_query_groups, cfg.model.vocab_size,
+                cfg.model.bf16 ? "bf16" : "fp32", static_cast<long long>(params),
+                static_cast<long long>(state_bytes), state_bytes / 1e9, t_init, iters_train);
+    std::printf("# dir %s; raw baseline: per rank its shard's bytes, %d MiB write()/read() "
+                "blocks, fsync; GB = 1e9 bytes; times are barrier to barrier (slowest rank)\n",
+                dir.c_str(), block_mib);
+  }
+
+  std::vector<char> buf(static_cast<size_t>(block_mib) << 20);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<char>(i * 131 + 7);  // pre-touch
+
+  weft::LoadRequest lreq;
+  lreq.dir = save_dir;
+  lreq.layout = weft::layout_to_json(mesh, cfg);
+  std::vector<Sample> samples;
+  for (int r = 0; r < repeats; ++r) {
+    Sample s;
+    if (rank == 0) {
+      std::ifstream la("/proc/loadavg");
+      std::getline(la, s.loadavg);
+    }
+    auto checkpoint_round = [&] {
+      if (rank == 0) fs::remove_all(save_dir);  // so the save never times removing an old one
+      barrier();
+      sync_fs(dir);
+      IoCounters a = io_counters();
+      s.save_s = timed([&] { trainer.save(); });
+      s.save_io = io_delta_over_ranks(a, io_counters());
+      int64_t b = rank == 0 ? tree_bytes(save_dir) : 0;
+      MPI_Bcast(&b, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+      s.save_bytes = b;
+      s.ckpt_evict = evict_tree(save_dir);  // every rank: same host, idempotent
+      barrier();
+      a = io_counters();
+      s.load_s = timed([&] { weft::load_checkpoint(lreq, trainer.stage(), trainer.optimizer(), groups); });
+      s.load_io = io_delta_over_ranks(a, io_counters());
+      s.load_bytes = s.load_io.rchar;
+    };
+    auto raw_round = [&] {
+      // This rank's share: its shard file (rank 0 also everything else in the checkpoint).
+      int64_t mine = 0;
+      {
+        int iteration = 0;
+        if (!weft::ckpt_read_tracker(save_dir, &iteration).is_ok())
+          weft::fail("bench_checkpoint: no checkpoint in {} to size the raw files", save_dir);
+        const std::string idir = weft::ckpt_iter_dir(save_dir, iteration);
+        int64_t total = rank == 0 ? tree_bytes(idir) : 0;
+        MPI_Bcast(&total, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+        const std::string f = idir + "/" + weft::ckpt_shard_file_name(rank);
+        if (fs::exists(f)) mine = static_cast<int64_t>(fs::file_size(f));
+        const int64_t shards = sum_over_ranks(mine);
+        if (rank == 0) mine += total - shards;
+      }
+      if (rank == 0 && fs::exists(raw_path)) fs::remove(raw_path);
+      barrier();
+      sync_fs(dir);
+      IoCounters a = io_counters();
+      s.wr_s = timed([&] { raw_write(raw_path, mine, buf); });
+      s.wr_io = io_delta_over_ranks(a, io_counters());
+      s.wr_bytes = sum_over_ranks(mine);
+      Eviction e = evict_tree(raw_path);
+      s.raw_evict = {sum_over_ranks(e.bytes), sum_over_ranks(e.before), sum_over_ranks(e.after)};
+      a = io_counters();
+      s.rd_s = timed([&] { raw_read(raw_path, mine, buf); });
+      s.rd_io = io_delta_over_ranks(a, io_counters());
+      s.rd_bytes = sum_over_ranks(mine);
+      ::unlink(raw_path.c_str());
+      barrier();
+      sync_fs(dir);
+    };
+    // Alternate the order between rounds so that neither side always runs on a fresher device.
+    // The first round saves first, so the raw files match the shard files exactly.
+    if (r % 2 == 0) {
+      checkpoint_round();
+      raw_round();
+    } else {
+      raw_round();
+      checkpoint_round();
+    }
+    if (phases) {
+      s.phases = true;
+      sync_fs(dir);
+      s.sp = save_phases(trainer, dir);
+      sync_fs(dir);
+      evict_tree(save_dir);
+      barrier();
+      s.lp = load_phases(trainer, save_dir);
+    }
+    if (rank == 0) {
+      print_sample(r, repeats, s);
+      std::fflush(stdout);
+    }
+    samples.push_back(s);
+  }
+
+  if (rank == 0) {
+    std::vector<double> sv, wv, lv, rv, sr, lr, ls;
+    for (const auto& s : samples) {
+      sv.push_back(s.save_gbps());
+      wv.push_back(s.wr_gbps());
+      lv.push_back(s.load_gbps());
+      rv.push_back(s.rd_gbps());
+      sr.push_back(s.save_gbps() / s.wr_gbps());
+      lr.push_back(s.load_gbps() / s.rd_gbps());
+      ls.push_back(static_cast<double>(s.save_bytes) / 1e9 / s.load_s);
+    }
+    const Sample& last = samples.back();
+    std::printf("# summary over %d repeats: save %lld bytes, load read %lld bytes\n", repeats,
+                static_cast<long long>(last.save_bytes), static_cast<long long>(last.load_bytes));
+    std::printf("%-16s %8s %8s %8s\n", "metric", "median", "min", "max");
+    print_stat("save", sv, "GB/s");
+    print_stat("raw write", wv, "GB/s");
+    print_stat("load", lv, "GB/s (bytes read)");
+    print_stat("load (ckpt)", ls, "GB/s (checkpoint bytes / load time)");
+    print_stat("raw read", rv, "GB/s");
+    print_stat("save/raw-write", sr, "");
+    print_stat("load/raw-read", lr, "");
+    const bool evicted = last.ckpt_evict.after * 100 < last.ckpt_evict.bytes;
+    std::printf("# page-cache eviction (posix_fadvise DONTNEED): %s (%.1f%% of the checkpoint "
+                "resident after it)\n",
+                evicted ? "supported" : "NOT effective: loads were warm",
+                pct(last.ckpt_evict.after, last.ckpt_evict.bytes));
+  }
+  barrier();
+  if (rank == 0 && !keep) {
+    fs::remove_all(save_dir);
+    std::error_code ec;
+    fs::remove(dir, ec);  // only if now empty
+  }
+  barrier();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  weft::MpiRuntime mpi(&argc, &argv);
+  weft::set_error_rank(mpi.world_rank());
+  // Ranks share the cores: give each its fair share of intra-op threads (DESIGN.md).
+  int local = 1;
+  {
+    MPI_Comm c;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &c);
+    MPI_Comm_size(c, &local);
+    MPI_Comm_free(&c);
+  }
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(std::max(1, cores / local));
+  try {
+    return run(argc, argv, mpi);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_checkpoint: rank %d: %s\n", mpi.world_rank(), e.what());
+    weft::MpiRuntime::abort(2);
+  }
+}

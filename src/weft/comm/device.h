@@ -1,0 +1,19 @@
+// The device a rank computes on: choosing it, synchronizing with it, and its peak memory.
+// CPU builds answer for the CPU (no devices, max RSS); the CUDA build (device_cuda.cpp) answers
+// for CUDA devices. Nothing here includes CUDA headers.
+#pragma once
+
+#include <c10/core/Device.h>
+
+namespace weft {
+
+int cuda_device_count();                 // 0 when weft is built without CUDA
+void set_cuda_device(int index);         // the current device of this thread (and autograd's)
+void device_synchronize(c10::Device d);  // waits for all work queued on d (no-op on CPU)
+double device_peak_memory_mb(c10::Device d);  // CUDA: peak allocated; CPU: peak RSS
+// Deterministic kernels for parity and restart tests: cuBLAS workspace configuration and
+// ATen's deterministic algorithms (warn-only, so ops without a deterministic variant still run).
+// Call before the first CUDA work.
+void set_deterministic_mode();
+
+}  // namespace weft

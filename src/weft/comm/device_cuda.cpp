@@ -1,0 +1,29 @@
+// CUDA side of the device helpers (see device.h); built only with the CUDA path.
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+
+#include "weft/core/error.h"
+
+namespace weft {
+
+int cuda_device_count_impl() { return c10::cuda::device_count(); }
+
+void set_cuda_device_impl(int index) {
+  const int n = c10::cuda::device_count();
+  if (n == 0) fail_usage("--device cuda: no CUDA device is visible to this rank");
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(index % n));
+}
+
+void cuda_synchronize_impl(int index) {
+  c10::cuda::device_synchronize();
+  (void)index;
+}
+
+double cuda_peak_memory_mb_impl(int index) {
+  const int dev = index >= 0 ? index : c10::cuda::current_device();
+  auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(dev));
+  const auto& peak = stats.allocated_bytes[0].peak;  // index 0: the aggregate over pools
+  return static_cast<double>(peak) / (1024.0 * 1024.0);
+}
+
+}  // namespace weft
