@@ -184,7 +184,8 @@ void sync_fs(const std::string& dir) {
 
 // ---- raw sequential baseline ---------------------------------------------------------------
 
-void raw_write(const std::string& path, int64_t bytes, std::vector<char>& buf) {
+// Returns the seconds spent in fsync (the rest of the call is write() into the page cache).
+double raw_write(const std::string& path, int64_t bytes, std::vector<char>& buf) {
   const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
   check_errno(fd >= 0, "create " + path);
   int64_t left = bytes;
@@ -195,8 +196,11 @@ void raw_write(const std::string& path, int64_t bytes, std::vector<char>& buf) {
     check_errno(w > 0, "write " + path);
     left -= w;
   }
+  const double t0 = MPI_Wtime();
   check_errno(::fsync(fd) == 0, "fsync " + path);
+  const double t = MPI_Wtime() - t0;
   check_errno(::close(fd) == 0, "close " + path);
+  return t;
 }
 
 void raw_read(const std::string& path, int64_t bytes, std::vector<char>& buf) {
@@ -431,6 +435,7 @@ LoadPhases load_phases(weft::Trainer& t, const std::string& save_dir) {
 
 struct Sample {
   double save_s = 0, load_s = 0, wr_s = 0, rd_s = 0;
+  double wr_fsync_s = 0;  // of wr_s, the slowest rank's fsync
   int64_t save_bytes = 0, load_bytes = 0, wr_bytes = 0, rd_bytes = 0;
   IoCounters save_io, load_io, wr_io, rd_io;
   Eviction ckpt_evict, raw_evict;
@@ -473,6 +478,8 @@ void print_sample(int r, int n, const Sample& s) {
               pct(s.ckpt_evict.after, s.ckpt_evict.bytes), pct(s.raw_evict.before, s.raw_evict.bytes),
               pct(s.raw_evict.after, s.raw_evict.bytes));
   if (s.phases) {
+    std::printf("raw write phases (s): write %.3f  fsync %.3f\n", s.wr_s - s.wr_fsync_s,
+                s.wr_fsync_s);
     const SavePhases& p = s.sp;
     const double sum = p.collect + p.crc + p.write + p.fsync + p.meta;
     std::printf("save phases (instrumented copy, s): collect %.3f  crc32c %.3f  write %.3f  "
@@ -630,7 +637,9 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
       barrier();
       sync_fs(dir);
       IoCounters a = io_counters();
-      s.wr_s = timed([&] { raw_write(raw_path, mine, buf); });
+      double fsync_s = 0;
+      s.wr_s = timed([&] { fsync_s = raw_write(raw_path, mine, buf); });
+      s.wr_fsync_s = max_over_ranks(fsync_s);
       s.wr_io = io_delta_over_ranks(a, io_counters());
       s.wr_bytes = sum_over_ranks(mine);
       Eviction e = evict_tree(raw_path);

@@ -175,3 +175,26 @@ TEST(Memory, OptimizerStateScalesAsOneOverDp) {
 
 }  // namespace
 }  // namespace weft
+
+namespace weft {
+namespace {
+
+// Prefetching gathers earlier but computes the same arithmetic: bitwise equal results.
+TEST(Prefetch, OverlapChangesNothingButTiming) {
+  if (test::world_size() < 8) GTEST_SKIP() << "needs 8 ranks";
+  TrainConfig c = base_config(false);
+  c.layout.pp = 2;
+  auto on = test::run_job(c, 8);
+  c.overlap_param_gather = false;
+  auto off = test::run_job(c, 8);
+  if (test::world_rank() < 8) {
+    ASSERT_EQ(on.size(), off.size());
+    for (size_t i = 0; i < on.size(); ++i) {
+      EXPECT_EQ(on[i].lm_loss, off[i].lm_loss);
+      EXPECT_EQ(on[i].grad_norm, off[i].grad_norm);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace weft

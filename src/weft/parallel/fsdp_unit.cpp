@@ -108,13 +108,22 @@ at::Tensor FsdpUnit::forward_weight(int index) {
   return full_[index];
 }
 
+void FsdpUnit::on_backward_touch() {
+  // Only a unit whose backward for this microbatch is still to come is worth gathering.
+  if (backward_prefetch_ && !backward_prefetch_->gathered_ && shard_->size() > 1 &&
+      backward_prefetch_->has_pending_grads(microbatch_))
+    backward_prefetch_->unshard();
+}
+
 at::Tensor FsdpUnit::backward_weight(int index) {
+  on_backward_touch();
   unshard();
   return full_[index];
 }
 
 at::Tensor FsdpUnit::grad_buffer(int index) {
   WEFT_CHECK(grad_target_.defined(), "unit {}: no gradient shard set", name_);
+  on_backward_touch();
   at::Tensor& g = full_grad_[index];
   if (!g.defined()) {
     const auto& seg = segments_[index];

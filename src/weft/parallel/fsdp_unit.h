@@ -68,6 +68,12 @@ class FsdpUnit : public ParamSource {
   void set_grad_target(const at::Tensor& g);
   const at::Tensor& grad_target() const { return grad_target_; }
 
+  // The unit whose weights the backward needs next (the previous layer in forward order):
+  // gathered as soon as this unit's backward starts, so that with an asynchronous backend
+  // (NCCL) its all-gather overlaps this unit's backward compute. Null: no prefetch.
+  void set_backward_prefetch(FsdpUnit* next) { backward_prefetch_ = next; }
+  bool gathered() const { return gathered_; }
+
   // The microbatch that forward and backward uses are counted against.
   void set_microbatch(int m) { microbatch_ = m; }
   void unshard();  // gathers the full weights now (no-op if gathered)
@@ -82,6 +88,7 @@ class FsdpUnit : public ParamSource {
 
  private:
   void reduce_grads();
+  void on_backward_touch();  // gathers this unit (and prefetches) when its backward starts
 
   std::string name_;
   std::vector<ParamSpec> specs_;
@@ -95,6 +102,7 @@ class FsdpUnit : public ParamSource {
   std::vector<at::Tensor> full_;       // gathered weights (empty when resharded)
   std::vector<at::Tensor> full_grad_;  // float32 full-shape gradient buffers of this backward
   bool gathered_ = false;
+  FsdpUnit* backward_prefetch_ = nullptr;
   int microbatch_ = 0;
   std::map<int, int> pending_uses_;    // microbatch -> forward uses still awaiting a gradient
 };

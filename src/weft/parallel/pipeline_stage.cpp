@@ -78,6 +78,17 @@ PipelineStage::PipelineStage(const ModelConfig& cfg, const ProcessGroups& groups
       output_ = tied_output_ = add("output_layer.tied_copy", {embedding_param_spec(cfg)});
   }
   rope_ = make_rotary_tables(cfg, opt.device, opt.dtype);
+  if (embedding_) forward_order_.push_back(embedding_);
+  for (FsdpUnit* u : layers_) forward_order_.push_back(u);
+  if (is_last()) {
+    forward_order_.push_back(final_norm_);
+    forward_order_.push_back(output_);
+  }
+  // Backward walks forward order in reverse; the embedding's backward needs no weight.
+  if (opt.prefetch)
+    for (size_t k = 1; k < forward_order_.size(); ++k)
+      if (forward_order_[k - 1] != embedding_ && forward_order_[k] != forward_order_[k - 1])
+        forward_order_[k]->set_backward_prefetch(forward_order_[k - 1]);
 }
 
 PipelineStage::~PipelineStage() = default;
@@ -98,18 +109,28 @@ void PipelineStage::set_microbatch(int mb) {
 at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Tensor& labels,
                                   double loss_scale) {
   set_microbatch(mb);
+  size_t k = 0;  // position in forward_order_
+  // Issues the next unit's gather before the current unit computes.
+  auto next = [&] {
+    ++k;
+    if (opt_.prefetch && k < forward_order_.size()) forward_order_[k]->unshard();
+  };
+  if (opt_.prefetch && !forward_order_.empty()) forward_order_[0]->unshard();
   at::Tensor x = input;
   if (is_first()) {
+    next();
     x = embed_tokens(input, embedding_->handle(0));
     embedding_->reshard();
   }
   for (FsdpUnit* u : layers_) {
+    next();
     LayerHandles h{u->handle(0), u->handle(1), u->handle(2),
                    u->handle(3), u->handle(4), u->handle(5)};
     x = decoder_layer(x, h, rope_, cfg_);
     u->reshard();
   }
   if (!is_last()) return x;
+  next();
   x = final_norm(x, final_norm_->handle(0), cfg_);
   final_norm_->reshard();
   at::Tensor logits = output_logits(x, output_->handle(0));

@@ -32,6 +32,10 @@ struct StageOptions {
   c10::Device device = c10::Device("cpu");
   int first_stage_layers = -1;
   int last_stage_layers = -1;
+  // Gather the next unit's weights before computing the current one (forward), and the
+  // previous layer's when a layer's backward starts. With NCCL the gathers run on the
+  // communicator's stream and overlap compute; with MPI they are only issued earlier.
+  bool prefetch = true;   // --overlap-param-gather / --no-overlap-param-gather
 };
 
 class PipelineStage {
@@ -84,6 +88,7 @@ class PipelineStage {
   FsdpUnit* final_norm_ = nullptr;
   FsdpUnit* output_ = nullptr;            // the unit holding the output weight (may be embedding_)
   std::vector<FsdpUnit*> layers_;
+  std::vector<FsdpUnit*> forward_order_;  // units in the order forward first uses them
   RotaryTables rope_;
 };
 

@@ -55,7 +55,7 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
       {"lr", {{"lr", c.lr.lr}, {"min_lr", c.lr.min_lr}, {"warmup_iters", c.lr.warmup_iters},
               {"decay_iters", c.lr.decay_iters}, {"style", c.lr.style}}},
       {"micro_batch_size", c.micro_batch_size}, {"global_batch_size", c.global_batch_size},
-      {"train_iters", c.train_iters}, {"seed", c.seed}, {"device", c.device},
+      {"train_iters", c.train_iters}, {"overlap_param_gather", c.overlap_param_gather}, {"seed", c.seed}, {"device", c.device},
       {"save_interval", c.save_interval}};
 }
 
@@ -122,6 +122,7 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   so.device = c10::Device(cfg_.device == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
   so.first_stage_layers = cfg_.first_stage_layers;
   so.last_stage_layers = cfg_.last_stage_layers;
+  so.prefetch = cfg_.overlap_param_gather;
   stage_ = std::make_unique<PipelineStage>(cfg_.model, groups, so);
   stage_->init_parameters(cfg_.seed);
   std::vector<FsdpUnit*> units;

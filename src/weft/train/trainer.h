@@ -42,6 +42,7 @@ struct TrainConfig {
   int first_stage_layers = -1;  // --decoder-first-pipeline-num-layers
   int last_stage_layers = -1;   // --decoder-last-pipeline-num-layers
   std::string device = "cpu";   // --device cpu|cuda
+  bool overlap_param_gather = true;  // --overlap-param-gather / --no-overlap-param-gather
   std::string log_jsonl;        // --log-jsonl FILE
   int log_interval = 1;         // --log-interval
   bool quiet = false;           // no per-iteration lines (tests)
