@@ -1,7 +1,7 @@
 // bench_checkpoint: save and load throughput of weft's distributed checkpoint code for a model
 // with gigabytes of training state, next to the raw sequential write and read bandwidth of the
 // same directory, measured in the same run. Run it under mpirun, e.g.
-//   mpirun -np 2 bench_checkpoint --dir /tmp/weft-bench-ckpt --repeats 3
+//   mpirun -np 2 bench_checkpoint --dir /tmp/weft-bench-ckpt --repeats 5
 //
 // What is timed (barrier to barrier, so the slowest rank's time; every rank is in step):
 //   save      Trainer::save(): the real save_checkpoint (chunk CRC-32C, shard writes, fsync,
@@ -12,20 +12,31 @@
 //             (/proc/self/io rchar, summed over ranks). With float32 compute the weights are the
 //             master, so the loader skips the weight entries and reads 3/4 of the files.
 //   raw write each rank write()s the bytes of its own shard file (rank 0 also the metadata) to
-//             one file in the same directory, 64 MiB blocks from a pre-touched buffer, fsync.
-//   raw read  the same files read back with read() in 64 MiB blocks after DONTNEED eviction.
-// Baseline (STYLE.md rule 7): ratios save/raw-write and load/raw-read. `disk%` is the share of
-// the bytes the kernel read from or wrote to the block device during the timed region
-// (/proc/self/io read_bytes / write_bytes), the evidence that a read was cold.
+//             one file in the same directory in 64 MiB blocks, then fsync; raw read reads it
+//             back in 64 MiB blocks after DONTNEED eviction. Two sources/destinations:
+//             - one pre-touched 64 MiB buffer reused for every block (the disk's best case);
+//             - "state buf": one buffer as large as the rank's share, filled once per process
+//               like the training state, walked through block by block. On VMs where the first
+//               kernel access to a user page is expensive (this one: ~15 us per 4 KiB page,
+//               about 0.27 GB/s) only this baseline pays what the checkpoint's write() from,
+//               and read into, gigabytes of state pays.
+// Ratios (STYLE.md rule 7): save over each raw write, load over each raw read. `disk%` is the
+// share of the bytes the kernel moved to or from the block device in the timed region
+// (/proc/self/io write_bytes / read_bytes), the evidence that a write was flushed and a read cold.
 //
-// --phases also runs an instrumented copy of the save and load steps of one rank (the library
-// is not touched): collect, CRC-32C, write() to the page cache, fsync, metadata; and for load:
-// header + metadata, pread into a fresh buffer, CRC-32C, copy into the live shard. Phase
-// times are the slowest rank's; their sum is compared with the real call's time.
+// Before each timed write, a scratch file of the same size is written, fsynced, evicted and
+// deleted (--no-prewarm turns this off), so that every write gets page-cache pages that were
+// freed a moment ago; see prewarm_page_cache(). Rounds alternate which side goes first.
+//
+// --phases also runs an instrumented copy of the save and load steps of every rank (the
+// library is not touched): collect, CRC-32C, write() to the page cache, fsync, metadata; and for
+// load: header + metadata, allocation + first touch of the temporary chunk buffer, pread, CRC-32C,
+// copy into the live shard. Phase times are the slowest rank's; their sum is printed next to
+// the real call's time.
 //
 // The state is the initial state (--iters-train 0) unless training steps are asked for. The
-// directory holds `ckpt/`, `raw_RRRRR.bin` and `phases/` while running; all are removed at the
-// end, and the directory too when it is left empty.
+// directory holds `ckpt/`, `raw_RRRRR.bin`, `prewarm_RRRRR.bin` and `phases/` while running; all
+// are removed at the end, and the directory too when it is left empty.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <fcntl.h>
@@ -42,6 +53,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -184,17 +196,20 @@ void sync_fs(const std::string& dir) {
 
 // ---- raw sequential baseline ---------------------------------------------------------------
 
-// Returns the seconds spent in fsync (the rest of the call is write() into the page cache).
-double raw_write(const std::string& path, int64_t bytes, std::vector<char>& buf) {
+// Writes `bytes` to `path` in `block`-byte write() calls, then fsyncs. With `advance` the calls
+// walk through `src` (a buffer of `bytes`); otherwise every call writes the same first block.
+// Returns the seconds spent in fsync (the rest is write() into the page cache).
+double raw_write(const std::string& path, const char* src, int64_t block, int64_t bytes,
+                 bool advance) {
   const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
   check_errno(fd >= 0, "create " + path);
-  int64_t left = bytes;
-  while (left > 0) {
-    const size_t n = static_cast<size_t>(std::min<int64_t>(left, static_cast<int64_t>(buf.size())));
-    const ssize_t w = ::write(fd, buf.data(), n);
+  int64_t done = 0;
+  while (done < bytes) {
+    const size_t n = static_cast<size_t>(std::min(bytes - done, block));
+    const ssize_t w = ::write(fd, advance ? src + done : src, n);
     if (w < 0 && errno == EINTR) continue;
     check_errno(w > 0, "write " + path);
-    left -= w;
+    done += w;
   }
   const double t0 = MPI_Wtime();
   check_errno(::fsync(fd) == 0, "fsync " + path);
@@ -203,12 +218,16 @@ double raw_write(const std::string& path, int64_t bytes, std::vector<char>& buf)
   return t;
 }
 
-void raw_read(const std::string& path, int64_t bytes, std::vector<char>& buf) {
+// Reads `path` to its end in `block`-byte read() calls into `dst` (walking through it with
+// `advance`, else reusing its first block); the file must hold exactly `bytes`.
+void raw_read(const std::string& path, char* dst, int64_t block, int64_t bytes, bool advance) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   check_errno(fd >= 0, "open " + path);
   int64_t got = 0;
   for (;;) {
-    const ssize_t r = ::read(fd, buf.data(), buf.size());
+    const int64_t room = advance ? std::min(block, bytes - got) : block;
+    if (room <= 0) break;
+    const ssize_t r = ::read(fd, advance ? dst + got : dst, static_cast<size_t>(room));
     if (r < 0 && errno == EINTR) continue;
     check_errno(r >= 0, "read " + path);
     if (r == 0) break;
@@ -216,6 +235,17 @@ void raw_read(const std::string& path, int64_t bytes, std::vector<char>& buf) {
   }
   ::close(fd);
   if (got != bytes) weft::fail("bench_checkpoint: {}: read {} bytes, wrote {}", path, got, bytes);
+}
+
+// Writes `bytes` to a scratch file with fsync, evicts it and deletes it (untimed), so that the
+// page-cache pages the next timed write gets were freed a moment ago. On a VM with virtio-balloon
+// free page reporting (this one), free memory is handed back to the host about 2 s after it
+// is freed, and write() into such pages runs at 0.4-0.8 GB/s instead of 5-7 GB/s; without this
+// step a timed write's speed depends on what ran before it, not on the code or the disk.
+void prewarm_page_cache(const std::string& path, int64_t bytes, std::vector<char>& buf) {
+  raw_write(path, buf.data(), static_cast<int64_t>(buf.size()), bytes, false);
+  evict_file(path);
+  ::unlink(path.c_str());
 }
 
 // ---- instrumented copies of the library's per-rank save and load steps ---------------------
@@ -433,21 +463,30 @@ LoadPhases load_phases(weft::Trainer& t, const std::string& save_dir) {
 
 // ---- reporting -----------------------------------------------------------------------------
 
+// One timed operation of a round, summed over ranks (bytes, I/O counters) and timed as the
+// slowest rank.
+struct Op {
+  double seconds = 0;
+  double fsync_seconds = 0;  // raw writes: the slowest rank's fsync, part of `seconds`
+  int64_t bytes = 0;
+  IoCounters io;
+  double gbps() const { return static_cast<double>(bytes) / 1e9 / seconds; }
+};
+
+enum OpKind { kSave, kRawWrite, kRawWriteBig, kLoad, kRawRead, kRawReadBig, kNumOps };
+const char* const kOpNames[kNumOps] = {"save",    "raw write",  "raw write (state buf)",
+                                       "load",    "raw read",   "raw read (state buf)"};
+
 struct Sample {
-  double save_s = 0, load_s = 0, wr_s = 0, rd_s = 0;
-  double wr_fsync_s = 0;  // of wr_s, the slowest rank's fsync
-  int64_t save_bytes = 0, load_bytes = 0, wr_bytes = 0, rd_bytes = 0;
-  IoCounters save_io, load_io, wr_io, rd_io;
+  Op op[kNumOps];
+  int64_t save_bytes = 0;  // checkpoint directory size (load's op bytes are the bytes read)
   Eviction ckpt_evict, raw_evict;
   bool phases = false;
   std::string loadavg;  // /proc/loadavg at the start of the round: how busy the machine was
   SavePhases sp;
   LoadPhases lp;
-  double gbps(int64_t b, double s) const { return static_cast<double>(b) / 1e9 / s; }
-  double save_gbps() const { return gbps(save_bytes, save_s); }
-  double load_gbps() const { return gbps(load_bytes, load_s); }
-  double wr_gbps() const { return gbps(wr_bytes, wr_s); }
-  double rd_gbps() const { return gbps(rd_bytes, rd_s); }
+  double ratio(OpKind a, OpKind b) const { return op[a].gbps() / op[b].gbps(); }
+  double load_ckpt_gbps() const { return static_cast<double>(save_bytes) / 1e9 / op[kLoad].seconds; }
 };
 
 double pct(int64_t part, int64_t whole) {
@@ -457,47 +496,47 @@ double pct(int64_t part, int64_t whole) {
 void print_sample(int r, int n, const Sample& s) {
   std::printf("# repeat %d/%d (%s first; load average %s)\n", r + 1, n,
               r % 2 ? "raw" : "checkpoint", s.loadavg.c_str());
-  std::printf("%-10s %14s %9s %8s %7s\n", "op", "bytes", "seconds", "GB/s", "disk%");
-  std::printf("%-10s %14lld %9.3f %8.3f %6.1f%%\n", "save", static_cast<long long>(s.save_bytes),
-              s.save_s, s.save_gbps(), pct(s.save_io.write_bytes, s.save_bytes));
-  std::printf("%-10s %14lld %9.3f %8.3f %6.1f%%\n", "raw write",
-              static_cast<long long>(s.wr_bytes), s.wr_s, s.wr_gbps(),
-              pct(s.wr_io.write_bytes, s.wr_bytes));
-  std::printf("%-10s %14lld %9.3f %8.3f %6.1f%%\n", "load", static_cast<long long>(s.load_bytes),
-              s.load_s, s.load_gbps(), pct(s.load_io.read_bytes, s.load_bytes));
-  std::printf("%-10s %14lld %9.3f %8.3f %6.1f%%\n", "raw read",
-              static_cast<long long>(s.rd_bytes), s.rd_s, s.rd_gbps(),
-              pct(s.rd_io.read_bytes, s.rd_bytes));
-  std::printf("save/raw-write %.3f   load/raw-read %.3f   (checkpoint bytes / load time: %.3f "
-              "GB/s)\n",
-              s.save_gbps() / s.wr_gbps(), s.load_gbps() / s.rd_gbps(),
-              static_cast<double>(s.save_bytes) / 1e9 / s.load_s);
+  std::printf("%-22s %14s %9s %8s %7s\n", "op", "bytes", "seconds", "GB/s", "disk%");
+  for (int k = 0; k < kNumOps; ++k) {
+    const Op& o = s.op[k];
+    const bool write = k < kLoad;
+    std::printf("%-22s %14lld %9.3f %8.3f %6.1f%%\n", kOpNames[k],
+                static_cast<long long>(o.bytes), o.seconds, o.gbps(),
+                pct(write ? o.io.write_bytes : o.io.read_bytes, o.bytes));
+  }
+  std::printf("save/raw-write %.3f  save/raw-write(state buf) %.3f  load/raw-read %.3f  "
+              "load/raw-read(state buf) %.3f  (checkpoint bytes / load time: %.3f GB/s)\n",
+              s.ratio(kSave, kRawWrite), s.ratio(kSave, kRawWriteBig), s.ratio(kLoad, kRawRead),
+              s.ratio(kLoad, kRawReadBig), s.load_ckpt_gbps());
   std::printf("eviction: checkpoint %.1f%% -> %.1f%% resident, raw %.1f%% -> %.1f%% resident "
               "(mincore, before -> after DONTNEED)\n",
               pct(s.ckpt_evict.before, s.ckpt_evict.bytes),
               pct(s.ckpt_evict.after, s.ckpt_evict.bytes), pct(s.raw_evict.before, s.raw_evict.bytes),
               pct(s.raw_evict.after, s.raw_evict.bytes));
   if (s.phases) {
-    std::printf("raw write phases (s): write %.3f  fsync %.3f\n", s.wr_s - s.wr_fsync_s,
-                s.wr_fsync_s);
+    std::printf("raw write phases (s): write %.3f  fsync %.3f; state buf: write %.3f  fsync %.3f\n",
+                s.op[kRawWrite].seconds - s.op[kRawWrite].fsync_seconds,
+                s.op[kRawWrite].fsync_seconds,
+                s.op[kRawWriteBig].seconds - s.op[kRawWriteBig].fsync_seconds,
+                s.op[kRawWriteBig].fsync_seconds);
     const SavePhases& p = s.sp;
     const double sum = p.collect + p.crc + p.write + p.fsync + p.meta;
     std::printf("save phases (instrumented copy, s): collect %.3f  crc32c %.3f  write %.3f  "
                 "fsync %.3f  metadata %.3f  = %.3f (real save %.3f)\n",
-                p.collect, p.crc, p.write, p.fsync, p.meta, sum, s.save_s);
+                p.collect, p.crc, p.write, p.fsync, p.meta, sum, s.op[kSave].seconds);
     const LoadPhases& l = s.lp;
     const double lsum = l.meta + l.header + l.alloc + l.read + l.crc + l.copy;
     std::printf("load phases (instrumented copy, s): metadata %.3f  headers %.3f  alloc+fault %.3f  "
                 "pread %.3f  crc32c %.3f  copy %.3f  = %.3f (real load %.3f)\n",
-                l.meta, l.header, l.alloc, l.read, l.crc, l.copy, lsum, s.load_s);
+                l.meta, l.header, l.alloc, l.read, l.crc, l.copy, lsum, s.op[kLoad].seconds);
   }
 }
 
-void print_stat(const char* name, std::vector<double> v, const char* unit) {
+void print_stat(const std::string& name, std::vector<double> v, const char* unit) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   const double med = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  std::printf("%-16s %8.3f %8.3f %8.3f  %s\n", name, med, v.front(), v.back(), unit);
+  std::printf("%-26s %8.3f %8.3f %8.3f  %s\n", name.c_str(), med, v.front(), v.back(), unit);
 }
 
 // ---- the benchmark -------------------------------------------------------------------------
@@ -514,7 +553,7 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
   cfg.model.vocab_size = 32000;
   cfg.model.seq_length = 128;
   int iters_train = 0, repeats = 3, block_mib = 64;
-  bool phases = false, keep = false;
+  bool phases = false, keep = false, prewarm = true;
   app.add_option("--dir", dir, "directory for the checkpoint and the raw files");
   app.add_option("--hidden-size", cfg.model.hidden_size);
   app.add_option("--ffn-hidden-size", cfg.model.ffn_hidden_size);
@@ -530,6 +569,8 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
   app.add_option("--block-mib", block_mib, "raw baseline block size in MiB");
   app.add_flag("--phases", phases, "also time the phases of an instrumented copy of save and load");
   app.add_flag("--keep", keep, "leave the last checkpoint in --dir");
+  app.add_flag("--prewarm,!--no-prewarm", prewarm,
+               "before each timed write, write+evict+delete a scratch file of its size (default on)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -540,6 +581,7 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
   const int rank = mpi.world_rank(), world = mpi.world_size();
   const std::string save_dir = dir + "/ckpt";
   const std::string raw_path = dir + "/" + fmt::format("raw_{:05d}.bin", rank);
+  const std::string warm_path = dir + "/" + fmt::format("prewarm_{:05d}.bin", rank);
   if (rank == 0) {
     fs::create_directories(dir);
     fs::remove_all(save_dir);
@@ -559,6 +601,15 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
   double t_init = MPI_Wtime();
   weft::Trainer trainer(cfg, groups);
   for (int i = 0; i < iters_train; ++i) trainer.train_step();
+  if (iters_train == 0) {
+    // The moments start as at::zeros, whose pages the allocator leaves unmapped until first
+    // touched; the first save would then time ~1 GB of page faults (about 20 us each on this
+    // VM) that a trained state never has. Writing the same zeros maps them, as a step would.
+    for (size_t k = 0; k < trainer.optimizer().units().size(); ++k) {
+      trainer.optimizer().state(k).exp_avg.zero_();
+      trainer.optimizer().state(k).exp_avg_sq.zero_();
+    }
+  }
   t_init = max_over_ranks(MPI_Wtime() - t_init);
 
   // Training-state bytes: weights in compute dtype + float32 master + both moments, over the
@@ -584,17 +635,29 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
                 cfg.model.bf16 ? "bf16" : "fp32", static_cast<long long>(params),
                 static_cast<long long>(state_bytes), state_bytes / 1e9, t_init, iters_train);
     std::printf("# dir %s; raw baseline: per rank its shard's bytes, %d MiB write()/read() "
-                "blocks, fsync; GB = 1e9 bytes; times are barrier to barrier (slowest rank)\n",
-                dir.c_str(), block_mib);
+                "blocks, fsync; GB = 1e9 bytes; times are barrier to barrier (slowest rank); "
+                "page-cache prewarm before timed writes: %s\n",
+                dir.c_str(), block_mib, prewarm ? "on" : "off");
   }
 
   std::vector<char> buf(static_cast<size_t>(block_mib) << 20);
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<char>(i * 131 + 7);  // pre-touch
 
+  // The state-sized raw buffer: as large as this rank's share, allocated and filled once (like
+  // the training state) on the first raw round, when the share is known.
+  std::unique_ptr<char[]> big;
+  int64_t big_bytes = 0;
+
   weft::LoadRequest lreq;
   lreq.dir = save_dir;
   lreq.layout = weft::layout_to_json(mesh, cfg);
   std::vector<Sample> samples;
+  int64_t last_save_bytes = state_bytes;  // the estimate until the first save
+  auto warm = [&](int64_t my_bytes) {
+    if (prewarm) prewarm_page_cache(warm_path, my_bytes, buf);
+    barrier();
+    sync_fs(dir);
+  };
   for (int r = 0; r < repeats; ++r) {
     Sample s;
     if (rank == 0) {
@@ -604,19 +667,22 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
     auto checkpoint_round = [&] {
       if (rank == 0) fs::remove_all(save_dir);  // so the save never times removing an old one
       barrier();
-      sync_fs(dir);
+      warm(last_save_bytes / world);
+      Op& save = s.op[kSave];
       IoCounters a = io_counters();
-      s.save_s = timed([&] { trainer.save(); });
-      s.save_io = io_delta_over_ranks(a, io_counters());
+      save.seconds = timed([&] { trainer.save(); });
+      save.io = io_delta_over_ranks(a, io_counters());
       int64_t b = rank == 0 ? tree_bytes(save_dir) : 0;
       MPI_Bcast(&b, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
-      s.save_bytes = b;
+      save.bytes = s.save_bytes = last_save_bytes = b;
       s.ckpt_evict = evict_tree(save_dir);  // every rank: same host, idempotent
       barrier();
+      Op& load = s.op[kLoad];
       a = io_counters();
-      s.load_s = timed([&] { weft::load_checkpoint(lreq, trainer.stage(), trainer.optimizer(), groups); });
-      s.load_io = io_delta_over_ranks(a, io_counters());
-      s.load_bytes = s.load_io.rchar;
+      load.seconds = timed(
+          [&] { weft::load_checkpoint(lreq, trainer.stage(), trainer.optimizer(), groups); });
+      load.io = io_delta_over_ranks(a, io_counters());
+      load.bytes = load.io.rchar;
     };
     auto raw_round = [&] {
       // This rank's share: its shard file (rank 0 also everything else in the checkpoint).
@@ -633,24 +699,36 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
         const int64_t shards = sum_over_ranks(mine);
         if (rank == 0) mine += total - shards;
       }
-      if (rank == 0 && fs::exists(raw_path)) fs::remove(raw_path);
-      barrier();
-      sync_fs(dir);
-      IoCounters a = io_counters();
-      double fsync_s = 0;
-      s.wr_s = timed([&] { fsync_s = raw_write(raw_path, mine, buf); });
-      s.wr_fsync_s = max_over_ranks(fsync_s);
-      s.wr_io = io_delta_over_ranks(a, io_counters());
-      s.wr_bytes = sum_over_ranks(mine);
-      Eviction e = evict_tree(raw_path);
-      s.raw_evict = {sum_over_ranks(e.bytes), sum_over_ranks(e.before), sum_over_ranks(e.after)};
-      a = io_counters();
-      s.rd_s = timed([&] { raw_read(raw_path, mine, buf); });
-      s.rd_io = io_delta_over_ranks(a, io_counters());
-      s.rd_bytes = sum_over_ranks(mine);
-      ::unlink(raw_path.c_str());
-      barrier();
-      sync_fs(dir);
+      if (big_bytes != mine) {
+        big.reset(new char[static_cast<size_t>(std::max<int64_t>(mine, 1))]);
+        for (int64_t i = 0; i < mine; ++i) big[i] = static_cast<char>(i * 131 + 7);
+        big_bytes = mine;
+      }
+      const int64_t block = static_cast<int64_t>(buf.size());
+      auto one = [&](OpKind wk, OpKind rk, char* src, bool advance) {
+        if (rank == 0 && fs::exists(raw_path)) fs::remove(raw_path);
+        barrier();
+        warm(mine);
+        Op& w = s.op[wk];
+        IoCounters a = io_counters();
+        double fsync_s = 0;
+        w.seconds = timed([&] { fsync_s = raw_write(raw_path, src, block, mine, advance); });
+        w.fsync_seconds = max_over_ranks(fsync_s);
+        w.io = io_delta_over_ranks(a, io_counters());
+        w.bytes = sum_over_ranks(mine);
+        Eviction e = evict_tree(raw_path);
+        s.raw_evict = {sum_over_ranks(e.bytes), sum_over_ranks(e.before), sum_over_ranks(e.after)};
+        Op& rd = s.op[rk];
+        a = io_counters();
+        rd.seconds = timed([&] { raw_read(raw_path, src, block, mine, advance); });
+        rd.io = io_delta_over_ranks(a, io_counters());
+        rd.bytes = sum_over_ranks(mine);
+        ::unlink(raw_path.c_str());
+        barrier();
+        sync_fs(dir);
+      };
+      one(kRawWrite, kRawRead, buf.data(), false);
+      one(kRawWriteBig, kRawReadBig, big.get(), true);
     };
     // Alternate the order between rounds so that neither side always runs on a fresher device.
     // The first round saves first, so the raw files match the shard files exactly.
@@ -663,7 +741,7 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
     }
     if (phases) {
       s.phases = true;
-      sync_fs(dir);
+      warm(last_save_bytes / world);
       s.sp = save_phases(trainer, dir);
       sync_fs(dir);
       evict_tree(save_dir);
@@ -678,27 +756,25 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
   }
 
   if (rank == 0) {
-    std::vector<double> sv, wv, lv, rv, sr, lr, ls;
-    for (const auto& s : samples) {
-      sv.push_back(s.save_gbps());
-      wv.push_back(s.wr_gbps());
-      lv.push_back(s.load_gbps());
-      rv.push_back(s.rd_gbps());
-      sr.push_back(s.save_gbps() / s.wr_gbps());
-      lr.push_back(s.load_gbps() / s.rd_gbps());
-      ls.push_back(static_cast<double>(s.save_bytes) / 1e9 / s.load_s);
-    }
     const Sample& last = samples.back();
     std::printf("# summary over %d repeats: save %lld bytes, load read %lld bytes\n", repeats,
-                static_cast<long long>(last.save_bytes), static_cast<long long>(last.load_bytes));
-    std::printf("%-16s %8s %8s %8s\n", "metric", "median", "min", "max");
-    print_stat("save", sv, "GB/s");
-    print_stat("raw write", wv, "GB/s");
-    print_stat("load", lv, "GB/s (bytes read)");
-    print_stat("load (ckpt)", ls, "GB/s (checkpoint bytes / load time)");
-    print_stat("raw read", rv, "GB/s");
-    print_stat("save/raw-write", sr, "");
-    print_stat("load/raw-read", lr, "");
+                static_cast<long long>(last.save_bytes),
+                static_cast<long long>(last.op[kLoad].bytes));
+    std::printf("%-26s %8s %8s %8s\n", "metric", "median", "min", "max");
+    auto stat = [&](const std::string& name, auto fn, const char* unit) {
+      std::vector<double> v;
+      for (const auto& s : samples) v.push_back(fn(s));
+      print_stat(name, v, unit);
+    };
+    for (int k = 0; k < kNumOps; ++k)
+      stat(kOpNames[k], [k](const Sample& s) { return s.op[k].gbps(); },
+           k == kLoad ? "GB/s (bytes read)" : "GB/s");
+    stat("load (checkpoint bytes)", [](const Sample& s) { return s.load_ckpt_gbps(); },
+         "GB/s (checkpoint size / load time)");
+    stat("save/raw-write", [](const Sample& s) { return s.ratio(kSave, kRawWrite); }, "");
+    stat("save/raw-write(state buf)", [](const Sample& s) { return s.ratio(kSave, kRawWriteBig); }, "");
+    stat("load/raw-read", [](const Sample& s) { return s.ratio(kLoad, kRawRead); }, "");
+    stat("load/raw-read(state buf)", [](const Sample& s) { return s.ratio(kLoad, kRawReadBig); }, "");
     const bool evicted = last.ckpt_evict.after * 100 < last.ckpt_evict.bytes;
     std::printf("# page-cache eviction (posix_fadvise DONTNEED): %s (%.1f%% of the checkpoint "
                 "resident after it)\n",

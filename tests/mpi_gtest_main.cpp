@@ -2,7 +2,11 @@
 // (ranks outnumber cores in CI), runs the tests, and makes the job fail if any rank failed.
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
+#include <execinfo.h>
 #include <mpi.h>
+#include <unistd.h>
+
+#include <csignal>
 
 #include <cstdlib>
 #include <string>
@@ -11,7 +15,20 @@
 #include "weft/comm/device.h"
 #include "weft/core/error.h"
 
+namespace {
+// Prints the stack of a crashing test rank (symbol names need -rdynamic, set for tests).
+void on_crash(int sig) {
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, n, STDERR_FILENO);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+}  // namespace
+
 int main(int argc, char** argv) {
+  std::signal(SIGSEGV, on_crash);
+  std::signal(SIGABRT, on_crash);
   weft::MpiRuntime mpi(&argc, &argv);
   weft::set_error_rank(mpi.world_rank());
   at::set_num_threads(1);

@@ -23,7 +23,7 @@ build)
     -DCMAKE_PREFIX_PATH=$P/torch/share/cmake \
     -DNCCL_INCLUDE_DIR=$P/nvidia/nccl/include -DNCCL_LIBRARY=$P/nvidia/nccl/lib/libnccl.so.2 \
     > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-  cmake --build $B -j 16 > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
+  cmake --build $B -j 16 --target weft test_parity test_checkpoint test_model test_communicator ${WEFT_EXTRA_TARGETS:-} > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
   ./$B/app/weft --version
   ;;
 tests)
@@ -48,6 +48,36 @@ bench1b)
     TPS=$(python3 -c "import json;print(json.load(open('$OUT/pt$mode.json'))['tokens_per_sec'])" 2>/dev/null) \
       && python3 bench/gpu/mfu.py "$TPS"
   done
+  ;;
+esac
+done
+# extra stages used while debugging on the GPU machine
+for stage in "$@"; do
+case $stage in
+gdbckpt)
+  WEFT_TEST_DEVICE=cuda timeout 300 ./$B/tests/checkpoint/test_checkpoint \
+    --gtest_filter='*fp32_moments*' 2>&1 | grep -vE "^\[New Thread|^\[Thread" | tail -40
+  ;;
+bench125m)
+  S=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --num-query-groups 12
+     --ffn-hidden-size 2048 --vocab-size 32000 --seq-length 1024)
+  rm -f "$OUT/weft_125m.jsonl"
+  ./$B/app/weft train --device cuda --bf16 "${S[@]}" --micro-batch-size 8 --global-batch-size 8 \
+    --train-iters 20 --lr 3e-4 --lr-warmup-iters 2 --log-jsonl "$OUT/weft_125m.jsonl" > "$OUT/weft_125m.log" 2>&1
+  echo "weft 125m rc=$?"
+  M=(--layers 12 --hidden 768 --heads 12 --groups 12 --ffn 2048 --vocab 32000 --seq 1024)
+  python3 bench/gpu/mfu.py --weft-jsonl "$OUT/weft_125m.jsonl" "${M[@]}"
+  timeout 200 python3 bench/gpu/pytorch_llama.py "${M[@]}" --mbs 8 --steps 20 --warmup 5 > "$OUT/pt125m.json" 2> "$OUT/pt125m.err"
+  echo "pytorch 125m eager: $(cat "$OUT/pt125m.json")"
+  TPS=$(python3 -c "import json;print(json.load(open('$OUT/pt125m.json'))['tokens_per_sec'])" 2>/dev/null) \
+    && python3 bench/gpu/mfu.py "$TPS" "${M[@]}"
+  ;;
+weft1b)
+  rm -f "$OUT/weft_1b.jsonl"
+  ./$B/app/weft train --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 --global-batch-size 2 \
+    --train-iters 12 --lr 3e-4 --lr-warmup-iters 2 --log-jsonl "$OUT/weft_1b.jsonl" > "$OUT/weft_1b.log" 2>&1
+  echo "weft rc=$?"; tail -1 "$OUT/weft_1b.log" | cut -c1-400
+  python3 bench/gpu/mfu.py --weft-jsonl "$OUT/weft_1b.jsonl"
   ;;
 esac
 done

@@ -16,8 +16,11 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #if TORCH_VERSION_MAJOR >= 2
+#include <ATen/ops/_fused_adamw.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #else
 #include <ATen/ops/matmul.h>
@@ -54,6 +57,48 @@ inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, con
   scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
   at::Tensor probs = at::softmax(scores, -1).to(v.scalar_type());
   return at::matmul(probs, v);
+#endif
+}
+
+// Causal attention with grouped-query heads: q [b, nh, s, hd], k and v [b, ng, s, hd] with
+// nh a multiple of ng (query head h uses key/value head h / (nh/ng)). torch >= 2.5 passes the
+// groups to the fused kernel (enable_gqa, no copy); older versions expand k and v first.
+inline at::Tensor causal_attention_gqa(const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& v) {
+#if WEFT_TORCH_AT_LEAST(2, 5)
+  return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, c10::nullopt,
+                                          /*enable_gqa=*/true);
+#else
+  const int64_t r = q.size(1) / k.size(1);
+  auto expand = [r](const at::Tensor& t) {
+    const int64_t b = t.size(0), ng = t.size(1), s = t.size(2), hd = t.size(3);
+    return t.unsqueeze(2).expand({b, ng, r, s, hd}).reshape({b, ng * r, s, hd});
+  };
+  return causal_attention(q, r == 1 ? k : expand(k), r == 1 ? v : expand(v));
+#endif
+}
+
+// One fused AdamW step (decoupled weight decay, bias correction for step `step`) over lists of
+// float32 CUDA tensors: params, grads and both moments updated in one kernel per chunk.
+// Returns false where the fused kernel is unavailable (torch < 2.x or not CUDA): the caller
+// then runs its own unfused update.
+inline bool fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                        const std::vector<at::Tensor>& exp_avgs,
+                        const std::vector<at::Tensor>& exp_avg_sqs, double lr, double beta1,
+                        double beta2, double weight_decay, double eps, int64_t step) {
+#if TORCH_VERSION_MAJOR >= 2
+  if (params.empty()) return true;
+  if (!params[0].is_cuda()) return false;
+  at::Tensor step_t = at::full({}, static_cast<double>(step), params[0].options());
+  std::vector<at::Tensor> steps(params.size(), step_t);
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, {}, steps, lr, beta1, beta2,
+                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, c10::nullopt,
+                    c10::nullopt);
+  return true;
+#else
+  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)lr, (void)beta1;
+  (void)beta2, (void)weight_decay, (void)eps, (void)step;
+  return false;
 #endif
 }
 

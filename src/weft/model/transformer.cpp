@@ -72,14 +72,6 @@ at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& rope) {
   return x * cos + rotated * sin;
 }
 
-// [b, ng, s, hd] -> [b, ng * r, s, hd]: query head j of the group-major order reads kv group
-// j / r.
-at::Tensor expand_groups(const at::Tensor& kv, int64_t r) {
-  if (r == 1) return kv;
-  const int64_t b = kv.size(0), ng = kv.size(1), s = kv.size(2), hd = kv.size(3);
-  return kv.unsqueeze(2).expand({b, ng, r, s, hd}).reshape({b, ng * r, s, hd});
-}
-
 }  // namespace
 
 void check_model_config(const ModelConfig& cfg) {
@@ -189,7 +181,7 @@ at::Tensor decoder_layer(const at::Tensor& x, const LayerHandles& w, const Rotar
   at::Tensor v = qkv.select(3, r + 1).transpose(1, 2);
   q = apply_rotary(q, rope);
   k = apply_rotary(k, rope);
-  const at::Tensor attn = compat::causal_attention(q, expand_groups(k, r), expand_groups(v, r))
+  const at::Tensor attn = compat::causal_attention_gqa(q, k, v)
                               .transpose(1, 2)
                               .reshape({b, s, nh * hd});
   const at::Tensor hidden = x + ops::linear(attn, w.linear_proj);

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "weft/core/compat.h"
 #include "weft/core/error.h"
 #include "weft/parallel/grad_access.h"
 
@@ -52,9 +53,43 @@ void ShardedAdamW::zero_grad() {
   for (FsdpUnit* u : units_) grad_shard(*u).zero_();
 }
 
+// The fused path: one multi-tensor kernel per parameter group, where the moments are float32
+// and the fused kernel exists (CUDA, torch 2.x). Returns false when it does not apply.
+bool ShardedAdamW::fused_step(double lr) {
+  if (cfg_.exp_avg_dtype != at::kFloat || cfg_.exp_avg_sq_dtype != at::kFloat) return false;
+  if (units_.empty() || !units_[0]->param_shard().is_cuda()) return false;
+  struct Lists {
+    std::vector<at::Tensor> p, g, m, v;
+  };
+  std::map<std::string, Lists> by_group;
+  for (size_t k = 0; k < units_.size(); ++k) {
+    FsdpUnit& u = *units_[k];
+    UnitOptimState& st = states_[k];
+    for (int i = 0; i < u.num_params(); ++i) {
+      const ShardSegment& seg = u.segment(i);
+      Lists& l = by_group[group_name_of(u.spec(i).name)];
+      l.p.push_back(st.master.narrow(0, seg.offset, seg.numel()));
+      l.g.push_back(grad_shard(u, i));
+      l.m.push_back(st.exp_avg.narrow(0, seg.offset, seg.numel()));
+      l.v.push_back(st.exp_avg_sq.narrow(0, seg.offset, seg.numel()));
+    }
+  }
+  for (auto& [name, l] : by_group) {
+    const ParamGroupSettings& g = groups_.at(name);
+    if (!compat::fused_adamw(l.p, l.g, l.m, l.v, lr, g.beta1, g.beta2, g.weight_decay, g.eps,
+                             steps_))
+      return false;  // only before any update: every group takes the same branch
+  }
+  for (size_t k = 0; k < units_.size(); ++k)
+    if (!units_[k]->param_shard().is_same(states_[k].master))
+      units_[k]->param_shard().copy_(states_[k].master);
+  return true;
+}
+
 void ShardedAdamW::step(double lr) {
   at::NoGradGuard no_grad;
   ++steps_;
+  if (fused_step(lr)) return;
   for (size_t k = 0; k < units_.size(); ++k) {
     FsdpUnit& u = *units_[k];
     UnitOptimState& st = states_[k];

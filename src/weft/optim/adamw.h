@@ -6,6 +6,10 @@
 // compute the unit's weight shard is the master shard itself. Padding elements of a shard have
 // zero gradient and zero value, so the update leaves them zero.
 //
+// On CUDA with torch 2.x and float32 moments the update is PyTorch's fused multi-tensor AdamW
+// kernel (one launch per chunk of tensors); elsewhere an unfused per-parameter update with the
+// same formula.
+//
 // Parameter groups are keyed by global parameter name (never by position): "decay" for
 // matrices, "no_decay" for norms and biases, each with its own weight decay and betas.
 #pragma once
@@ -70,6 +74,8 @@ class ShardedAdamW {
   int64_t grad_bytes() const;
 
  private:
+  bool fused_step(double lr);
+
   AdamWConfig cfg_;
   std::vector<FsdpUnit*> units_;
   std::vector<UnitOptimState> states_;

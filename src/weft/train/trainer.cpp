@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/comm/device.h"
