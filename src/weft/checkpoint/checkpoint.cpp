@@ -370,6 +370,13 @@ Status load_rows(const std::string& dir, const CkptTensorInfo& t, const std::str
     const int64_t c0 = c.offsets[0], c1 = c0 + c.lengths[0];
     const int64_t lo = std::max(row_start, c0), hi = std::min(end, c1);
     if (lo >= hi) continue;
+    // Same layout: the chunk is exactly these rows; read straight into the live buffer (no
+    // temporary, which on a fresh page costs more than the read itself).
+    if (c0 == row_start && c1 == end && dst.is_cpu() && dst.is_contiguous() &&
+        dst.scalar_type() == torch_dtype(c.dtype)) {
+      if (Status s = files.read_chunk(c, dst.data_ptr()); !s) return s;
+      continue;
+    }
     at::Tensor buf = at::empty(c.lengths, at::TensorOptions().dtype(torch_dtype(c.dtype)));
     if (Status s = files.read_chunk(c, buf.data_ptr()); !s) return s;
     dst.narrow(0, lo - row_start, hi - lo).copy_(buf.narrow(0, lo - c0, hi - lo));
