@@ -32,11 +32,13 @@
 // library is not touched): collect, CRC-32C, write() to the page cache, fsync, metadata; and for
 // load: header + metadata, allocation + first touch of the temporary chunk buffer, pread, CRC-32C,
 // copy into the live shard. Phase times are the slowest rank's; their sum is printed next to
-// the real call's time.
+// the real call's time. It then times a prototype of the load without the temporary buffer
+// (pread straight into the live shard, CRC-32C there), as evidence for the fix it suggests.
 //
 // The state is the initial state (--iters-train 0) unless training steps are asked for. The
 // directory holds `ckpt/`, `raw_RRRRR.bin`, `prewarm_RRRRR.bin` and `phases/` while running; all
 // are removed at the end, and the directory too when it is left empty.
+#include <ATen/core/grad_mode.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <fcntl.h>
@@ -373,13 +375,19 @@ struct LoadPhases {
   // alloc: at::empty plus the first touch of every page (the page faults that a pread into a
   // fresh buffer would take inside the kernel), so `read` is the I/O and the kernel's copy.
   double meta = 0, header = 0, alloc = 0, read = 0, crc = 0, copy = 0;
+  double total = 0;     // barrier to barrier
+  int64_t direct = 0;   // chunks read straight into the live shard (direct mode)
 };
 
 // The per-rank part of load_checkpoint on the checkpoint just saved (same layout): the same
 // units, keys, skip rule and chunk reads, with each step timed on its own. Collective only at
 // the ends; phase times are each rank's sum, then the slowest rank's.
-LoadPhases load_phases(weft::Trainer& t, const std::string& save_dir) {
+// `direct` is a prototype of the recommended fix: a chunk whose rows all lie in this rank's
+// shard (every chunk, on the layout that saved it) is pread straight into the live shard and
+// its CRC-32C computed there, with no temporary buffer and no copy.
+LoadPhases load_phases(weft::Trainer& t, const std::string& save_dir, bool direct) {
   LoadPhases p;
+  const double start = MPI_Wtime();
   int iteration = 0;
   if (!weft::ckpt_read_tracker(save_dir, &iteration).is_ok())
     weft::fail("bench_checkpoint: no tracker in {}", save_dir);
@@ -413,6 +421,21 @@ LoadPhases load_phases(weft::Trainer& t, const std::string& save_dir) {
         it = headers.emplace(c.file, std::move(h)).first;
       }
       p.header += clock() - s;
+      if (direct && lo == c0 && hi == c1) {
+        void* into = dst.narrow(0, c0 - row_start, c1 - c0).data_ptr();
+        s = clock();
+        if (weft::Status st = weft::read_safetensors_entry(path, it->second, c.entry, into,
+                                                           static_cast<size_t>(c.nbytes()));
+            !st)
+          weft::fail("bench_checkpoint: {}", st.message());
+        p.read += clock() - s;
+        s = clock();
+        const uint32_t crc = weft::crc32c(into, static_cast<size_t>(c.nbytes()));
+        p.crc += clock() - s;
+        if (crc != c.crc32c) weft::fail("bench_checkpoint: checksum mismatch in {}", c.entry);
+        ++p.direct;
+        continue;
+      }
       s = clock();
       at::Tensor buf = at::empty(c.lengths, at::TensorOptions().dtype(
                                                 c.dtype == "F32" ? at::kFloat : at::kBFloat16));
@@ -457,7 +480,10 @@ LoadPhases load_phases(weft::Trainer& t, const std::string& save_dir) {
     }
   }
   barrier();
-  for (double* v : {&p.meta, &p.header, &p.alloc, &p.read, &p.crc, &p.copy}) *v = max_over_ranks(*v);
+  p.total = MPI_Wtime() - start;
+  for (double* v : {&p.meta, &p.header, &p.alloc, &p.read, &p.crc, &p.copy, &p.total})
+    *v = max_over_ranks(*v);
+  p.direct = sum_over_ranks(p.direct);
   return p;
 }
 
@@ -484,7 +510,7 @@ struct Sample {
   bool phases = false;
   std::string loadavg;  // /proc/loadavg at the start of the round: how busy the machine was
   SavePhases sp;
-  LoadPhases lp;
+  LoadPhases lp, lp_direct;
   double ratio(OpKind a, OpKind b) const { return op[a].gbps() / op[b].gbps(); }
   double load_ckpt_gbps() const { return static_cast<double>(save_bytes) / 1e9 / op[kLoad].seconds; }
 };
@@ -529,6 +555,13 @@ void print_sample(int r, int n, const Sample& s) {
     std::printf("load phases (instrumented copy, s): metadata %.3f  headers %.3f  alloc+fault %.3f  "
                 "pread %.3f  crc32c %.3f  copy %.3f  = %.3f (real load %.3f)\n",
                 l.meta, l.header, l.alloc, l.read, l.crc, l.copy, lsum, s.op[kLoad].seconds);
+    const LoadPhases& d = s.lp_direct;
+    std::printf("load prototype, pread into the live shard (s): pread %.3f  crc32c %.3f  other "
+                "%.3f  = %.3f -> %.3f GB/s, %.3f of raw read (%lld chunks direct)\n",
+                d.read, d.crc, d.total - d.read - d.crc, d.total,
+                static_cast<double>(s.op[kLoad].bytes) / 1e9 / d.total,
+                static_cast<double>(s.op[kLoad].bytes) / 1e9 / d.total / s.op[kRawRead].gbps(),
+                static_cast<long long>(d.direct));
   }
 }
 
@@ -746,7 +779,10 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
       sync_fs(dir);
       evict_tree(save_dir);
       barrier();
-      s.lp = load_phases(trainer, save_dir);
+      s.lp = load_phases(trainer, save_dir, false);
+      evict_tree(save_dir);
+      barrier();
+      s.lp_direct = load_phases(trainer, save_dir, true);
     }
     if (rank == 0) {
       print_sample(r, repeats, s);
