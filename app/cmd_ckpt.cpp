@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "weft/checkpoint/checkpoint.h"
 #include "weft/checkpoint/format.h"
 #include "weft/core/error.h"
 
@@ -37,20 +38,10 @@ Loaded open_checkpoint(const std::string& path) {
   return l;
 }
 
-c10::ScalarType to_torch(const std::string& d) {
-  if (d == "F32") return at::kFloat;
-  if (d == "BF16") return at::kBFloat16;
-  if (d == "F16") return at::kHalf;
-  if (d == "F64") return at::kDouble;
-  if (d == "I64") return at::kLong;
-  if (d == "I32") return at::kInt;
-  return at::kByte;
-}
-
 // The full tensor of `key`, assembled from its chunks (checksums verified).
 Status read_full(const Loaded& l, const std::string& key, CkptFileCache& files, at::Tensor* out) {
   const CkptTensorInfo& t = l.index.at(key);
-  *out = at::empty(t.shape, at::TensorOptions().dtype(to_torch(t.dtype)));
+  *out = at::empty(t.shape, at::TensorOptions().dtype(ckpt_torch_dtype(t.dtype)));
   for (const auto& c : t.chunks) {
     at::Tensor buf = at::empty(c.lengths, out->options());
     if (Status s = files.read_chunk(c, buf.data_ptr()); !s) return s;

@@ -28,7 +28,9 @@ namespace {
 
 const char* const kStateKinds[] = {"fp32_param", "exp_avg", "exp_avg_sq"};
 
-std::string st_dtype(c10::ScalarType t) {
+}  // namespace
+
+std::string ckpt_dtype_name(c10::ScalarType t) {
   switch (t) {
     case at::kFloat: return "F32";
     case at::kBFloat16: return "BF16";
@@ -41,7 +43,7 @@ std::string st_dtype(c10::ScalarType t) {
   }
 }
 
-c10::ScalarType torch_dtype(const std::string& d) {
+c10::ScalarType ckpt_torch_dtype(const std::string& d) {
   if (d == "F32") return at::kFloat;
   if (d == "BF16") return at::kBFloat16;
   if (d == "F16") return at::kHalf;
@@ -51,6 +53,8 @@ c10::ScalarType torch_dtype(const std::string& d) {
   if (d == "U8") return at::kByte;
   fail("checkpoint: stored dtype {} is not supported", d);
 }
+
+namespace {
 
 // All ranks' strings, in rank order (collective over `world`).
 std::vector<std::string> all_gather_strings(Communicator& world, const std::string& mine) {
@@ -246,7 +250,7 @@ void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, Sharded
     for (const auto& t : tensors) {
       SafetensorsWriteEntry e;
       e.name = fmt::format("{}@{}", t.key, t.row_start);
-      e.dtype = st_dtype(t.data.scalar_type());
+      e.dtype = ckpt_dtype_name(t.data.scalar_type());
       e.shape = t.data.sizes().vec();
       e.data = t.data.data_ptr();
       e.nbytes = static_cast<size_t>(t.data.numel()) * t.data.element_size();
@@ -373,11 +377,11 @@ Status load_rows(const std::string& dir, const CkptTensorInfo& t, const std::str
     // Same layout: the chunk is exactly these rows; read straight into the live buffer (no
     // temporary, which on a fresh page costs more than the read itself).
     if (c0 == row_start && c1 == end && dst.is_cpu() && dst.is_contiguous() &&
-        dst.scalar_type() == torch_dtype(c.dtype)) {
+        dst.scalar_type() == ckpt_torch_dtype(c.dtype)) {
       if (Status s = files.read_chunk(c, dst.data_ptr()); !s) return s;
       continue;
     }
-    at::Tensor buf = at::empty(c.lengths, at::TensorOptions().dtype(torch_dtype(c.dtype)));
+    at::Tensor buf = at::empty(c.lengths, at::TensorOptions().dtype(ckpt_torch_dtype(c.dtype)));
     if (Status s = files.read_chunk(c, buf.data_ptr()); !s) return s;
     dst.narrow(0, lo - row_start, hi - lo).copy_(buf.narrow(0, lo - c0, hi - lo));
   }

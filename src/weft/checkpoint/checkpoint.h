@@ -67,6 +67,11 @@ struct LoadRequest {
 nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, ShardedAdamW& opt,
                                const ProcessGroups& groups);
 
+// Safetensors dtype names ("F32", "BF16", ...) of ATen dtypes and back; throw for dtypes a
+// checkpoint cannot hold.
+std::string ckpt_dtype_name(c10::ScalarType t);
+c10::ScalarType ckpt_torch_dtype(const std::string& name);
+
 // Every global key a model with this config expects (weights and optimizer state), sorted.
 std::vector<std::string> expected_checkpoint_keys(const ModelConfig& cfg);
 
