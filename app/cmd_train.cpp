@@ -12,6 +12,7 @@
 #include "weft/comm/communicator.h"
 #include "weft/comm/device.h"
 #include "weft/core/error.h"
+#include "weft/model/fused.h"
 #include "weft/train/trainer.h"
 
 namespace weft::app {
@@ -24,6 +25,7 @@ namespace {
 struct TrainArgs {
   TrainConfig cfg;
   bool deterministic = false;
+  bool no_fused = false;
   std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32", backend = "auto";
   int threads = 0;
 };
@@ -94,7 +96,15 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       "auto | mpi | nccl (auto: nccl for --device cuda when every rank has its own GPU)");
   c->add_flag("--deterministic", a->deterministic,
               "deterministic kernels (cuBLAS workspace, ATen deterministic algorithms)");
-  opt("--threads", a->threads, "intra-op threads per rank (0: cores / world size)");
+  c->add_flag("--profile", t.profile.enabled,
+              "trace iterations --profile-step-start..--profile-step-end (Kineto, CUDA build)");
+  opt("--profile-step-start", t.profile.step_start, "first traced iteration");
+  opt("--profile-step-end", t.profile.step_end, "last traced iteration");
+  c->add_option("--profile-ranks", t.profile.ranks, "ranks that trace")->capture_default_str();
+  opt("--profile-dir", t.profile.dir, "where trace_rank<R>.json files go");
+  c->add_flag("--no-fused-kernels", a->no_fused,
+              "run RMSNorm, SwiGLU and RoPE as ATen op chains instead of weft's fused CUDA kernels");
+  opt("--threads", a->threads, "intra-op threads per rank (0: cores / ranks on this host)");
   add_layout_flags(c, &t.layout);
 }
 
@@ -109,6 +119,7 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
     t.adam.exp_avg_dtype = moment_dtype("--exp-avg-dtype", a->exp_avg_dtype);
     t.adam.exp_avg_sq_dtype = moment_dtype("--exp-avg-sq-dtype", a->exp_avg_sq_dtype);
     if (t.log_interval < 1) fail_usage("--log-interval must be >= 1");
+    fused::set_enabled(!a->no_fused);
     MpiRuntime mpi(argc, argv);
     set_error_rank(mpi.world_rank());
     try {
@@ -145,7 +156,7 @@ void run_training(TrainConfig& t, int threads, const std::string& backend_flag,
     } else if (backend_flag == "nccl") {
       fail_usage("--distributed-backend nccl needs --device cuda");
     }
-    if (threads <= 0) threads = std::max(1, at::get_num_threads() / mpi.world_size());
+    if (threads <= 0) threads = mpi.threads_per_rank();
     at::set_num_threads(threads);
     LayoutConfig layout = t.layout;
     layout.world_size = mpi.world_size();

@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "weft/checkpoint/checkpoint.h"
+#include "weft/comm/device.h"
 #include "weft/checkpoint/crc32c.h"
 #include "weft/checkpoint/format.h"
 #include "weft/checkpoint/safetensors.h"
@@ -595,6 +596,7 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
   app.add_option("--num-query-groups", cfg.model.num_query_groups);
   app.add_option("--vocab-size", cfg.model.vocab_size);
   app.add_option("--seq-length", cfg.model.seq_length);
+  app.add_option("--device", cfg.device, "cpu | cuda: where the training state lives");
   app.add_flag("--bf16", cfg.model.bf16, "bf16 weights (the fp32 master is then a separate buffer)");
   app.add_option("--pipeline-model-parallel-size", cfg.layout.pp, "pp; dp = world / pp");
   app.add_option("--iters-train", iters_train, "training steps before the first save (0: initial state)");
@@ -629,6 +631,7 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
   cfg.train_iters = iters_train;
   cfg.quiet = true;
   cfg.save = save_dir;
+  if (cfg.device == "cuda") weft::set_cuda_device(mpi.local_rank());
   weft::Mesh mesh(cfg.layout);
   weft::ProcessGroups groups(mesh, weft::Backend::kMpi);
   double t_init = MPI_Wtime();
@@ -660,6 +663,7 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
     std::printf("# bench_checkpoint: %d rank(s), pp %d, dp %d, %d threads/rank, MPI %s\n", world,
                 mesh.pp(), mesh.dp(), at::get_num_threads(),
                 weft::MpiRuntime::library_version().c_str());
+    std::printf("# state on %s\n", cfg.device.c_str());
     std::printf("# model: hidden %d, ffn %d, layers %d, heads %d, query groups %d, vocab %d, "
                 "%s compute; %lld parameters; state %lld bytes (%.2f GB: weights + fp32 master "
                 "+ 2 fp32 moments); trainer ready in %.1f s (%d train steps)\n",
@@ -833,15 +837,7 @@ int main(int argc, char** argv) {
   weft::MpiRuntime mpi(&argc, &argv);
   weft::set_error_rank(mpi.world_rank());
   // Ranks share the cores: give each its fair share of intra-op threads (DESIGN.md).
-  int local = 1;
-  {
-    MPI_Comm c;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &c);
-    MPI_Comm_size(c, &local);
-    MPI_Comm_free(&c);
-  }
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  at::set_num_threads(std::max(1, cores / local));
+  at::set_num_threads(mpi.threads_per_rank());
   try {
     return run(argc, argv, mpi);
   } catch (const std::exception& e) {

@@ -140,15 +140,7 @@ int main(int argc, char** argv) {
   weft::MpiRuntime mpi(&argc, &argv);
   weft::set_error_rank(mpi.world_rank());
   // Ranks share the cores: give each its fair share of intra-op threads (DESIGN.md).
-  int local = 1;
-  {
-    MPI_Comm c;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &c);
-    MPI_Comm_size(c, &local);
-    MPI_Comm_free(&c);
-  }
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  at::set_num_threads(std::max(1, cores / local));
+  at::set_num_threads(mpi.threads_per_rank());
   try {
     return run(argc, argv, mpi);
   } catch (const weft::Error& e) {

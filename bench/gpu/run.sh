@@ -5,6 +5,10 @@
 #   bash bench/gpu/run.sh tests       the engine and checkpoint tests on CUDA: world 1, and
 #                                     8 ranks sharing the GPU over the MPI backend
 #   bash bench/gpu/run.sh bench1b     weft on the ~0.8B model, then PyTorch eager and compiled
+#   bash bench/gpu/run.sh bench125m   the same at ~125M (weft and PyTorch eager)
+#   bash bench/gpu/run.sh profile     Kineto traces of weft's 0.8B and 125M steps, summarised
+#   bash bench/gpu/run.sh ckpt        checkpoint save/load of the 0.8B state on the GPU vs raw
+#                                     disk (bench_checkpoint) and vs torch.distributed.checkpoint
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PATH=/opt/torch/.venv/bin:$PATH
@@ -23,7 +27,7 @@ build)
     -DCMAKE_PREFIX_PATH=$P/torch/share/cmake \
     -DNCCL_INCLUDE_DIR=$P/nvidia/nccl/include -DNCCL_LIBRARY=$P/nvidia/nccl/lib/libnccl.so.2 \
     > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-  cmake --build $B -j 16 --target weft test_parity test_checkpoint test_model test_communicator ${WEFT_EXTRA_TARGETS:-} > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
+  cmake --build $B -j 16 --target weft test_parity test_checkpoint test_model test_communicator bench_checkpoint ${WEFT_EXTRA_TARGETS:-} > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
   ./$B/app/weft --version
   ;;
 tests)
@@ -54,9 +58,36 @@ done
 # extra stages used while debugging on the GPU machine
 for stage in "$@"; do
 case $stage in
-gdbckpt)
+crash)
   WEFT_TEST_DEVICE=cuda timeout 300 ./$B/tests/checkpoint/test_checkpoint \
-    --gtest_filter='*fp32_moments*' 2>&1 | grep -vE "^\[New Thread|^\[Thread" | tail -40
+    --gtest_filter='*Restart*' > "$OUT/crash.log" 2>&1
+  echo "test_checkpoint *Restart* on cuda rc=$?"; grep -E "weft test:|pc |called from|OK \]|FAILED" "$OUT/crash.log" | head -20
+  ;;
+env)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  ls -d /usr/local/cuda*/bin/nvcc 2>/dev/null; which nvcc nsys ncu 2>/dev/null; df -h . /tmp | tail -2
+  ;;
+profile)
+  S=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --num-query-groups 12
+     --ffn-hidden-size 2048 --vocab-size 32000 --seq-length 1024)
+  ./$B/app/weft train --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 --global-batch-size 2 \
+    --train-iters 7 --profile --profile-step-start 5 --profile-step-end 6 --profile-dir "$OUT/prof1b" > "$OUT/prof1b.log" 2>&1
+  echo "profile 1b rc=$?"; tail -3 "$OUT/prof1b.log" | cut -c1-300
+  python3 bench/gpu/trace_summary.py "$OUT/prof1b/trace_rank0.json" --iters 2 --top 30
+  ./$B/app/weft train --device cuda --bf16 "${S[@]}" --micro-batch-size 8 --global-batch-size 8 \
+    --train-iters 12 --profile --profile-step-start 10 --profile-step-end 11 --profile-dir "$OUT/prof125m" > "$OUT/prof125m.log" 2>&1
+  echo "profile 125m rc=$?"; tail -2 "$OUT/prof125m.log" | cut -c1-300
+  python3 bench/gpu/trace_summary.py "$OUT/prof125m/trace_rank0.json" --iters 2 --top 15
+  gzip -f "$OUT"/prof*/trace_rank0.json
+  ;;
+ckpt)
+  D=${WEFT_CKPT_DIR:-/tmp/weft-ckpt-bench}
+  mpirun -np 1 --bind-to none ./$B/bench/bench_checkpoint --device cuda --bf16 --dir "$D" --repeats 2 \
+    --num-layers 16 --hidden-size 2048 --num-attention-heads 16 --num-query-groups 8 \
+    --ffn-hidden-size 5632 --vocab-size 32000 --seq-length 4096 > "$OUT/ckpt_weft.log" 2>&1
+  echo "bench_checkpoint rc=$?"; cat "$OUT/ckpt_weft.log" | tail -25
+  timeout 400 python3 bench/gpu/pytorch_dcp.py --dir "$D-dcp" > "$OUT/ckpt_dcp.json" 2> "$OUT/ckpt_dcp.err"
+  echo "dcp rc=$?"; cat "$OUT/ckpt_dcp.json"; tail -3 "$OUT/ckpt_dcp.err"
   ;;
 bench125m)
   S=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --num-query-groups 12
@@ -72,12 +103,15 @@ bench125m)
   TPS=$(python3 -c "import json;print(json.load(open('$OUT/pt125m.json'))['tokens_per_sec'])" 2>/dev/null) \
     && python3 bench/gpu/mfu.py "$TPS" "${M[@]}"
   ;;
-weft1b)
-  rm -f "$OUT/weft_1b.jsonl"
-  ./$B/app/weft train --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 --global-batch-size 2 \
-    --train-iters 12 --lr 3e-4 --lr-warmup-iters 2 --log-jsonl "$OUT/weft_1b.jsonl" > "$OUT/weft_1b.log" 2>&1
-  echo "weft rc=$?"; tail -1 "$OUT/weft_1b.log" | cut -c1-400
-  python3 bench/gpu/mfu.py --weft-jsonl "$OUT/weft_1b.jsonl"
+weft1b)  # weft alone, with and without the fused kernels (ratio in the same run)
+  for v in fused unfused; do
+    X=(); [ $v = unfused ] && X=(--no-fused-kernels)
+    rm -f "$OUT/weft_1b_$v.jsonl"
+    ./$B/app/weft train --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 --global-batch-size 2 \
+      --train-iters 12 --lr 3e-4 --lr-warmup-iters 2 "${X[@]}" --log-jsonl "$OUT/weft_1b_$v.jsonl" > "$OUT/weft_1b_$v.log" 2>&1
+    echo "weft $v rc=$?"; tail -1 "$OUT/weft_1b_$v.log" | cut -c1-400
+    python3 bench/gpu/mfu.py --weft-jsonl "$OUT/weft_1b_$v.jsonl"
+  done
   ;;
 esac
 done

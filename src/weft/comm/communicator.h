@@ -81,12 +81,15 @@ class MpiRuntime {
   int world_rank() const { return rank_; }
   int world_size() const { return size_; }
   int local_rank() const { return local_rank_; }  // rank among processes on this host
+  int local_size() const { return local_size_; }  // processes on this host
+  // This rank's fair share of the host's cores (hardware threads / local_size(), at least 1).
+  int threads_per_rank() const;
   static std::string library_version();           // e.g. "Open MPI v4.1.4"
   // Aborts every rank of the job with `code` (MPI_Abort on the world); does not return.
   [[noreturn]] static void abort(int code);
 
  private:
-  int rank_ = 0, size_ = 1, local_rank_ = 0;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   bool finalize_ = false;
 };
 

@@ -8,7 +8,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <string>
+#include <thread>
 
 #include "weft/comm/communicator.h"
 #include "weft/core/error.h"
@@ -70,7 +72,13 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
       MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local),
       "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
   mpi_runtime_check(MPI_Comm_rank(local, &local_rank_), "MPI_Comm_rank(local)");
+  mpi_runtime_check(MPI_Comm_size(local, &local_size_), "MPI_Comm_size(local)");
   MPI_Comm_free(&local);
+}
+
+int MpiRuntime::threads_per_rank() const {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, local_size_));
 }
 
 MpiRuntime::~MpiRuntime() {

@@ -18,6 +18,9 @@
 #include <limits>
 #include <vector>
 
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/mm.h>
+
 #if TORCH_VERSION_MAJOR >= 2
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/full.h>
@@ -100,6 +103,25 @@ inline bool fused_adamw(const std::vector<at::Tensor>& params, const std::vector
   (void)beta2, (void)weight_decay, (void)eps, (void)step;
   return false;
 #endif
+}
+
+// acc += a @ b, with acc float32 and a, b in the compute dtype. Where the matmul can write float32
+// from bfloat16/float16 inputs (CUDA, torch >= 2.8: addmm's out_dtype), the product is added
+// by the GEMM itself; otherwise it is computed in the compute dtype and added as a cast (one
+// more pass over the buffer). Same dtypes: a plain addmm_.
+inline void addmm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() == acc.scalar_type() && b.scalar_type() == acc.scalar_type()) {
+    acc.addmm_(a, b);
+    return;
+  }
+#if WEFT_TORCH_AT_LEAST(2, 8)
+  if (acc.is_cuda() && acc.scalar_type() == at::kFloat && a.scalar_type() == b.scalar_type() &&
+      (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf) && acc.is_contiguous()) {
+    at::addmm_out(acc, acc, a, b, at::kFloat);
+    return;
+  }
+#endif
+  acc.add_(at::mm(a, b));
 }
 
 }  // namespace weft::compat

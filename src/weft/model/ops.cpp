@@ -20,7 +20,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "weft/core/compat.h"
 #include "weft/core/error.h"
+#include "weft/model/fused.h"
 
 namespace weft::ops {
 namespace {
@@ -102,12 +104,7 @@ struct LinearFn : Function<LinearFn> {
     at::Tensor buf = fetch_grad_buffer(h, {out, in});
     const at::Tensor dy2 = dy.reshape({-1, out});
     const at::Tensor x2 = x.reshape({-1, in});
-    if (dy2.scalar_type() == buf.scalar_type() && x2.scalar_type() == buf.scalar_type()) {
-      buf.addmm_(dy2.t(), x2);
-    } else {
-      // Product in the compute dtype; the in-place add casts it to the buffer's dtype.
-      buf.add_(at::mm(dy2.t(), x2));
-    }
+    compat::addmm_accumulate(buf, dy2.t(), x2);
     h.source->grad_ready(h.index);
     return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -139,6 +136,35 @@ struct ScaleFn : Function<ScaleFn> {
     buf.add_((dy.reshape({-1, n}).to(acc) * xhat.reshape({-1, n}).to(acc)).sum(0));
     h.source->grad_ready(h.index);
     return {dxhat, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// --- fused RMSNorm (CUDA): y = round(x * rstd) * w in one kernel ------------------------------
+
+struct RmsNormFn : Function<RmsNormFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const c10::optional<at::Tensor>& /*anchor*/, const WeightRef& w,
+                            ParamHandle h, double eps) {
+    save_handle(ctx, h);
+    auto [y, rstd] = fused::rms_norm_forward(x, w.value, eps);
+    ctx->save_for_backward({x, rstd});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const ParamHandle h = load_handle(ctx);
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const int64_t n = x.size(-1);
+    // The kernel needs the weight for dx and yields the weight gradient in the same pass, so
+    // the weight is fetched even when x needs no gradient.
+    at::Tensor dw;
+    at::Tensor dx = fused::rms_norm_backward(grads[0], x, h.source->backward_weight(h.index),
+                                             saved[1], &dw);
+    fetch_grad_buffer(h, {n}).add_(dw);
+    h.source->grad_ready(h.index);
+    if (!ctx->needs_input_grad(0)) dx = at::Tensor();
+    return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -188,21 +214,36 @@ at::Tensor linear(const at::Tensor& x, ParamHandle weight) {
   return LinearFn::apply(x, anchor, WeightRef{std::move(w)}, weight);
 }
 
-at::Tensor rms_norm(const at::Tensor& x, ParamHandle weight, double eps) {
-  check_handle(weight);
-  const bool grad_mode = at::GradMode::is_enabled();
-  // The normalisation runs in float32 (float64 for float64 x) under native autograd and is
-  // cast back to x's dtype *before* the multiply by w, as Megatron's RMSNorm does.
+namespace {
+
+// The ATen composition: the normalisation runs in float32 (float64 for float64 x) under native
+// autograd and is cast back to x's dtype *before* the multiply by w, as Megatron's RMSNorm does.
+at::Tensor reference_rms_norm(const at::Tensor& x, ParamHandle weight, at::Tensor w, double eps,
+                              bool grad_mode) {
   const at::Tensor xf = x.to(accum_dtype(x.scalar_type()));
   const at::Tensor xhat =
       (xf * at::rsqrt((xf * xf).mean({-1}, /*keepdim=*/true) + eps)).to(x.scalar_type());
-  at::Tensor w = weight.source->forward_weight(weight.index);
   WEFT_CHECK(w.dim() == 1 && x.size(-1) == w.size(0),
              "rms_norm: input [..., {}] does not match weight {} of shape [{}]", x.size(-1),
              weight.index, fmt::join(w.sizes(), ", "));
   if (!grad_mode) return xhat * w;
   auto anchor = grad_anchor(grad_mode, xhat, w);
   return ScaleFn::apply(xhat, anchor, WeightRef{std::move(w)}, weight);
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, ParamHandle weight, double eps) {
+  check_handle(weight);
+  const bool grad_mode = at::GradMode::is_enabled();
+  at::Tensor w = weight.source->forward_weight(weight.index);
+  if (fused::usable(x) && fused::rms_norm_supports(x.size(-1)) &&
+      w.scalar_type() == x.scalar_type() && w.dim() == 1 && w.size(0) == x.size(-1)) {
+    if (!grad_mode) return fused::rms_norm_forward(x, w, eps).first;
+    auto anchor = grad_anchor(grad_mode, x, w);
+    return RmsNormFn::apply(x, anchor, WeightRef{std::move(w)}, weight, eps);
+  }
+  return reference_rms_norm(x, weight, std::move(w), eps, grad_mode);
 }
 
 at::Tensor embedding(const at::Tensor& tokens, ParamHandle weight) {

@@ -26,6 +26,7 @@
 
 #include "weft/core/compat.h"
 #include "weft/core/error.h"
+#include "weft/model/fused.h"
 #include "weft/model/ops.h"
 
 namespace weft {
@@ -176,11 +177,19 @@ at::Tensor decoder_layer(const at::Tensor& x, const LayerHandles& w, const Rotar
   const at::Tensor qkv =
       ops::linear(ops::rms_norm(x, w.input_layernorm, cfg.norm_epsilon), w.linear_qkv)
           .view({b, s, ng, r + 2, hd});
-  at::Tensor q = qkv.narrow(3, 0, r).reshape({b, s, nh, hd}).transpose(1, 2);  // [b, nh, s, hd]
-  at::Tensor k = qkv.select(3, r).transpose(1, 2);                             // [b, ng, s, hd]
-  at::Tensor v = qkv.select(3, r + 1).transpose(1, 2);
-  q = apply_rotary(q, rope);
-  k = apply_rotary(k, rope);
+  at::Tensor q, k, v;  // [b, nh, s, hd], [b, ng, s, hd], [b, ng, s, hd]
+  if (fused::usable(qkv) && rope.cos.scalar_type() == qkv.scalar_type()) {
+    // One kernel: rotated q and k and a copy of v, each [b, s, heads, hd] contiguous.
+    auto [qr, kr, vr] =
+        fused::rope_qkv(qkv, rope.cos.narrow(0, 0, s), rope.sin.narrow(0, 0, s));
+    q = qr.transpose(1, 2);
+    k = kr.transpose(1, 2);
+    v = vr.transpose(1, 2);
+  } else {
+    q = apply_rotary(qkv.narrow(3, 0, r).reshape({b, s, nh, hd}).transpose(1, 2), rope);
+    k = apply_rotary(qkv.select(3, r).transpose(1, 2), rope);
+    v = qkv.select(3, r + 1).transpose(1, 2);
+  }
   const at::Tensor attn = compat::causal_attention_gqa(q, k, v)
                               .transpose(1, 2)
                               .reshape({b, s, nh * hd});
@@ -189,7 +198,9 @@ at::Tensor decoder_layer(const at::Tensor& x, const LayerHandles& w, const Rotar
   // SwiGLU MLP: fc1 rows [0, ffn) are the gate, [ffn, 2*ffn) the up projection.
   const at::Tensor fc1 =
       ops::linear(ops::rms_norm(hidden, w.pre_mlp_layernorm, cfg.norm_epsilon), w.linear_fc1);
-  const at::Tensor act = at::silu(fc1.narrow(-1, 0, ffn)) * fc1.narrow(-1, ffn, ffn);
+  const at::Tensor act = fused::usable(fc1)
+                             ? fused::swiglu(fc1)
+                             : at::silu(fc1.narrow(-1, 0, ffn)) * fc1.narrow(-1, ffn, ffn);
   return hidden + ops::linear(act, w.linear_fc2);
 }
 

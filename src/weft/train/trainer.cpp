@@ -111,6 +111,10 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   if (c.ckpt_step >= 0 && c.load.empty()) fail_usage("--ckpt-step needs --load DIR");
   if (c.exit_interval < 0) fail_usage("--exit-interval must be >= 0");
   if (c.exit_duration_mins < 0) fail_usage("--exit-duration-in-mins must be >= 0");
+  validate_profile_config(c.profile);
+  for (int r : c.profile.ranks)
+    if (c.profile.enabled && r >= world_size)
+      fail_usage("--profile-ranks: rank {} is outside the world of {} ranks", r, world_size);
 }
 
 Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
@@ -316,10 +320,16 @@ std::vector<IterationStats> Trainer::train() {
   auto old_int = std::signal(SIGINT, on_exit_signal);
   const auto start = std::chrono::steady_clock::now();
   std::vector<IterationStats> all;
+  IterationProfiler profiler(cfg_.profile, groups_.rank());
   bool exiting = false;
   while (iteration_ < cfg_.train_iters && !exiting) {
+    profiler.before_iteration(iteration_ + 1);
     IterationStats s = train_step();
     all.push_back(s);
+    const std::string trace = profiler.after_iteration(s.iteration);
+    if (!trace.empty() && !cfg_.quiet)
+      fmt::print("weft train: rank {} wrote the profile of iterations {}..{} to {}\n",
+                 groups_.rank(), cfg_.profile.step_start, s.iteration, trace);
     if (rank0 && !cfg_.quiet && (s.iteration % cfg_.log_interval == 0)) {
       fmt::print(
           " [{}] iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration "

@@ -26,6 +26,7 @@
 #include "weft/optim/lr_schedule.h"
 #include "weft/parallel/pipeline_stage.h"
 #include "weft/parallel/schedule.h"
+#include "weft/train/profiler.h"
 
 namespace weft {
 
@@ -54,6 +55,7 @@ struct TrainConfig {
   std::string strictness = "raise_all";  // --dist-ckpt-strictness
   int exit_interval = 0;        // --exit-interval N: save and exit when iteration % N == 0
   double exit_duration_mins = 0;  // --exit-duration-in-mins: save and exit after this long
+  ProfileConfig profile;        // --profile, --profile-step-start/-end, --profile-ranks, --profile-dir
 };
 
 // The whole config as JSON (stored in checkpoints) and the layout part of it.

@@ -1,0 +1,40 @@
+// The fused CUDA path of the decoder's elementwise chains (kernels.h), at the tensor level,
+// with autograd for the two that carry no weight (SwiGLU, rotary embedding of the fused QKV);
+// the RMSNorm scale has a ParamHandle and gets its autograd function in ops.cpp.
+//
+// usable(x) says whether a tensor takes the fused path: a CUDA build, fused kernels switched on
+// (set_enabled, default on; `weft train --no-fused-kernels` turns them off), x on a CUDA device
+// in float32 or bfloat16. Everything else (CPU, float64, libtorch without CUDA) runs the ATen
+// reference composition in transformer.cpp / ops.cpp, which the fused results are tested
+// against (tests/model/test_fused.cpp).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <utility>
+
+namespace weft::fused {
+
+bool compiled();             // built with the CUDA kernels
+bool enabled();              // compiled() and not switched off
+void set_enabled(bool on);
+bool usable(const at::Tensor& x);
+
+// RMSNorm with the weight w [h] in x's dtype: {y, rstd [rows] float32}.
+std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& w,
+                                                   double eps);
+// dx, and the weight gradient sum over rows of dy * xhat (float32 [h]) into *dw_sum.
+at::Tensor rms_norm_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                             const at::Tensor& rstd, at::Tensor* dw_sum);
+bool rms_norm_supports(int64_t hidden);
+
+// act = silu(fc1[..., :f]) * fc1[..., f:], with autograd.
+at::Tensor swiglu(const at::Tensor& fc1);
+
+// Rotary embedding of qkv [b, s, ng, r + 2, hd] with tables cos/sin [s, hd] (contiguous, x's
+// dtype), with autograd: {q [b, s, ng * r, hd], k [b, s, ng, hd], v [b, s, ng, hd]}.
+std::array<at::Tensor, 3> rope_qkv(const at::Tensor& qkv, const at::Tensor& cos,
+                                   const at::Tensor& sin);
+
+}  // namespace weft::fused

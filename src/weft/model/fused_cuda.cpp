@@ -1,0 +1,157 @@
+// Tensor-level wrappers of the fused CUDA kernels (see fused.h, kernels.h): shape and dtype
+// checks, output allocation, the device guard and the current stream. CUDA build only.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <array>
+#include <utility>
+#include <vector>
+
+#include "weft/core/error.h"
+#include "weft/model/kernels.h"
+
+namespace weft::fused {
+namespace {
+
+kernels::Elem elem_of(const at::Tensor& t) {
+  WEFT_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16,
+             "fused kernels take float32 or bfloat16, got {}", c10::toString(t.scalar_type()));
+  return t.scalar_type() == at::kBFloat16 ? kernels::Elem::kBF16 : kernels::Elem::kF32;
+}
+
+void* stream_of(const at::Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+}
+
+void check_launch(const std::string& err, const char* what) {
+  WEFT_CHECK(err.empty(), "fused kernel {}: {}", what, err);
+}
+
+void check_same(const at::Tensor& a, const at::Tensor& b, const char* what) {
+  WEFT_CHECK(a.scalar_type() == b.scalar_type() && a.device() == b.device(),
+             "{}: tensors disagree in dtype or device ({} on {} vs {} on {})", what,
+             c10::toString(a.scalar_type()), a.device().str(), c10::toString(b.scalar_type()),
+             b.device().str());
+}
+
+// A tensor viewed as [b, s, heads, hd] with a contiguous last dim, as the kernel's strides.
+kernels::Strided strided(const at::Tensor& t) {
+  WEFT_CHECK(t.dim() == 4 && t.stride(3) == 1, "rope backward: gradient must be 4-D with a "
+             "contiguous last dim");
+  return {t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+}  // namespace
+
+bool rms_norm_supports_impl(int64_t hidden) { return hidden <= kernels::rms_norm_max_hidden(); }
+
+std::pair<at::Tensor, at::Tensor> rms_norm_forward_impl(const at::Tensor& x, const at::Tensor& w,
+                                                        double eps) {
+  check_same(x, w, "rms_norm");
+  const int64_t h = x.size(-1);
+  WEFT_CHECK(w.numel() == h, "rms_norm: weight of {} elements for hidden {}", w.numel(), h);
+  c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous(), wc = w.contiguous();
+  const int64_t rows = h == 0 ? 0 : xc.numel() / h;
+  at::Tensor y = at::empty_like(xc);
+  at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+  check_launch(kernels::rms_norm_forward(elem_of(xc), xc.data_ptr(), wc.data_ptr(), y.data_ptr(),
+                                         rstd.data_ptr<float>(), rows, h,
+                                         static_cast<float>(eps), stream_of(xc)),
+               "rms_norm_forward");
+  return {y, rstd};
+}
+
+at::Tensor rms_norm_backward_impl(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                                  const at::Tensor& rstd, at::Tensor* dw_sum) {
+  check_same(x, w, "rms_norm backward");
+  check_same(x, dy, "rms_norm backward");
+  const int64_t h = x.size(-1);
+  c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous(), dyc = dy.contiguous(), wc = w.contiguous();
+  const int64_t rows = h == 0 ? 0 : xc.numel() / h;
+  at::Tensor dx = at::empty_like(xc);
+  at::Tensor partial =
+      at::empty({kernels::rms_norm_blocks(rows), h}, x.options().dtype(at::kFloat));
+  check_launch(kernels::rms_norm_backward(elem_of(xc), dyc.data_ptr(), xc.data_ptr(),
+                                          wc.data_ptr(), rstd.data_ptr<float>(), dx.data_ptr(),
+                                          partial.data_ptr<float>(), rows, h, stream_of(xc)),
+               "rms_norm_backward");
+  *dw_sum = rows == 0 ? at::zeros({h}, partial.options()) : partial.sum(0);
+  return dx;
+}
+
+at::Tensor swiglu_forward_impl(const at::Tensor& fc1) {
+  const int64_t two_f = fc1.size(-1);
+  WEFT_CHECK(two_f % 2 == 0, "swiglu: last dim {} is odd", two_f);
+  c10::cuda::CUDAGuard guard(fc1.device());
+  const at::Tensor in = fc1.contiguous();
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape.back() = two_f / 2;
+  at::Tensor act = at::empty(shape, in.options());
+  const int64_t rows = two_f == 0 ? 0 : in.numel() / two_f;
+  check_launch(kernels::swiglu_forward(elem_of(in), in.data_ptr(), act.data_ptr(), rows,
+                                       two_f / 2, stream_of(in)),
+               "swiglu_forward");
+  return act;
+}
+
+at::Tensor swiglu_backward_impl(const at::Tensor& dact, const at::Tensor& fc1) {
+  check_same(dact, fc1, "swiglu backward");
+  c10::cuda::CUDAGuard guard(fc1.device());
+  const at::Tensor in = fc1.contiguous(), d = dact.contiguous();
+  const int64_t two_f = in.size(-1), rows = two_f == 0 ? 0 : in.numel() / two_f;
+  at::Tensor dfc1 = at::empty_like(in);
+  check_launch(kernels::swiglu_backward(elem_of(in), d.data_ptr(), in.data_ptr(), dfc1.data_ptr(),
+                                        rows, two_f / 2, stream_of(in)),
+               "swiglu_backward");
+  return dfc1;
+}
+
+std::array<at::Tensor, 3> rope_forward_impl(const at::Tensor& qkv, const at::Tensor& cos,
+                                            const at::Tensor& sin) {
+  WEFT_CHECK(qkv.dim() == 5, "rope: qkv must be [b, s, ng, r + 2, hd]");
+  check_same(qkv, cos, "rope");
+  check_same(qkv, sin, "rope");
+  const kernels::RopeShape s{qkv.size(0), qkv.size(1), qkv.size(2), qkv.size(3) - 2, qkv.size(4)};
+  WEFT_CHECK(s.hd % 2 == 0 && s.r >= 1, "rope: bad qkv shape");
+  WEFT_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(0) >= s.s &&
+                 cos.size(1) == s.hd && sin.sizes() == cos.sizes(),
+             "rope: tables must be contiguous [>= {}, {}]", s.s, s.hd);
+  c10::cuda::CUDAGuard guard(qkv.device());
+  const at::Tensor in = qkv.contiguous();
+  at::Tensor q = at::empty({s.b, s.s, s.ng * s.r, s.hd}, in.options());
+  at::Tensor k = at::empty({s.b, s.s, s.ng, s.hd}, in.options());
+  at::Tensor v = at::empty({s.b, s.s, s.ng, s.hd}, in.options());
+  check_launch(kernels::rope_qkv_forward(elem_of(in), in.data_ptr(), cos.data_ptr(),
+                                         sin.data_ptr(), q.data_ptr(), k.data_ptr(),
+                                         v.data_ptr(), s, stream_of(in)),
+               "rope_qkv_forward");
+  return {q, k, v};
+}
+
+at::Tensor rope_backward_impl(const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
+                              const at::Tensor& cos, const at::Tensor& sin,
+                              at::IntArrayRef qkv_shape) {
+  const kernels::RopeShape s{qkv_shape[0], qkv_shape[1], qkv_shape[2], qkv_shape[3] - 2,
+                             qkv_shape[4]};
+  const at::TensorOptions opt = cos.options();
+  auto grad = [&](const at::Tensor& g, int64_t heads) {
+    at::Tensor t = g.defined() ? g : at::zeros({s.b, s.s, heads, s.hd}, opt);
+    check_same(t, cos, "rope backward");
+    return t.stride(3) == 1 ? t : t.contiguous();
+  };
+  const at::Tensor gq = grad(dq, s.ng * s.r), gk = grad(dk, s.ng), gv = grad(dv, s.ng);
+  c10::cuda::CUDAGuard guard(cos.device());
+  at::Tensor dqkv = at::empty(qkv_shape, opt);
+  check_launch(kernels::rope_qkv_backward(elem_of(cos), strided(gq), strided(gk), strided(gv),
+                                          cos.data_ptr(), sin.data_ptr(), dqkv.data_ptr(), s,
+                                          stream_of(cos)),
+               "rope_qkv_backward");
+  return dqkv;
+}
+
+}  // namespace weft::fused

@@ -1,0 +1,57 @@
+// Launchers of weft's fused CUDA kernels (kernels_cuda.cu), for the elementwise chains of the
+// decoder layer that ATen would run as many separate kernels: RMSNorm forward/backward,
+// SwiGLU forward/backward and rotary embedding of the fused QKV projection forward/backward.
+// Plain C++ (no CUDA headers): tensors are raw pointers of float (kF32) or bfloat16 (kBF16)
+// elements, `stream` is a cudaStream_t. Every kernel reads and writes in the element type and
+// computes in float32; each result is rounded once. All reductions run in a fixed order, so
+// results are bitwise reproducible (invariant 3). Callers (fused.cpp) check shapes, contiguity
+// and dtypes; each launcher returns an empty string or the CUDA error text.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace weft::kernels {
+
+enum class Elem { kF32, kBF16 };
+
+// y[r, :] = round(round(x[r, :] * rstd[r]) * w), rstd[r] = 1/sqrt(mean(x[r, :]^2) + eps).
+// The inner rounding is to the element type (xhat is cast back before the scale, as Megatron's
+// RMSNorm does). rstd is float32 [rows].
+std::string rms_norm_forward(Elem t, const void* x, const void* w, void* y, float* rstd,
+                             int64_t rows, int64_t h, float eps, void* stream);
+
+// Gradients of the above: dx [rows, h] (element type) and, per block of rows, the partial
+// weight gradient sum(dy * xhat) into dw_partial [rms_norm_blocks(rows), h] (float32), to be
+// summed over dim 0 by the caller. Needs h <= rms_norm_max_hidden().
+std::string rms_norm_backward(Elem t, const void* dy, const void* x, const void* w,
+                              const float* rstd, void* dx, float* dw_partial, int64_t rows,
+                              int64_t h, void* stream);
+int64_t rms_norm_blocks(int64_t rows);
+int64_t rms_norm_max_hidden();
+
+// act[r, c] = silu(fc1[r, c]) * fc1[r, f + c] for fc1 [rows, 2f], act [rows, f].
+std::string swiglu_forward(Elem t, const void* fc1, void* act, int64_t rows, int64_t f,
+                           void* stream);
+// dfc1 [rows, 2f] from dact [rows, f] and fc1.
+std::string swiglu_backward(Elem t, const void* dact, const void* fc1, void* dfc1, int64_t rows,
+                            int64_t f, void* stream);
+
+// Rotary embedding (rotate-half) of the fused QKV output qkv [b, s, ng, r + 2, hd] (per group:
+// r query heads, one key head, one value head): q [b, s, ng * r, hd] and k [b, s, ng, hd]
+// rotated with the tables cos/sin [>= s, hd] (element type), v [b, s, ng, hd] copied.
+struct RopeShape {
+  int64_t b, s, ng, r, hd;
+};
+std::string rope_qkv_forward(Elem t, const void* qkv, const void* cos, const void* sin, void* q,
+                             void* k, void* v, RopeShape shape, void* stream);
+// dqkv [b, s, ng, r + 2, hd] (contiguous) from dq [b, s, ng * r, hd], dk and dv [b, s, ng, hd],
+// each given with its strides in elements for (b, s, head); the head dim must be contiguous.
+struct Strided {
+  const void* data;
+  int64_t sb, ss, sh;
+};
+std::string rope_qkv_backward(Elem t, Strided dq, Strided dk, Strided dv, const void* cos,
+                              const void* sin, void* dqkv, RopeShape shape, void* stream);
+
+}  // namespace weft::kernels

@@ -1,0 +1,79 @@
+// Iteration profiler (see profiler.h): flag checks and the start/stop window; the Kineto calls
+// live in profiler_cuda.cpp, built only with the CUDA path.
+#include "weft/train/profiler.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fmt/format.h>
+
+#include "weft/core/error.h"
+
+namespace weft {
+
+#if defined(WEFT_WITH_CUDA)
+void kineto_start();
+void kineto_stop_and_save(const std::string& path);  // empty path: discard
+#endif
+
+bool profiler_available() {
+#if defined(WEFT_WITH_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+void validate_profile_config(const ProfileConfig& p) {
+  if (!p.enabled) return;
+  if (!profiler_available())
+    fail_usage("--profile needs the CUDA build of weft (the Kineto profiler is not part of this "
+               "CPU-only libtorch)");
+  if (p.step_start < 1) fail_usage("--profile-step-start must be >= 1 (got {})", p.step_start);
+  if (p.step_end < p.step_start)
+    fail_usage("--profile-step-end ({}) must be >= --profile-step-start ({})", p.step_end,
+               p.step_start);
+  if (p.dir.empty()) fail_usage("--profile-dir must not be empty");
+  for (int r : p.ranks)
+    if (r < 0) fail_usage("--profile-ranks: rank {} is negative", r);
+}
+
+IterationProfiler::IterationProfiler(const ProfileConfig& cfg, int rank) : cfg_(cfg), rank_(rank) {
+  active_ = cfg.enabled && std::find(cfg.ranks.begin(), cfg.ranks.end(), rank) != cfg.ranks.end();
+  if (active_) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.dir, ec);
+    if (ec) fail_usage("--profile-dir {}: {}", cfg.dir, ec.message());
+  }
+}
+
+IterationProfiler::~IterationProfiler() {
+#if defined(WEFT_WITH_CUDA)
+  if (running_) {
+    try {
+      kineto_stop_and_save("");
+    } catch (...) {
+    }
+  }
+#endif
+}
+
+void IterationProfiler::before_iteration(int iteration) {
+  if (!active_ || running_ || iteration != cfg_.step_start) return;
+#if defined(WEFT_WITH_CUDA)
+  kineto_start();
+  running_ = true;
+#endif
+}
+
+std::string IterationProfiler::after_iteration(int iteration) {
+  if (!running_ || iteration < cfg_.step_end) return {};
+  running_ = false;
+  std::string path;
+#if defined(WEFT_WITH_CUDA)
+  path = (std::filesystem::path(cfg_.dir) / fmt::format("trace_rank{}.json", rank_)).string();
+  kineto_stop_and_save(path);
+#endif
+  return path;
+}
+
+}  // namespace weft

@@ -1,0 +1,48 @@
+// Traces of chosen iterations through PyTorch's Kineto profiler (`weft train --profile`): the
+// CPU-side ATen ops and every CUDA kernel, memcpy and memset of iterations
+// [--profile-step-start, --profile-step-end] on the ranks of --profile-ranks, written as
+// Chrome-trace JSON (chrome://tracing, ui.perfetto.dev) to <--profile-dir>/trace_rank<R>.json.
+// bench/gpu/trace_summary.py sums a trace's kernel time by kind.
+//
+// Kineto is reached only in the CUDA build (profiler_cuda.cpp): Debian's CPU libtorch 1.13 is
+// built without it, so a CPU build refuses --profile with a clear message (profiler_available()).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace weft {
+
+struct ProfileConfig {
+  bool enabled = false;        // --profile
+  int step_start = 10;         // --profile-step-start: first traced iteration (1-based)
+  int step_end = 12;           // --profile-step-end: last traced iteration
+  std::vector<int> ranks{0};   // --profile-ranks
+  std::string dir = "profile"; // --profile-dir
+};
+
+// Whether this build can trace (the Kineto profiler of the CUDA build).
+bool profiler_available();
+// Throws UsageError naming the flag for an unusable profile request. Local: no collectives.
+void validate_profile_config(const ProfileConfig& p);
+
+class IterationProfiler {
+ public:
+  IterationProfiler(const ProfileConfig& cfg, int rank);
+  ~IterationProfiler();  // a trace still running is stopped and discarded
+  IterationProfiler(const IterationProfiler&) = delete;
+  IterationProfiler& operator=(const IterationProfiler&) = delete;
+
+  void before_iteration(int iteration);  // starts tracing at step_start
+  // Stops at step_end, writes the trace and returns its path (empty otherwise).
+  std::string after_iteration(int iteration);
+
+ private:
+  ProfileConfig cfg_;
+  int rank_ = 0;
+  bool active_ = false;  // this rank traces
+  bool running_ = false;
+};
+
+}  // namespace weft
