@@ -67,6 +67,7 @@
 #include "weft/checkpoint/safetensors.h"
 #include "weft/comm/communicator.h"
 #include "weft/core/error.h"
+#include "weft/core/remove_tree.h"
 #include "weft/train/trainer.h"
 
 namespace {
@@ -266,7 +267,7 @@ SavePhases save_phases(weft::Trainer& t, const std::string& dir) {
   const int rank = world_rank();
   const std::string out = dir + "/phases";
   if (rank == 0) {
-    fs::remove_all(out);
+    (void)weft::remove_tree(out);
     fs::create_directories(out);
   }
   barrier();
@@ -368,7 +369,7 @@ SavePhases save_phases(weft::Trainer& t, const std::string& dir) {
     }
   });
   barrier();
-  if (rank == 0) fs::remove_all(out);
+  if (rank == 0) (void)weft::remove_tree(out);
   return p;
 }
 
@@ -619,8 +620,8 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
   const std::string warm_path = dir + "/" + fmt::format("prewarm_{:05d}.bin", rank);
   if (rank == 0) {
     fs::create_directories(dir);
-    fs::remove_all(save_dir);
-    fs::remove_all(dir + "/phases");
+    (void)weft::remove_tree(save_dir);
+    (void)weft::remove_tree(dir + "/phases");
   }
   barrier();
 
@@ -702,7 +703,7 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
       std::getline(la, s.loadavg);
     }
     auto checkpoint_round = [&] {
-      if (rank == 0) fs::remove_all(save_dir);  // so the save never times removing an old one
+      if (rank == 0) (void)weft::remove_tree(save_dir);  // so the save never times removing an old one
       barrier();
       warm(last_save_bytes / world);
       Op& save = s.op[kSave];
@@ -823,7 +824,7 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
   }
   barrier();
   if (rank == 0 && !keep) {
-    fs::remove_all(save_dir);
+    (void)weft::remove_tree(save_dir);
     std::error_code ec;
     fs::remove(dir, ec);  // only if now empty
   }

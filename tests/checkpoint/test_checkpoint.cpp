@@ -17,6 +17,7 @@
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/checkpoint/format.h"
 #include "weft/core/error.h"
+#include "weft/core/remove_tree.h"
 
 namespace weft {
 namespace {
@@ -138,7 +139,7 @@ TEST_P(Restart, BitwiseOnSameLayout) {
     run_job(r, l.world, false, nullptr, nullptr,
             [](Trainer& t, const ProcessGroups&) { t.save(); });
     EXPECT_EQ(diff_checkpoints(dir + "/b/iter_0000002", dir + "/c/iter_0000002"), "");
-    if (test::world_rank() == 0) fs::remove_all(dir);
+    if (test::world_rank() == 0) (void)weft::remove_tree(dir);
   }
 }
 
@@ -175,7 +176,7 @@ TEST(Reshard, AnyLayoutResume) {
       }
     }
   }
-  if (test::world_rank() == 0) fs::remove_all(dir);
+  if (test::world_rank() == 0) (void)weft::remove_tree(dir);
 }
 
 // Runs a load of `dir` with config `c` on `world` ranks; returns the error every member saw.
@@ -259,7 +260,7 @@ TEST(Refusals, EachWithItsOwnMessage) {
   TrainConfig step = c;
   step.ckpt_step = 7;
   expect_refused(load_error(step, 2, good), "iter_0000007/metadata.json: not found");
-  if (test::world_rank() == 0) fs::remove_all(dir);
+  if (test::world_rank() == 0) (void)weft::remove_tree(dir);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "weft/checkpoint/format.h"
 #include "weft/checkpoint/safetensors.h"
 #include "weft/core/error.h"
+#include "weft/core/remove_tree.h"
 #include "weft/core/fault.h"
 #include "weft/parallel/grad_access.h"
 
@@ -204,14 +205,14 @@ Status commit(const SaveRequest& req, const std::vector<std::string>& chunk_list
   std::error_code ec;
   const std::string old = final_dir + ".old";
   if (fs::exists(final_dir)) {
-    fs::remove_all(old, ec);
+    if (Status s = remove_tree(old); !s) return s;
     fs::rename(final_dir, old, ec);
     if (ec) return Status::error(fmt::format("{}: cannot move aside: {}", final_dir, ec.message()));
   }
   fs::rename(tmp, final_dir, ec);
   if (ec) return Status::error(fmt::format("{}: rename to {} failed: {}", tmp, final_dir, ec.message()));
   if (Status s = fsync_dir(req.dir); !s) return s;
-  fs::remove_all(old, ec);
+  (void)remove_tree(old);  // the new iteration is committed; a leftover .old is harmless
   const std::string tracker = req.dir + "/" + kTrackerFile;
   if (Status s = write_text_file_synced(tracker + ".tmp", fmt::format("{}\n", req.iteration)); !s)
     return s;
@@ -233,9 +234,10 @@ void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, Sharded
   if (rank == 0) {
     std::error_code ec;
     fs::create_directories(req.dir, ec);
-    if (!ec) fs::remove_all(tmp, ec);
-    if (!ec) fs::create_directory(tmp, ec);
-    if (ec) st = Status::error(fmt::format("--save {}: cannot create {}: {}", req.dir, tmp, ec.message()));
+    if (Status s = remove_tree(tmp); !s)
+      st = Status::error(fmt::format("--save {}: {}", req.dir, s.message()));
+    else if (!ec) fs::create_directory(tmp, ec);
+    if (st && ec) st = Status::error(fmt::format("--save {}: cannot create {}: {}", req.dir, tmp, ec.message()));
   }
   if (Status s = agree(world, st); !s) fail("checkpoint save failed: {}", s.message());
 
@@ -279,19 +281,13 @@ void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, Sharded
   auto pgroups = all_gather_strings(world, req.local_param_groups.dump());
   if (Status s = agree(world, st ? st : Status::error(fmt::format("rank {}: {}", rank, st.message())));
       !s) {
-    if (rank == 0) {
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-    }
+    if (rank == 0) (void)remove_tree(tmp);
     fail("checkpoint save failed, nothing was listed: {}", s.message());
   }
   fault_point("checkpoint.before_commit", rank, req.iteration);
   st = rank == 0 ? commit(req, lists, rngs, pgroups) : Status::ok();
   if (Status s = agree(world, st); !s) {
-    if (rank == 0) {
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-    }
+    if (rank == 0) (void)remove_tree(tmp);
     fail("checkpoint save failed, nothing was listed: {}", s.message());
   }
 }

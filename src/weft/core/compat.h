@@ -82,25 +82,31 @@ inline at::Tensor causal_attention_gqa(const at::Tensor& q, const at::Tensor& k,
 }
 
 // One fused AdamW step (decoupled weight decay, bias correction for step `step`) over lists of
-// float32 CUDA tensors: params, grads and both moments updated in one kernel per chunk.
+// float32 CUDA tensors: params, grads and both moments updated in one kernel per chunk. The
+// gradients enter multiplied by `grad_multiplier` (gradient clipping, without a separate pass).
 // Returns false where the fused kernel is unavailable (torch < 2.x or not CUDA): the caller
 // then runs its own unfused update.
 inline bool fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                         const std::vector<at::Tensor>& exp_avgs,
                         const std::vector<at::Tensor>& exp_avg_sqs, double lr, double beta1,
-                        double beta2, double weight_decay, double eps, int64_t step) {
+                        double beta2, double weight_decay, double eps, int64_t step,
+                        double grad_multiplier = 1.0) {
 #if TORCH_VERSION_MAJOR >= 2
   if (params.empty()) return true;
   if (!params[0].is_cuda()) return false;
   at::Tensor step_t = at::full({}, static_cast<double>(step), params[0].options());
   std::vector<at::Tensor> steps(params.size(), step_t);
+  // The kernel divides each gradient by grad_scale (AMP's unscale); clipping multiplies.
+  c10::optional<at::Tensor> grad_scale;
+  if (grad_multiplier != 1.0)
+    grad_scale = at::full({}, 1.0 / grad_multiplier, params[0].options().dtype(at::kFloat));
   at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, {}, steps, lr, beta1, beta2,
-                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, c10::nullopt,
+                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, grad_scale,
                     c10::nullopt);
   return true;
 #else
   (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)lr, (void)beta1;
-  (void)beta2, (void)weight_decay, (void)eps, (void)step;
+  (void)beta2, (void)weight_decay, (void)eps, (void)step, (void)grad_multiplier;
   return false;
 #endif
 }

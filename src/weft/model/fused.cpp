@@ -24,6 +24,10 @@ std::array<at::Tensor, 3> rope_forward_impl(const at::Tensor& qkv, const at::Ten
 at::Tensor rope_backward_impl(const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
                               const at::Tensor& cos, const at::Tensor& sin,
                               at::IntArrayRef qkv_shape);
+std::pair<at::Tensor, at::Tensor> cross_entropy_forward_impl(const at::Tensor& logits,
+                                                             const at::Tensor& labels);
+at::Tensor cross_entropy_backward_impl(const at::Tensor& logits, const at::Tensor& labels,
+                                       const at::Tensor& lse, const at::Tensor& grad);
 #endif
 
 namespace {
@@ -83,6 +87,29 @@ struct RopeQkvFn : Function<RopeQkvFn> {
   }
 };
 
+struct CrossEntropyFn : Function<CrossEntropyFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
+                            const at::Tensor& labels) {
+#if defined(WEFT_WITH_CUDA)
+    auto [loss_rows, lse] = cross_entropy_forward_impl(logits, labels);
+    ctx->save_for_backward({logits, labels, lse});
+    return loss_rows.sum();
+#else
+    (void)ctx, (void)logits, (void)labels;
+    not_compiled();
+#endif
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+#if defined(WEFT_WITH_CUDA)
+    return {cross_entropy_backward_impl(saved[0], saved[1], saved[2], grads[0]), at::Tensor()};
+#else
+    (void)saved, (void)grads;
+    not_compiled();
+#endif
+  }
+};
+
 }  // namespace
 
 bool compiled() {
@@ -131,6 +158,10 @@ at::Tensor rms_norm_backward(const at::Tensor& dy, const at::Tensor& x, const at
 }
 
 at::Tensor swiglu(const at::Tensor& fc1) { return SwiGluFn::apply(fc1); }
+
+at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels) {
+  return CrossEntropyFn::apply(logits, labels);
+}
 
 std::array<at::Tensor, 3> rope_qkv(const at::Tensor& qkv, const at::Tensor& cos,
                                    const at::Tensor& sin) {

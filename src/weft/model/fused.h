@@ -37,4 +37,8 @@ at::Tensor swiglu(const at::Tensor& fc1);
 std::array<at::Tensor, 3> rope_qkv(const at::Tensor& qkv, const at::Tensor& cos,
                                    const at::Tensor& sin);
 
+// Sum over rows of the cross-entropy of logits [rows, v] against labels [rows] (int64, -100 =
+// ignored), float32 0-dim, with autograd; the log-softmax is never materialised.
+at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels);
+
 }  // namespace weft::fused

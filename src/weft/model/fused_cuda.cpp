@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <array>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -37,6 +38,13 @@ void check_same(const at::Tensor& a, const at::Tensor& b, const char* what) {
              b.device().str());
 }
 
+// x as a contiguous tensor whose data is 16-byte aligned (the kernels' vector accesses need it;
+// a fresh allocation always is, a view with an odd offset is copied).
+at::Tensor aligned(const at::Tensor& x) {
+  at::Tensor c = x.contiguous();
+  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+}
+
 // A tensor viewed as [b, s, heads, hd] with a contiguous last dim, as the kernel's strides.
 kernels::Strided strided(const at::Tensor& t) {
   WEFT_CHECK(t.dim() == 4 && t.stride(3) == 1, "rope backward: gradient must be 4-D with a "
@@ -54,7 +62,7 @@ std::pair<at::Tensor, at::Tensor> rms_norm_forward_impl(const at::Tensor& x, con
   const int64_t h = x.size(-1);
   WEFT_CHECK(w.numel() == h, "rms_norm: weight of {} elements for hidden {}", w.numel(), h);
   c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor xc = x.contiguous(), wc = w.contiguous();
+  const at::Tensor xc = aligned(x), wc = aligned(w);
   const int64_t rows = h == 0 ? 0 : xc.numel() / h;
   at::Tensor y = at::empty_like(xc);
   at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
@@ -71,7 +79,7 @@ at::Tensor rms_norm_backward_impl(const at::Tensor& dy, const at::Tensor& x, con
   check_same(x, dy, "rms_norm backward");
   const int64_t h = x.size(-1);
   c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor xc = x.contiguous(), dyc = dy.contiguous(), wc = w.contiguous();
+  const at::Tensor xc = aligned(x), dyc = aligned(dy), wc = aligned(w);
   const int64_t rows = h == 0 ? 0 : xc.numel() / h;
   at::Tensor dx = at::empty_like(xc);
   at::Tensor partial =
@@ -88,7 +96,7 @@ at::Tensor swiglu_forward_impl(const at::Tensor& fc1) {
   const int64_t two_f = fc1.size(-1);
   WEFT_CHECK(two_f % 2 == 0, "swiglu: last dim {} is odd", two_f);
   c10::cuda::CUDAGuard guard(fc1.device());
-  const at::Tensor in = fc1.contiguous();
+  const at::Tensor in = aligned(fc1);
   std::vector<int64_t> shape = in.sizes().vec();
   shape.back() = two_f / 2;
   at::Tensor act = at::empty(shape, in.options());
@@ -102,7 +110,7 @@ at::Tensor swiglu_forward_impl(const at::Tensor& fc1) {
 at::Tensor swiglu_backward_impl(const at::Tensor& dact, const at::Tensor& fc1) {
   check_same(dact, fc1, "swiglu backward");
   c10::cuda::CUDAGuard guard(fc1.device());
-  const at::Tensor in = fc1.contiguous(), d = dact.contiguous();
+  const at::Tensor in = aligned(fc1), d = aligned(dact);
   const int64_t two_f = in.size(-1), rows = two_f == 0 ? 0 : in.numel() / two_f;
   at::Tensor dfc1 = at::empty_like(in);
   check_launch(kernels::swiglu_backward(elem_of(in), d.data_ptr(), in.data_ptr(), dfc1.data_ptr(),
@@ -118,11 +126,13 @@ std::array<at::Tensor, 3> rope_forward_impl(const at::Tensor& qkv, const at::Ten
   check_same(qkv, sin, "rope");
   const kernels::RopeShape s{qkv.size(0), qkv.size(1), qkv.size(2), qkv.size(3) - 2, qkv.size(4)};
   WEFT_CHECK(s.hd % 2 == 0 && s.r >= 1, "rope: bad qkv shape");
-  WEFT_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(0) >= s.s &&
+  WEFT_CHECK(cos.is_contiguous() && sin.is_contiguous() &&
+                 reinterpret_cast<uintptr_t>(cos.data_ptr()) % 16 == 0 &&
+                 reinterpret_cast<uintptr_t>(sin.data_ptr()) % 16 == 0 && cos.size(0) >= s.s &&
                  cos.size(1) == s.hd && sin.sizes() == cos.sizes(),
              "rope: tables must be contiguous [>= {}, {}]", s.s, s.hd);
   c10::cuda::CUDAGuard guard(qkv.device());
-  const at::Tensor in = qkv.contiguous();
+  const at::Tensor in = aligned(qkv);
   at::Tensor q = at::empty({s.b, s.s, s.ng * s.r, s.hd}, in.options());
   at::Tensor k = at::empty({s.b, s.s, s.ng, s.hd}, in.options());
   at::Tensor v = at::empty({s.b, s.s, s.ng, s.hd}, in.options());
@@ -142,7 +152,8 @@ at::Tensor rope_backward_impl(const at::Tensor& dq, const at::Tensor& dk, const 
   auto grad = [&](const at::Tensor& g, int64_t heads) {
     at::Tensor t = g.defined() ? g : at::zeros({s.b, s.s, heads, s.hd}, opt);
     check_same(t, cos, "rope backward");
-    return t.stride(3) == 1 ? t : t.contiguous();
+    const bool ok = t.stride(3) == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+    return ok ? t : t.clone(at::MemoryFormat::Contiguous);
   };
   const at::Tensor gq = grad(dq, s.ng * s.r), gk = grad(dk, s.ng), gv = grad(dv, s.ng);
   c10::cuda::CUDAGuard guard(cos.device());
@@ -152,6 +163,36 @@ at::Tensor rope_backward_impl(const at::Tensor& dq, const at::Tensor& dk, const 
                                           stream_of(cos)),
                "rope_qkv_backward");
   return dqkv;
+}
+
+std::pair<at::Tensor, at::Tensor> cross_entropy_forward_impl(const at::Tensor& logits,
+                                                             const at::Tensor& labels) {
+  WEFT_CHECK(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0) &&
+                 labels.scalar_type() == at::kLong && labels.device() == logits.device(),
+             "cross_entropy: logits [rows, v] and int64 labels [rows] on one device expected");
+  c10::cuda::CUDAGuard guard(logits.device());
+  const at::Tensor x = aligned(logits), y = labels.contiguous();
+  const int64_t rows = x.size(0), v = x.size(1);
+  const auto f32 = x.options().dtype(at::kFloat);
+  at::Tensor loss = at::empty({rows}, f32), lse = at::empty({rows}, f32);
+  check_launch(kernels::cross_entropy_forward(elem_of(x), x.data_ptr(), y.data_ptr<int64_t>(),
+                                              loss.data_ptr<float>(), lse.data_ptr<float>(), rows,
+                                              v, stream_of(x)),
+               "cross_entropy_forward");
+  return {loss, lse};
+}
+
+at::Tensor cross_entropy_backward_impl(const at::Tensor& logits, const at::Tensor& labels,
+                                       const at::Tensor& lse, const at::Tensor& grad) {
+  c10::cuda::CUDAGuard guard(logits.device());
+  const at::Tensor x = aligned(logits), y = labels.contiguous();
+  const at::Tensor g = grad.to(at::kFloat).contiguous();
+  at::Tensor dx = at::empty_like(x);
+  check_launch(kernels::cross_entropy_backward(elem_of(x), x.data_ptr(), y.data_ptr<int64_t>(),
+                                               lse.data_ptr<float>(), g.data_ptr<float>(),
+                                               dx.data_ptr(), x.size(0), x.size(1), stream_of(x)),
+               "cross_entropy_backward");
+  return dx;
 }
 
 }  // namespace weft::fused

@@ -54,4 +54,15 @@ struct Strided {
 std::string rope_qkv_backward(Elem t, Strided dq, Strided dk, Strided dv, const void* cos,
                               const void* sin, void* dqkv, RopeShape shape, void* stream);
 
+// Cross-entropy of logits [rows, v] against labels [rows] (int64; -100 marks an ignored row, as
+// in ATen's nll_loss): per-row loss logsumexp - logit[label] (0 where ignored) and the row's
+// logsumexp, both float32 [rows]. One read of the logits (online max and sum of exponentials).
+std::string cross_entropy_forward(Elem t, const void* logits, const int64_t* labels, float* loss,
+                                  float* lse, int64_t rows, int64_t v, void* stream);
+// dlogits = g * (softmax(logits) - onehot(label)) (0 on ignored rows), with the scalar g read
+// from device memory (no host synchronisation).
+std::string cross_entropy_backward(Elem t, const void* logits, const int64_t* labels,
+                                   const float* lse, const float* g, void* dlogits, int64_t rows,
+                                   int64_t v, void* stream);
+
 }  // namespace weft::kernels

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "weft/model/kernels.h"
 
@@ -60,142 +61,300 @@ __device__ __forceinline__ int64_t grid_stride() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
 }
 
+// Vectors of N elements moved with one 16-byte (or, for N = 1, one scalar) access. The host
+// picks N from the shapes alone (16 bytes when every row, half head and stride divides evenly,
+// else 1) and makes sure the pointers are 16-byte aligned, so the arithmetic order, and so the
+// rounding, depends only on the shapes (invariant 3).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ void vload(const T* p, float (&out)[N]) {
+  const Vec<T, N> raw = *reinterpret_cast<const Vec<T, N>*>(p);
+#pragma unroll
+  for (int k = 0; k < N; ++k) out[k] = ld(&raw.v[k]);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void vstore(T* p, const float (&in)[N]) {
+  Vec<T, N> raw;
+#pragma unroll
+  for (int k = 0; k < N; ++k) st(&raw.v[k], in[k]);
+  *reinterpret_cast<Vec<T, N>*>(p) = raw;
+}
+
 // --- RMSNorm ------------------------------------------------------------------------------------
 
-template <typename T>
+template <typename T, int N>
 __global__ void rms_fwd_kernel(const T* x, const T* w, T* y, float* rstd, int64_t h, float eps) {
   __shared__ float smem[32];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * h;
   T* yr = y + row * h;
   float ss = 0.f;
-  for (int64_t i = threadIdx.x; i < h; i += blockDim.x) {
-    const float v = ld(xr + i);
-    ss += v * v;
+  for (int64_t c = threadIdx.x * N; c < h; c += blockDim.x * N) {
+    float v[N];
+    vload<T, N>(xr + c, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) ss += v[k] * v[k];
   }
   ss = block_sum(ss, smem);
   const float r = rsqrtf(ss / static_cast<float>(h) + eps);
   if (threadIdx.x == 0) rstd[row] = r;
-  for (int64_t i = threadIdx.x; i < h; i += blockDim.x)
-    st(yr + i, rounded(ld(xr + i) * r, xr) * ld(w + i));
+  for (int64_t c = threadIdx.x * N; c < h; c += blockDim.x * N) {
+    float v[N], wv[N], o[N];
+    vload<T, N>(xr + c, v);
+    vload<T, N>(w + c, wv);
+#pragma unroll
+    for (int k = 0; k < N; ++k) o[k] = rounded(v[k] * r, xr) * wv[k];
+    vstore<T, N>(yr + c, o);
+  }
 }
 
-// One block walks a contiguous range of rows; each thread owns the columns i = tid + k*blockDim
-// for all of them, so its weight-gradient accumulators in shared memory are private to it.
-template <typename T>
+// One block walks a contiguous range of rows; each thread owns the same columns in every row,
+// so its weight-gradient accumulators in shared memory are private to it.
+template <typename T, int N>
 __global__ void rms_bwd_kernel(const T* dy, const T* x, const T* w, const float* rstd, T* dx,
                                float* dw_partial, int64_t rows, int64_t h, int64_t per_block) {
   extern __shared__ float dw[];
   __shared__ float smem[32];
   for (int64_t i = threadIdx.x; i < h; i += blockDim.x) dw[i] = 0.f;
+  __syncthreads();
   const int64_t r0 = blockIdx.x * per_block, r1 = r0 + per_block < rows ? r0 + per_block : rows;
   for (int64_t row = r0; row < r1; ++row) {
     const T* dyr = dy + row * h;
     const T* xr = x + row * h;
     const float r = rstd[row];
     float dot = 0.f;
-    for (int64_t i = threadIdx.x; i < h; i += blockDim.x) dot += ld(dyr + i) * ld(w + i) * (ld(xr + i) * r);
+    for (int64_t c = threadIdx.x * N; c < h; c += blockDim.x * N) {
+      float d[N], xv[N], wv[N];
+      vload<T, N>(dyr + c, d);
+      vload<T, N>(xr + c, xv);
+      vload<T, N>(w + c, wv);
+#pragma unroll
+      for (int k = 0; k < N; ++k) dot += d[k] * wv[k] * (xv[k] * r);
+    }
     dot = block_sum(dot, smem) / static_cast<float>(h);
     T* dxr = dx + row * h;
-    for (int64_t i = threadIdx.x; i < h; i += blockDim.x) {
-      const float d = ld(dyr + i), xh = ld(xr + i) * r;
-      st(dxr + i, r * (d * ld(w + i) - xh * dot));
-      dw[i] += d * rounded(xh, xr);
+    for (int64_t c = threadIdx.x * N; c < h; c += blockDim.x * N) {
+      float d[N], xv[N], wv[N], o[N];
+      vload<T, N>(dyr + c, d);
+      vload<T, N>(xr + c, xv);
+      vload<T, N>(w + c, wv);
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const float xh = xv[k] * r;
+        o[k] = r * (d[k] * wv[k] - xh * dot);
+        dw[c + k] += d[k] * rounded(xh, xr);
+      }
+      vstore<T, N>(dxr + c, o);
     }
   }
+  __syncthreads();
   for (int64_t i = threadIdx.x; i < h; i += blockDim.x) dw_partial[blockIdx.x * h + i] = dw[i];
 }
 
 // --- SwiGLU -------------------------------------------------------------------------------------
 
-template <typename T>
+template <typename T, int N>
 __global__ void swiglu_fwd_kernel(const T* fc1, T* act, int64_t rows, int64_t f) {
-  const int64_t n = rows * f;
+  const int64_t fv = f / N, n = rows * fv;
   for (int64_t i = global_index(); i < n; i += grid_stride()) {
-    const int64_t r = i / f, c = i - r * f;
-    const float g = ld(fc1 + r * 2 * f + c), u = ld(fc1 + r * 2 * f + f + c);
-    st(act + i, g / (1.f + expf(-g)) * u);
+    const int64_t r = i / fv, c = (i - r * fv) * N;
+    float g[N], u[N], o[N];
+    vload<T, N>(fc1 + r * 2 * f + c, g);
+    vload<T, N>(fc1 + r * 2 * f + f + c, u);
+#pragma unroll
+    for (int k = 0; k < N; ++k) o[k] = g[k] / (1.f + expf(-g[k])) * u[k];
+    vstore<T, N>(act + r * f + c, o);
   }
 }
 
-template <typename T>
+template <typename T, int N>
 __global__ void swiglu_bwd_kernel(const T* dact, const T* fc1, T* dfc1, int64_t rows, int64_t f) {
-  const int64_t n = rows * f;
+  const int64_t fv = f / N, n = rows * fv;
   for (int64_t i = global_index(); i < n; i += grid_stride()) {
-    const int64_t r = i / f, c = i - r * f;
-    const float g = ld(fc1 + r * 2 * f + c), u = ld(fc1 + r * 2 * f + f + c), d = ld(dact + i);
-    const float s = 1.f / (1.f + expf(-g));
-    st(dfc1 + r * 2 * f + c, d * u * (s * (1.f + g * (1.f - s))));
-    st(dfc1 + r * 2 * f + f + c, d * g * s);
+    const int64_t r = i / fv, c = (i - r * fv) * N;
+    float g[N], u[N], d[N], dg[N], du[N];
+    vload<T, N>(fc1 + r * 2 * f + c, g);
+    vload<T, N>(fc1 + r * 2 * f + f + c, u);
+    vload<T, N>(dact + r * f + c, d);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float s = 1.f / (1.f + expf(-g[k]));
+      dg[k] = d[k] * u[k] * (s * (1.f + g[k] * (1.f - s)));
+      du[k] = d[k] * g[k] * s;
+    }
+    vstore<T, N>(dfc1 + r * 2 * f + c, dg);
+    vstore<T, N>(dfc1 + r * 2 * f + f + c, du);
+  }
+}
+
+// --- cross-entropy ------------------------------------------------------------------------------
+
+constexpr int kCeThreads = 512;
+constexpr int64_t kIgnoreIndex = -100;
+
+// Merges a (max, sum of exp(x - max)) pair into another; an empty pair has s == 0. Symmetric,
+// so both partners of a butterfly shuffle get the same bits.
+__device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2) {
+  if (s2 == 0.f) return;
+  if (s == 0.f) {
+    m = m2;
+    s = s2;
+    return;
+  }
+  const float mx = fmaxf(m, m2);
+  s = s * expf(m - mx) + s2 * expf(m2 - mx);
+  m = mx;
+}
+
+__device__ void block_max_sum(float& m, float& s, float* sm, float* ss) {
+  for (int o = 16; o > 0; o >>= 1)
+    ms_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    sm[warp] = m;
+    ss[warp] = s;
+  }
+  __syncthreads();
+  if (lane < static_cast<int>(blockDim.x / 32)) {
+    m = sm[lane];
+    s = ss[lane];
+  } else {
+    m = -INFINITY;
+    s = 0.f;
+  }
+  for (int o = 16; o > 0; o >>= 1)
+    ms_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+}
+
+template <typename T, int N>
+__global__ void ce_fwd_kernel(const T* logits, const int64_t* labels, float* loss, float* lse,
+                              int64_t v) {
+  __shared__ float sm[32], ss[32];
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * v;
+  float m = -INFINITY, s = 0.f;
+  for (int64_t c = threadIdx.x * N; c < v; c += blockDim.x * N) {
+    float e[N];
+    vload<T, N>(x + c, e);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      if (e[k] > m) {
+        s = s * expf(m - e[k]) + 1.f;
+        m = e[k];
+      } else {
+        s += expf(e[k] - m);
+      }
+    }
+  }
+  block_max_sum(m, s, sm, ss);
+  if (threadIdx.x == 0) {
+    const float l = m + logf(s);
+    lse[row] = l;
+    const int64_t y = labels[row];
+    loss[row] = y == kIgnoreIndex ? 0.f : (y >= 0 && y < v ? l - ld(x + y) : NAN);
+  }
+}
+
+template <typename T, int N>
+__global__ void ce_bwd_kernel(const T* logits, const int64_t* labels, const float* lse,
+                              const float* g, T* dlogits, int64_t rows, int64_t v) {
+  const int64_t vv = v / N, n = rows * vv;
+  const float scale = *g;
+  for (int64_t i = global_index(); i < n; i += grid_stride()) {
+    const int64_t r = i / vv, c = (i - r * vv) * N;
+    const int64_t y = labels[r];
+    float e[N], o[N];
+    vload<T, N>(logits + r * v + c, e);
+    const float l = lse[r];
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+      o[k] = y == kIgnoreIndex ? 0.f : scale * (expf(e[k] - l) - (c + k == y ? 1.f : 0.f));
+    vstore<T, N>(dlogits + r * v + c, o);
   }
 }
 
 // --- rotary embedding of the fused QKV ----------------------------------------------------------
 
-// Work item: (batch, position, group, slot j in [0, r + 2), i in [0, hd / 2)); slot j < r is a
-// query head, r the key head, r + 1 the value head. Element i pairs with i + hd/2.
-struct Item {
-  int64_t b, pos, g, j, i;
-};
-__device__ __forceinline__ Item item_of(int64_t t, const RopeShape& s) {
-  Item it;
-  const int64_t half = s.hd / 2;
-  it.i = t % half;
-  t /= half;
-  it.j = t % (s.r + 2);
-  t /= s.r + 2;
-  it.g = t % s.ng;
-  t /= s.ng;
-  it.pos = t % s.s;
-  it.b = t / s.s;
-  return it;
-}
-
-template <typename T>
+// Blocks walk tokens; within a token, thread t takes head slot t / hv (group g, slot j: j < r a
+// query head, r the key head, r + 1 the value head) and the N elements from i = (t % hv) * N of
+// both halves of the head (element i pairs with i + hd/2).
+template <typename T, int N>
 __global__ void rope_fwd_kernel(const T* qkv, const T* cos, const T* sin, T* q, T* k, T* v,
                                 RopeShape s) {
-  const int64_t half = s.hd / 2, n = s.b * s.s * s.ng * (s.r + 2) * half;
-  for (int64_t t = global_index(); t < n; t += grid_stride()) {
-    const Item it = item_of(t, s);
-    const int64_t tok = it.b * s.s + it.pos;
-    const T* src = qkv + ((tok * s.ng + it.g) * (s.r + 2) + it.j) * s.hd;
-    const float x1 = ld(src + it.i), x2 = ld(src + it.i + half);
-    if (it.j == s.r + 1) {
-      T* dst = v + (tok * s.ng + it.g) * s.hd;
-      st(dst + it.i, x1);
-      st(dst + it.i + half, x2);
-      continue;
+  const int half = static_cast<int>(s.hd / 2), hv = half / N, slots = static_cast<int>(s.r + 2);
+  const int per_tok = static_cast<int>(s.ng) * slots * hv;
+  const int64_t ntok = s.b * s.s;
+  for (int64_t tok = blockIdx.x; tok < ntok; tok += gridDim.x) {
+    const int64_t pos = tok % s.s;
+    for (int t = threadIdx.x; t < per_tok; t += blockDim.x) {
+      const int i = (t % hv) * N, head = t / hv, j = head % slots, g = head / slots;
+      const T* src = qkv + (tok * s.ng * slots + head) * s.hd;
+      float x1[N], x2[N];
+      vload<T, N>(src + i, x1);
+      vload<T, N>(src + i + half, x2);
+      if (j == slots - 1) {
+        T* dst = v + (tok * s.ng + g) * s.hd;
+        vstore<T, N>(dst + i, x1);
+        vstore<T, N>(dst + i + half, x2);
+        continue;
+      }
+      float c1[N], c2[N], s1[N], s2[N], o1[N], o2[N];
+      vload<T, N>(cos + pos * s.hd + i, c1);
+      vload<T, N>(cos + pos * s.hd + i + half, c2);
+      vload<T, N>(sin + pos * s.hd + i, s1);
+      vload<T, N>(sin + pos * s.hd + i + half, s2);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        o1[e] = x1[e] * c1[e] - x2[e] * s1[e];
+        o2[e] = x2[e] * c2[e] + x1[e] * s2[e];
+      }
+      T* dst = j < s.r ? q + ((tok * s.ng + g) * s.r + j) * s.hd : k + (tok * s.ng + g) * s.hd;
+      vstore<T, N>(dst + i, o1);
+      vstore<T, N>(dst + i + half, o2);
     }
-    const T* c = cos + it.pos * s.hd;
-    const T* sn = sin + it.pos * s.hd;
-    T* dst = it.j < s.r ? q + ((tok * s.ng + it.g) * s.r + it.j) * s.hd
-                        : k + (tok * s.ng + it.g) * s.hd;
-    st(dst + it.i, x1 * ld(c + it.i) - x2 * ld(sn + it.i));
-    st(dst + it.i + half, x2 * ld(c + it.i + half) + x1 * ld(sn + it.i + half));
   }
 }
 
-template <typename T>
+template <typename T, int N>
 __global__ void rope_bwd_kernel(Strided dq, Strided dk, Strided dv, const T* cos, const T* sin,
                                 T* dqkv, RopeShape s) {
-  const int64_t half = s.hd / 2, n = s.b * s.s * s.ng * (s.r + 2) * half;
-  for (int64_t t = global_index(); t < n; t += grid_stride()) {
-    const Item it = item_of(t, s);
-    const int64_t tok = it.b * s.s + it.pos;
-    T* dst = dqkv + ((tok * s.ng + it.g) * (s.r + 2) + it.j) * s.hd;
-    const Strided& g = it.j < s.r ? dq : it.j == s.r ? dk : dv;
-    const int64_t head = it.j < s.r ? it.g * s.r + it.j : it.g;
-    const T* src = static_cast<const T*>(g.data) + it.b * g.sb + it.pos * g.ss + head * g.sh;
-    const float d1 = ld(src + it.i), d2 = ld(src + it.i + half);
-    if (it.j == s.r + 1) {
-      st(dst + it.i, d1);
-      st(dst + it.i + half, d2);
-      continue;
+  const int half = static_cast<int>(s.hd / 2), hv = half / N, slots = static_cast<int>(s.r + 2);
+  const int per_tok = static_cast<int>(s.ng) * slots * hv;
+  const int64_t ntok = s.b * s.s;
+  for (int64_t tok = blockIdx.x; tok < ntok; tok += gridDim.x) {
+    const int64_t bi = tok / s.s, pos = tok - bi * s.s;
+    for (int t = threadIdx.x; t < per_tok; t += blockDim.x) {
+      const int i = (t % hv) * N, head = t / hv, j = head % slots, g = head / slots;
+      T* dst = dqkv + (tok * s.ng * slots + head) * s.hd;
+      const Strided& gr = j < s.r ? dq : j == s.r ? dk : dv;
+      const int64_t h = j < s.r ? g * s.r + j : g;
+      const T* src = static_cast<const T*>(gr.data) + bi * gr.sb + pos * gr.ss + h * gr.sh;
+      float d1[N], d2[N];
+      vload<T, N>(src + i, d1);
+      vload<T, N>(src + i + half, d2);
+      if (j == slots - 1) {
+        vstore<T, N>(dst + i, d1);
+        vstore<T, N>(dst + i + half, d2);
+        continue;
+      }
+      float c1[N], c2[N], s1[N], s2[N], o1[N], o2[N];
+      vload<T, N>(cos + pos * s.hd + i, c1);
+      vload<T, N>(cos + pos * s.hd + i + half, c2);
+      vload<T, N>(sin + pos * s.hd + i, s1);
+      vload<T, N>(sin + pos * s.hd + i + half, s2);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        o1[e] = d1[e] * c1[e] + d2[e] * s2[e];
+        o2[e] = d2[e] * c2[e] - d1[e] * s1[e];
+      }
+      vstore<T, N>(dst + i, o1);
+      vstore<T, N>(dst + i + half, o2);
     }
-    const T* c = cos + it.pos * s.hd;
-    const T* sn = sin + it.pos * s.hd;
-    st(dst + it.i, d1 * ld(c + it.i) + d2 * ld(sn + it.i + half));
-    st(dst + it.i + half, d2 * ld(c + it.i + half) - d1 * ld(sn + it.i));
   }
 }
 
@@ -206,17 +365,37 @@ cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 int64_t rms_norm_blocks(int64_t rows) { return std::max<int64_t>(1, std::min(rows, kRmsBwdBlocks)); }
 int64_t rms_norm_max_hidden() { return kRmsMaxHidden; }
 
+namespace {
+
+int vector_width(Elem t) { return t == Elem::kBF16 ? 8 : 4; }
+
+// Calls f.template operator()<T, N>() for the element type and the vector width N (16 bytes
+// when `wide`, else 1).
+template <typename F>
+void dispatch(Elem t, bool wide, F&& f) {
+  if (t == Elem::kF32) {
+    if (wide) f.template operator()<float, 4>();
+    else f.template operator()<float, 1>();
+  } else {
+    if (wide) f.template operator()<__nv_bfloat16, 8>();
+    else f.template operator()<__nv_bfloat16, 1>();
+  }
+}
+
+unsigned token_blocks(int64_t ntok) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ntok, 1 << 20)));
+}
+
+}  // namespace
+
 std::string rms_norm_forward(Elem t, const void* x, const void* w, void* y, float* rstd,
                              int64_t rows, int64_t h, float eps, void* stream) {
   if (rows == 0) return {};
-  const dim3 grid(static_cast<unsigned>(rows));
-  if (t == Elem::kF32)
-    rms_fwd_kernel<float><<<grid, kThreads, 0, as_stream(stream)>>>(
-        static_cast<const float*>(x), static_cast<const float*>(w), static_cast<float*>(y), rstd, h, eps);
-  else
-    rms_fwd_kernel<__nv_bfloat16><<<grid, kThreads, 0, as_stream(stream)>>>(
-        static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w),
-        static_cast<__nv_bfloat16*>(y), rstd, h, eps);
+  const bool wide = h % vector_width(t) == 0;
+  dispatch(t, wide, [&]<typename T, int N>() {
+    rms_fwd_kernel<T, N><<<static_cast<unsigned>(rows), kThreads, 0, as_stream(stream)>>>(
+        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), rstd, h, eps);
+  });
   return launched();
 }
 
@@ -227,70 +406,85 @@ std::string rms_norm_backward(Elem t, const void* dy, const void* x, const void*
   if (rows == 0) return {};
   const int64_t blocks = rms_norm_blocks(rows), per_block = (rows + blocks - 1) / blocks;
   const size_t smem = static_cast<size_t>(h) * sizeof(float);
-  if (t == Elem::kF32)
-    rms_bwd_kernel<float><<<static_cast<unsigned>(blocks), kThreads, smem, as_stream(stream)>>>(
-        static_cast<const float*>(dy), static_cast<const float*>(x), static_cast<const float*>(w),
-        rstd, static_cast<float*>(dx), dw_partial, rows, h, per_block);
-  else
-    rms_bwd_kernel<__nv_bfloat16><<<static_cast<unsigned>(blocks), kThreads, smem, as_stream(stream)>>>(
-        static_cast<const __nv_bfloat16*>(dy), static_cast<const __nv_bfloat16*>(x),
-        static_cast<const __nv_bfloat16*>(w), rstd, static_cast<__nv_bfloat16*>(dx), dw_partial,
-        rows, h, per_block);
+  const bool wide = h % vector_width(t) == 0;
+  dispatch(t, wide, [&]<typename T, int N>() {
+    rms_bwd_kernel<T, N><<<static_cast<unsigned>(blocks), kThreads, smem, as_stream(stream)>>>(
+        static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), rstd,
+        static_cast<T*>(dx), dw_partial, rows, h, per_block);
+  });
   return launched();
 }
 
 std::string swiglu_forward(Elem t, const void* fc1, void* act, int64_t rows, int64_t f,
                            void* stream) {
-  const unsigned grid = static_cast<unsigned>(grid_for(rows * f));
-  if (t == Elem::kF32)
-    swiglu_fwd_kernel<float><<<grid, kThreads, 0, as_stream(stream)>>>(
-        static_cast<const float*>(fc1), static_cast<float*>(act), rows, f);
-  else
-    swiglu_fwd_kernel<__nv_bfloat16><<<grid, kThreads, 0, as_stream(stream)>>>(
-        static_cast<const __nv_bfloat16*>(fc1), static_cast<__nv_bfloat16*>(act), rows, f);
+  const bool wide = f % vector_width(t) == 0;
+  dispatch(t, wide, [&]<typename T, int N>() {
+    swiglu_fwd_kernel<T, N><<<static_cast<unsigned>(grid_for(rows * f / N)), kThreads, 0,
+                              as_stream(stream)>>>(static_cast<const T*>(fc1),
+                                                   static_cast<T*>(act), rows, f);
+  });
   return launched();
 }
 
 std::string swiglu_backward(Elem t, const void* dact, const void* fc1, void* dfc1, int64_t rows,
                             int64_t f, void* stream) {
-  const unsigned grid = static_cast<unsigned>(grid_for(rows * f));
-  if (t == Elem::kF32)
-    swiglu_bwd_kernel<float><<<grid, kThreads, 0, as_stream(stream)>>>(
-        static_cast<const float*>(dact), static_cast<const float*>(fc1), static_cast<float*>(dfc1), rows, f);
-  else
-    swiglu_bwd_kernel<__nv_bfloat16><<<grid, kThreads, 0, as_stream(stream)>>>(
-        static_cast<const __nv_bfloat16*>(dact), static_cast<const __nv_bfloat16*>(fc1),
-        static_cast<__nv_bfloat16*>(dfc1), rows, f);
+  const bool wide = f % vector_width(t) == 0;
+  dispatch(t, wide, [&]<typename T, int N>() {
+    swiglu_bwd_kernel<T, N><<<static_cast<unsigned>(grid_for(rows * f / N)), kThreads, 0,
+                              as_stream(stream)>>>(static_cast<const T*>(dact),
+                                                   static_cast<const T*>(fc1),
+                                                   static_cast<T*>(dfc1), rows, f);
+  });
   return launched();
 }
 
+namespace {
+bool rope_wide(Elem t, const RopeShape& s) { return (s.hd / 2) % vector_width(t) == 0; }
+}  // namespace
+
 std::string rope_qkv_forward(Elem t, const void* qkv, const void* cos, const void* sin, void* q,
                              void* k, void* v, RopeShape s, void* stream) {
-  const unsigned grid = static_cast<unsigned>(grid_for(s.b * s.s * s.ng * (s.r + 2) * (s.hd / 2)));
-  if (t == Elem::kF32)
-    rope_fwd_kernel<float><<<grid, kThreads, 0, as_stream(stream)>>>(
-        static_cast<const float*>(qkv), static_cast<const float*>(cos),
-        static_cast<const float*>(sin), static_cast<float*>(q), static_cast<float*>(k),
-        static_cast<float*>(v), s);
-  else
-    rope_fwd_kernel<__nv_bfloat16><<<grid, kThreads, 0, as_stream(stream)>>>(
-        static_cast<const __nv_bfloat16*>(qkv), static_cast<const __nv_bfloat16*>(cos),
-        static_cast<const __nv_bfloat16*>(sin), static_cast<__nv_bfloat16*>(q),
-        static_cast<__nv_bfloat16*>(k), static_cast<__nv_bfloat16*>(v), s);
+  dispatch(t, rope_wide(t, s), [&]<typename T, int N>() {
+    rope_fwd_kernel<T, N><<<token_blocks(s.b * s.s), kThreads, 0, as_stream(stream)>>>(
+        static_cast<const T*>(qkv), static_cast<const T*>(cos), static_cast<const T*>(sin),
+        static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), s);
+  });
   return launched();
 }
 
 std::string rope_qkv_backward(Elem t, Strided dq, Strided dk, Strided dv, const void* cos,
                               const void* sin, void* dqkv, RopeShape s, void* stream) {
-  const unsigned grid = static_cast<unsigned>(grid_for(s.b * s.s * s.ng * (s.r + 2) * (s.hd / 2)));
-  if (t == Elem::kF32)
-    rope_bwd_kernel<float><<<grid, kThreads, 0, as_stream(stream)>>>(
-        dq, dk, dv, static_cast<const float*>(cos), static_cast<const float*>(sin),
-        static_cast<float*>(dqkv), s);
-  else
-    rope_bwd_kernel<__nv_bfloat16><<<grid, kThreads, 0, as_stream(stream)>>>(
-        dq, dk, dv, static_cast<const __nv_bfloat16*>(cos), static_cast<const __nv_bfloat16*>(sin),
-        static_cast<__nv_bfloat16*>(dqkv), s);
+  const int n = vector_width(t);
+  bool wide = rope_wide(t, s);
+  for (const Strided* g : {&dq, &dk, &dv})
+    wide = wide && g->sb % n == 0 && g->ss % n == 0 && g->sh % n == 0;
+  dispatch(t, wide, [&]<typename T, int N>() {
+    rope_bwd_kernel<T, N><<<token_blocks(s.b * s.s), kThreads, 0, as_stream(stream)>>>(
+        dq, dk, dv, static_cast<const T*>(cos), static_cast<const T*>(sin),
+        static_cast<T*>(dqkv), s);
+  });
+  return launched();
+}
+
+std::string cross_entropy_forward(Elem t, const void* logits, const int64_t* labels, float* loss,
+                                  float* lse, int64_t rows, int64_t v, void* stream) {
+  if (rows == 0) return {};
+  dispatch(t, v % vector_width(t) == 0, [&]<typename T, int N>() {
+    ce_fwd_kernel<T, N><<<static_cast<unsigned>(rows), kCeThreads, 0, as_stream(stream)>>>(
+        static_cast<const T*>(logits), labels, loss, lse, v);
+  });
+  return launched();
+}
+
+std::string cross_entropy_backward(Elem t, const void* logits, const int64_t* labels,
+                                   const float* lse, const float* g, void* dlogits, int64_t rows,
+                                   int64_t v, void* stream) {
+  if (rows == 0) return {};
+  dispatch(t, v % vector_width(t) == 0, [&]<typename T, int N>() {
+    ce_bwd_kernel<T, N><<<static_cast<unsigned>(grid_for(rows * v / N)), kThreads, 0,
+                          as_stream(stream)>>>(static_cast<const T*>(logits), labels, lse, g,
+                                               static_cast<T*>(dlogits), rows, v);
+  });
   return launched();
 }
 

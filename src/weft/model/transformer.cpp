@@ -217,6 +217,8 @@ at::Tensor lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
   WEFT_CHECK(logits.dim() == labels.dim() + 1 && logits.numel() / logits.size(-1) == labels.numel(),
              "lm_loss_sum: logits [..., V] and labels [...] disagree in shape");
   const int64_t vocab = logits.size(-1);
+  if (fused::usable(logits) && labels.device() == logits.device())
+    return fused::cross_entropy_sum(logits.reshape({-1, vocab}), labels.reshape({-1}));
   const at::Tensor logp =
       at::log_softmax(logits.reshape({-1, vocab}), -1, ops::accum_dtype(logits.scalar_type()));
   return at::nll_loss(logp, labels.reshape({-1}), {}, at::Reduction::Sum);

@@ -55,7 +55,7 @@ void ShardedAdamW::zero_grad() {
 
 // The fused path: one multi-tensor kernel per parameter group, where the moments are float32
 // and the fused kernel exists (CUDA, torch 2.x). Returns false when it does not apply.
-bool ShardedAdamW::fused_step(double lr) {
+bool ShardedAdamW::fused_step(double lr, double grad_multiplier) {
   if (cfg_.exp_avg_dtype != at::kFloat || cfg_.exp_avg_sq_dtype != at::kFloat) return false;
   if (units_.empty() || !units_[0]->param_shard().is_cuda()) return false;
   struct Lists {
@@ -77,7 +77,7 @@ bool ShardedAdamW::fused_step(double lr) {
   for (auto& [name, l] : by_group) {
     const ParamGroupSettings& g = groups_.at(name);
     if (!compat::fused_adamw(l.p, l.g, l.m, l.v, lr, g.beta1, g.beta2, g.weight_decay, g.eps,
-                             steps_))
+                             steps_, grad_multiplier))
       return false;  // only before any update: every group takes the same branch
   }
   for (size_t k = 0; k < units_.size(); ++k)
@@ -86,10 +86,12 @@ bool ShardedAdamW::fused_step(double lr) {
   return true;
 }
 
-void ShardedAdamW::step(double lr) {
+void ShardedAdamW::step(double lr, double grad_multiplier) {
   at::NoGradGuard no_grad;
   ++steps_;
-  if (fused_step(lr)) return;
+  if (fused_step(lr, grad_multiplier)) return;
+  if (grad_multiplier != 1.0)
+    for (FsdpUnit* u : units_) grad_shard(*u).mul_(grad_multiplier);
   for (size_t k = 0; k < units_.size(); ++k) {
     FsdpUnit& u = *units_[k];
     UnitOptimState& st = states_[k];

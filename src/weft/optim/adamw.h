@@ -56,8 +56,10 @@ class ShardedAdamW {
   ShardedAdamW(std::vector<FsdpUnit*> units, const AdamWConfig& cfg);
 
   void zero_grad();
-  // One AdamW step at learning rate `lr` for every unit; then refreshes the weight shards.
-  void step(double lr);
+  // One AdamW step at learning rate `lr` for every unit, on the gradients multiplied by
+  // `grad_multiplier` (gradient clipping); then refreshes the weight shards. Whether the
+  // gradient shards hold the multiplied gradients afterwards is unspecified.
+  void step(double lr, double grad_multiplier = 1.0);
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
 
@@ -74,7 +76,7 @@ class ShardedAdamW {
   int64_t grad_bytes() const;
 
  private:
-  bool fused_step(double lr);
+  bool fused_step(double lr, double grad_multiplier);
 
   AdamWConfig cfg_;
   std::vector<FsdpUnit*> units_;

@@ -4,6 +4,7 @@
 #include <ATen/Functions.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <csignal>
@@ -231,7 +232,9 @@ IterationStats Trainer::train_step() {
   if (replicate->rank() == 0)
     for (auto& u : stage_->units())
       if (!stage_->is_tied_copy(u.get()))
-        sumsq.add_(at::linalg_vector_norm(grad_shard(*u), 2, c10::nullopt, false, at::kDouble).pow(2));
+        sumsq.add_(at::linalg_vector_norm(grad_shard(*u), 2, c10::nullopt, false, at::kFloat)
+                       .to(at::kDouble)
+                       .pow(2));
   at::Tensor red = at::stack({at::full({}, loss_local, sumsq.options()), sumsq});
   groups_.world().all_reduce(red, ReduceOp::kSum);
   red = red.cpu();
@@ -246,12 +249,9 @@ IterationStats Trainer::train_step() {
     ++skipped_iters_;
     ++nan_iters_;
   } else {
-    if (cfg_.clip_grad > 0) {
-      const double coef = cfg_.clip_grad / (s.grad_norm + 1e-6);
-      if (coef < 1.0)
-        for (auto& u : stage_->units()) grad_shard(*u).mul_(coef);
-    }
-    optimizer_->step(lr);
+    double coef = 1.0;  // clipping by the global norm, applied inside the optimizer step
+    if (cfg_.clip_grad > 0) coef = std::min(1.0, cfg_.clip_grad / (s.grad_norm + 1e-6));
+    optimizer_->step(lr, coef);
   }
   device_synchronize(stage_->options().device);
   iteration_ = it;
