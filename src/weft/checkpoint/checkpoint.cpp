@@ -98,7 +98,7 @@ std::string state_key(const char* kind, const std::string& name) {
 
 struct LocalTensor {
   std::string key;
-  at::Tensor data;  // this rank's valid rows, contiguous, on the CPU
+  at::Tensor data;  // this rank's valid rows: a contiguous view of the live buffer (any device)
   int64_t row_start;
   std::vector<int64_t> shape;  // global
 };
@@ -119,7 +119,7 @@ std::vector<LocalTensor> local_tensors(const PipelineStage& stage, ShardedAdamW&
       auto rows = [&](const at::Tensor& flat) {
         std::vector<int64_t> shape = u.spec(i).shape;
         shape[0] = seg.valid_rows;
-        return flat.narrow(0, seg.offset, seg.valid_numel()).view(shape).to(at::kCPU).contiguous();
+        return flat.narrow(0, seg.offset, seg.valid_numel()).view(shape);
       };
       out.push_back({name, rows(u.param_shard()), seg.row_start, u.spec(i).shape});
       const at::Tensor* states[] = {&st.master, &st.exp_avg, &st.exp_avg_sq};
@@ -254,26 +254,57 @@ void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, Sharded
       e.name = fmt::format("{}@{}", t.key, t.row_start);
       e.dtype = ckpt_dtype_name(t.data.scalar_type());
       e.shape = t.data.sizes().vec();
-      e.data = t.data.data_ptr();
       e.nbytes = static_cast<size_t>(t.data.numel()) * t.data.element_size();
       entries.push_back(e);
-      CkptChunk c;
-      c.key = t.key;
-      c.file = file;
-      c.entry = e.name;
-      c.dtype = e.dtype;
-      c.shape = t.shape;
-      c.offsets.assign(t.shape.size(), 0);
-      c.offsets[0] = t.row_start;
-      c.lengths = e.shape;
-      c.crc32c = crc32c(e.data, e.nbytes);
-      chunk_list.push_back(ckpt_chunk_to_json(c));
     }
-    std::map<std::string, std::string> md = {{"format", kCheckpointFormat},
-                                             {"version", std::to_string(kCheckpointVersion)},
-                                             {"rank", std::to_string(rank)},
-                                             {"chunks", chunk_list.dump()}};
-    st = write_safetensors(tmp + "/" + file, entries, md);
+    // The chunk list with each entry's checksum, fixed-width hex, so that the header can be
+    // sized before the data is written and checksummed.
+    auto chunks_with = [&](const std::vector<uint32_t>& crcs) {
+      nlohmann::json list = nlohmann::json::array();
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        const LocalTensor& t = tensors[i];
+        CkptChunk c;
+        c.key = t.key;
+        c.file = file;
+        c.entry = entries[i].name;
+        c.dtype = entries[i].dtype;
+        c.shape = t.shape;
+        c.offsets.assign(t.shape.size(), 0);
+        c.offsets[0] = t.row_start;
+        c.lengths = entries[i].shape;
+        c.crc32c = crcs[i];
+        list.push_back(ckpt_chunk_to_json(c));
+      }
+      return list;
+    };
+    auto metadata = [&](const std::vector<uint32_t>& crcs) {
+      return std::map<std::string, std::string>{{"format", kCheckpointFormat},
+                                                {"version", std::to_string(kCheckpointVersion)},
+                                                {"rank", std::to_string(rank)},
+                                                {"chunks", chunks_with(crcs).dump()}};
+    };
+    // Blocks of host tensors are written from their memory; blocks of GPU tensors go through
+    // one pinned staging buffer (D2H at PCIe speed, then checksum and write while hot).
+    constexpr size_t kBlock = size_t{64} << 20;
+    at::Tensor staging;
+    auto source = [&](size_t i, size_t off, size_t n, const void** out) -> Status {
+      const at::Tensor& t = tensors[i].data;
+      if (t.device().is_cpu()) {
+        *out = static_cast<const char*>(t.data_ptr()) + off;
+        return Status::ok();
+      }
+      if (!staging.defined())
+        staging = at::empty({static_cast<int64_t>(kBlock)},
+                            at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+      staging.narrow(0, 0, static_cast<int64_t>(n))
+          .copy_(t.reshape({-1}).view(at::kByte).narrow(0, static_cast<int64_t>(off),
+                                                        static_cast<int64_t>(n)));
+      *out = staging.data_ptr();
+      return Status::ok();
+    };
+    std::vector<uint32_t> crcs;
+    st = write_safetensors_streamed(tmp + "/" + file, entries, source, metadata, kBlock, &crcs);
+    if (st) chunk_list = chunks_with(crcs);
   }
   fault_point("checkpoint.after_shard_write", rank, req.iteration);
   auto lists = all_gather_strings(world, chunk_list.dump());
@@ -427,6 +458,7 @@ nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, Sha
 
   // Copy rows in place.
   Status st = Status::ok();
+  at::Tensor staging;  // pinned host bytes for device destinations
   CkptFileCache files(dir);
   const auto& units = opt.units();
   try {
@@ -449,7 +481,12 @@ nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, Sha
           if (dst.device().is_cpu()) {
             st = load_rows(dir, it->second, key, seg.row_start, seg.valid_rows, dst, files);
           } else {
-            at::Tensor host = at::empty(shape, dst.options().device(at::kCPU));
+            // Device destinations: through one grow-only pinned buffer (no fresh pages per
+            // chunk, and the host-to-device copy runs at PCIe speed).
+            const int64_t nbytes = dst.numel() * dst.element_size();
+            if (!staging.defined() || staging.numel() < nbytes)
+              staging = at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+            at::Tensor host = staging.narrow(0, 0, nbytes).view(dst.scalar_type()).view(shape);
             st = load_rows(dir, it->second, key, seg.row_start, seg.valid_rows, host, files);
             if (st) dst.copy_(host);
           }

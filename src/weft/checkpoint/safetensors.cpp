@@ -23,6 +23,8 @@
 #include <limits>
 #include <set>
 #include <nlohmann/json.hpp>
+
+#include "weft/checkpoint/crc32c.h"
 #include <utility>
 
 namespace weft {
@@ -161,13 +163,15 @@ size_t safetensors_dtype_size(const std::string& dtype) {
   return 0;
 }
 
-Status write_safetensors(const std::string& path, const std::vector<SafetensorsWriteEntry>& entries,
-                         const std::map<std::string, std::string>& metadata) {
-  // Everything is checked and the header built before the file is opened, so a bad argument
-  // leaves an existing file untouched. The header text is assembled piece by piece (linear in
-  // the number of entries) so that the keys appear in the caller's order: "__metadata__" first,
-  // then the entries.
-  std::string bytes(8, '\0');
+namespace {
+
+// The 8-byte size plus the padded JSON header for `entries` (data pointers not needed), checked
+// entry by entry. The keys appear in the caller's order: "__metadata__" first, then the entries.
+Status build_header(const std::string& path, const std::vector<SafetensorsWriteEntry>& entries,
+                    const std::map<std::string, std::string>& metadata, bool need_data,
+                    std::string* out) {
+  std::string& bytes = *out;
+  bytes.assign(8, '\0');
   std::set<std::string> names;
   uint64_t offset = 0;
   try {
@@ -186,7 +190,8 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsW
                               "nbytes " + std::to_string(e.nbytes) + " != " +
                                   std::to_string(expect) + " for shape " + shape_text(e.shape) +
                                   " " + e.dtype);
-      if (e.nbytes > 0 && e.data == nullptr) return st_entry_error(path, e.name, "null data");
+      if (need_data && e.nbytes > 0 && e.data == nullptr)
+        return st_entry_error(path, e.name, "null data");
       nlohmann::ordered_json j;
       j["dtype"] = e.dtype;
       j["shape"] = e.shape;
@@ -205,7 +210,34 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsW
     return st_error(path, "header of " + std::to_string(n) + " bytes is not below the " +
                               std::to_string(kSafetensorsMaxHeader) + "-byte limit");
   for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  return Status::ok();
+}
 
+// Writes all n bytes at `offset`; returns 0 or an errno value.
+int st_pwrite_all(int fd, const void* data, size_t n, uint64_t offset) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, std::min(n, kSafetensorsMaxIo), static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (w == 0) return ENOSPC;
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Status write_safetensors(const std::string& path, const std::vector<SafetensorsWriteEntry>& entries,
+                         const std::map<std::string, std::string>& metadata) {
+  // Everything is checked and the header built before the file is opened, so a bad argument
+  // leaves an existing file untouched.
+  std::string bytes;
+  if (Status s = build_header(path, entries, metadata, /*need_data=*/true, &bytes); !s) return s;
   const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
   if (fd < 0) return st_error(path, "cannot create: " + errno_text(errno));
   FdCloser closer(fd);
@@ -219,6 +251,63 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsW
     if (int err = st_write_all(fd, e.data, e.nbytes))
       return fail("writing entry '" + e.name + "'", err);
   if (::fsync(fd) != 0) return fail("fsync", errno);
+  if (::close(closer.release()) != 0) {
+    const int err = errno;
+    ::unlink(path.c_str());
+    return st_error(path, "close: " + errno_text(err) + " (partial file removed)");
+  }
+  return Status::ok();
+}
+
+Status write_safetensors_streamed(const std::string& path,
+                                  const std::vector<SafetensorsWriteEntry>& entries,
+                                  const SafetensorsBlockSource& data,
+                                  const SafetensorsMetadataFn& metadata, size_t block_bytes,
+                                  std::vector<uint32_t>* crcs) {
+  if (block_bytes == 0) return st_error(path, "block size 0");
+  crcs->assign(entries.size(), 0);
+  std::string head;
+  if (Status s = build_header(path, entries, metadata(*crcs), /*need_data=*/false, &head); !s)
+    return s;
+  const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd < 0) return st_error(path, "cannot create: " + errno_text(errno));
+  FdCloser closer(fd);
+  auto fail = [&](const std::string& what) {
+    ::close(closer.release());
+    ::unlink(path.c_str());
+    return st_error(path, what + " (partial file removed)");
+  };
+  // Data first, after room for the header; the device starts writing every kWriteback bytes
+  // (sync_file_range) while the next blocks are produced, so the final fsync waits only for the
+  // tail.
+  constexpr uint64_t kWriteback = uint64_t{256} << 20;
+  uint64_t pos = head.size(), kicked = head.size();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const SafetensorsWriteEntry& e = entries[i];
+    for (size_t off = 0; off < e.nbytes; off += block_bytes) {
+      const size_t n = std::min(block_bytes, e.nbytes - off);
+      const void* p = nullptr;
+      if (Status s = data(i, off, n, &p); !s) return fail("entry '" + e.name + "': " + s.message());
+      (*crcs)[i] = crc32c_extend((*crcs)[i], p, n);
+      if (int err = st_pwrite_all(fd, p, n, pos))
+        return fail("writing entry '" + e.name + "': " + errno_text(err));
+      pos += n;
+      if (pos - kicked >= kWriteback) {
+        ::sync_file_range(fd, static_cast<off_t>(kicked), static_cast<off_t>(pos - kicked),
+                          SYNC_FILE_RANGE_WRITE);
+        kicked = pos;
+      }
+    }
+  }
+  std::string final_head;
+  if (Status s = build_header(path, entries, metadata(*crcs), false, &final_head); !s)
+    return fail(s.message());
+  if (final_head.size() != head.size())
+    return fail("header length changed between sizing and writing (" +
+                std::to_string(head.size()) + " vs " + std::to_string(final_head.size()) + ")");
+  if (int err = st_pwrite_all(fd, final_head.data(), final_head.size(), 0))
+    return fail("writing header: " + errno_text(err));
+  if (::fsync(fd) != 0) return fail("fsync: " + errno_text(errno));
   if (::close(closer.release()) != 0) {
     const int err = errno;
     ::unlink(path.c_str());

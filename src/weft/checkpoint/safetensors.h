@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -34,6 +35,25 @@ struct SafetensorsWriteEntry {
 // Writes `entries` and `metadata` to `path` (truncating it), fsyncs the file.
 Status write_safetensors(const std::string& path, const std::vector<SafetensorsWriteEntry>& entries,
                          const std::map<std::string, std::string>& metadata);
+
+// Hands out entry `entry`'s bytes [offset, offset + n): *out must point at them until the next
+// call (e.g. into memory the source owns, or a staging buffer it filled from a GPU).
+using SafetensorsBlockSource =
+    std::function<Status(size_t entry, size_t offset, size_t n, const void** out)>;
+// The header's "__metadata__" given each entry's CRC-32C (zeros when sizing the header). Both
+// calls must encode to the same length (e.g. checksums as fixed-width hex).
+using SafetensorsMetadataFn =
+    std::function<std::map<std::string, std::string>(const std::vector<uint32_t>& crcs)>;
+
+// Like write_safetensors, with the data produced block by block (entries' `data` unused) and
+// checksummed on the way: the data region is written first, behind room for the header, with
+// the device's writeback started every 256 MiB; then the header with the final checksums at
+// offset 0; then fsync. *crcs receives each entry's CRC-32C. Same failure contract.
+Status write_safetensors_streamed(const std::string& path,
+                                  const std::vector<SafetensorsWriteEntry>& entries,
+                                  const SafetensorsBlockSource& data,
+                                  const SafetensorsMetadataFn& metadata, size_t block_bytes,
+                                  std::vector<uint32_t>* crcs);
 
 struct SafetensorsEntry {
   std::string dtype;
