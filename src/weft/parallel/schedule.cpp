@@ -38,7 +38,7 @@ class Runner {
       in = b.tokens;
     }
     at::Tensor out = stage_.forward(mb, in, b.labels, loss_scale_);
-    if (stage_.is_last()) loss_sum_ += out.detach().to(at::kDouble).item<double>();
+    if (stage_.is_last()) loss_sum_.add_(out.detach().to(at::kDouble));
     return InFlight{mb, stage_.is_first() ? at::Tensor() : input, out};
   }
 
@@ -92,7 +92,7 @@ class Runner {
     return t;
   }
 
-  double loss_sum() const { return loss_sum_; }
+  const at::Tensor& loss_sum() const { return loss_sum_; }
 
  private:
   PipelineStage& stage_;
@@ -101,12 +101,12 @@ class Runner {
   double loss_scale_;
   std::vector<int64_t> shape_;
   at::TensorOptions opts_;
-  double loss_sum_ = 0;
+  at::Tensor loss_sum_ = at::zeros({}, opts_.dtype(at::kDouble));
 };
 
 }  // namespace
 
-double run_1f1b(PipelineStage& stage, Communicator& pp, int num_microbatches,
+at::Tensor run_1f1b(PipelineStage& stage, Communicator& pp, int num_microbatches,
                 int micro_batch_size, const std::function<Microbatch(int)>& batch,
                 double loss_scale) {
   WEFT_CHECK(pp.size() == stage.num_stages(), "pp communicator has {} members, stages {}",

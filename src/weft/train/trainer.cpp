@@ -212,7 +212,7 @@ IterationStats Trainer::train_step() {
 
   const double loss_scale =
       1.0 / (static_cast<double>(cfg_.global_batch_size) * cfg_.model.seq_length);
-  const double loss_local =
+  const at::Tensor loss_local =
       run_1f1b(*stage_, *groups_.get("pp"), num_microbatches_, cfg_.micro_batch_size,
                [this](int m) { return microbatch(m); }, loss_scale);
 
@@ -235,7 +235,7 @@ IterationStats Trainer::train_step() {
         sumsq.add_(at::linalg_vector_norm(grad_shard(*u), 2, c10::nullopt, false, at::kFloat)
                        .to(at::kDouble)
                        .pow(2));
-  at::Tensor red = at::stack({at::full({}, loss_local, sumsq.options()), sumsq});
+  at::Tensor red = at::stack({loss_local.to(sumsq.options()), sumsq});
   groups_.world().all_reduce(red, ReduceOp::kSum);
   red = red.cpu();
   IterationStats s;
