@@ -58,6 +58,8 @@ void add_flags(CLI::App* c, TrainArgs* a) {
               "separate output layer instead of the tied embedding");
   c->add_flag("--overlap-param-gather,!--no-overlap-param-gather", t.overlap_param_gather,
               "prefetch the next FSDP unit's all-gather (default on)");
+  c->add_flag("--overlap-grad-reduce,!--no-overlap-grad-reduce", t.overlap_grad_reduce,
+              "keep up to two FSDP reduce-scatters in flight during backward (default on)");
   c->add_flag("--bf16", m.bf16, "bf16 compute and weights (fp32 master weights)");
   opt("--micro-batch-size", t.micro_batch_size, "samples per microbatch");
   opt("--global-batch-size", t.global_batch_size, "samples per step over all replicas");

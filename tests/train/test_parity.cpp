@@ -196,5 +196,26 @@ TEST(Prefetch, OverlapChangesNothingButTiming) {
   }
 }
 
+// Asynchronous reduce-scatters finish in start order, so every shard accumulates in the same
+// order as with blocking ones. Not bitwise: Open MPI's non-blocking reduce-scatter
+// (MPI_Ireduce_scatter_block, libnbc) may sum the ranks in another order than the blocking one,
+// so the last bits differ; a lost, doubled or misplaced contribution would be far outside 1e-6.
+// (Each setting on its own is deterministic: the restart tests run with the default, on.)
+TEST(Overlap, GradReduceChangesNothingButTiming) {
+  if (test::world_size() < 8) GTEST_SKIP() << "needs 8 ranks";
+  TrainConfig c = base_config(false);
+  c.layout.pp = 2;  // dp 4: every unit reduce-scatters over 4 ranks
+  auto on = test::run_job(c, 8);
+  c.overlap_grad_reduce = false;
+  auto off = test::run_job(c, 8);
+  if (test::world_rank() < 8) {
+    ASSERT_EQ(on.size(), off.size());
+    for (size_t i = 0; i < on.size(); ++i) {
+      EXPECT_NEAR(on[i].lm_loss, off[i].lm_loss, 1e-6 * std::abs(off[i].lm_loss));
+      EXPECT_NEAR(on[i].grad_norm, off[i].grad_norm, 1e-6 * std::abs(off[i].grad_norm));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace weft

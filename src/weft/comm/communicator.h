@@ -34,6 +34,17 @@ struct P2POp {
   int peer;           // group rank
 };
 
+// A collective in flight (Communicator::reduce_scatter_async). wait() makes its result visible
+// to the caller: the MPI backend's host waits for the request (and copies staged results to the
+// device); the NCCL backend's caller's current stream waits for the communicator's stream (the
+// host does not). Call wait() exactly once, from a thread whose current stream is the caller's;
+// destroying a Work that was never waited for waits.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -48,6 +59,11 @@ class Communicator {
   virtual void all_gather(const at::Tensor& in, const at::Tensor& out) = 0;
   // in.numel() == size() * out.numel(); out = op over ranks of in[rank*n, (rank+1)*n).
   virtual void reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op) = 0;
+  // The same, started and returned before it completes: `in` must stay unmodified and `out`
+  // unread until the Work's wait(). Collectives on one communicator are still matched in call
+  // order, so every member starts its async collectives in the same order as the blocking ones.
+  virtual std::unique_ptr<Work> reduce_scatter_async(const at::Tensor& in, const at::Tensor& out,
+                                                     ReduceOp op) = 0;
   virtual void all_reduce(const at::Tensor& t, ReduceOp op) = 0;
   virtual void broadcast(const at::Tensor& t, int root) = 0;
   virtual void send(const at::Tensor& t, int peer) = 0;

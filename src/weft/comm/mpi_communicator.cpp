@@ -317,6 +317,64 @@ void MpiCommunicator::reduce_scatter(const at::Tensor& in, const at::Tensor& out
   store(host_out, out);
 }
 
+namespace {
+
+class MpiWork final : public Work {
+ public:
+  MpiWork(MpiCommunicator* comm, MPI_Request req, at::Tensor in, at::Tensor host_out,
+          at::Tensor out, bool avg)
+      : comm_(comm), req_(req), in_(std::move(in)), host_out_(std::move(host_out)),
+        out_(std::move(out)), avg_(avg) {}
+  ~MpiWork() override {
+    if (!done_) {
+      try {
+        wait();
+      } catch (...) {
+      }
+    }
+  }
+  void wait() override {
+    if (done_) return;
+    done_ = true;
+    if (req_ != MPI_REQUEST_NULL) {
+      const int rc = MPI_Wait(&req_, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS)
+        comm_abort(fmt::format("MPI_Wait(reduce_scatter) on group {} failed ({})", comm_->name(), rc));
+    }
+    if (avg_) host_out_.div_(comm_->size());
+    store(host_out_, out_);
+  }
+
+ private:
+  MpiCommunicator* comm_;
+  MPI_Request req_;
+  at::Tensor in_, host_out_, out_;  // kept alive until the request completes
+  bool avg_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(const at::Tensor& in,
+                                                            const at::Tensor& out, ReduceOp op) {
+  comm_check_reduce_scatter(*this, in, out, op);
+  if (size() == 1) {
+    copy_flat(in, out);
+    return std::make_unique<MpiWork>(this, MPI_REQUEST_NULL, at::Tensor(), out, out, false);
+  }
+  const at::ScalarType w = reduce_dtype(in.scalar_type());
+  const int n = count(out.numel(), "reduce_scatter", "out");
+  count(in.numel(), "reduce_scatter", "in");
+  at::Tensor host_in = host_view(in, w, true);
+  at::Tensor host_out = host_view(out, w, false);
+  if (comm_overlaps(host_in, host_out)) host_in = host_in.clone();
+  MPI_Request req = MPI_REQUEST_NULL;
+  check(MPI_Ireduce_scatter_block(buf(host_in), buf(host_out), n, reduce_mpi_type(w),
+                                  reduce_mpi_op(op), comm_, &req),
+        "reduce_scatter_async");
+  return std::make_unique<MpiWork>(this, req, host_in, host_out, out, op == ReduceOp::kAvg);
+}
+
 void MpiCommunicator::all_reduce(const at::Tensor& t, ReduceOp op) {
   comm_check_all_reduce(*this, t, op);
   if (size() == 1) return;

@@ -46,6 +46,10 @@ class MpiCommunicator final : public Communicator {
 
   void all_gather(const at::Tensor& in, const at::Tensor& out) override;
   void reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op) override;
+  // MPI_Ireduce_scatter_block on host views; wait() = MPI_Wait, then kAvg's division and the
+  // copy back of device-staged results.
+  std::unique_ptr<Work> reduce_scatter_async(const at::Tensor& in, const at::Tensor& out,
+                                             ReduceOp op) override;
   void all_reduce(const at::Tensor& t, ReduceOp op) override;
   void broadcast(const at::Tensor& t, int root) override;
   void send(const at::Tensor& t, int peer) override;

@@ -84,6 +84,8 @@ class NcclCommunicator final : public Communicator {
   std::string backend() const override { return "nccl"; }
   void all_gather(const at::Tensor& in, const at::Tensor& out) override;
   void reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op) override;
+  std::unique_ptr<Work> reduce_scatter_async(const at::Tensor& in, const at::Tensor& out,
+                                             ReduceOp op) override;
   void all_reduce(const at::Tensor& t, ReduceOp op) override;
   void broadcast(const at::Tensor& t, int root) override;
   void send(const at::Tensor& t, int peer) override;
@@ -96,8 +98,11 @@ class NcclCommunicator final : public Communicator {
  private:
   // Enqueues `enqueue(stream)` (NCCL calls returning ncclResult_t) on the communicator's stream,
   // ordered against the current stream as the file comment says; `tensors` are recorded there.
+  // With `finished` set, the current stream does not wait: an event recorded after the work
+  // on the communicator's stream is returned there instead (for a Work to wait on later).
   template <class Enqueue>
-  void run(const char* op, const std::vector<at::Tensor>& tensors, Enqueue&& enqueue);
+  void run(const char* op, const std::vector<at::Tensor>& tensors, Enqueue&& enqueue,
+           cudaEvent_t* finished = nullptr);
   void check_device(const char* op, const at::Tensor& t) const;
   void* ptr(const at::Tensor& t) const;  // a valid device address even for empty tensors
   std::string where(const char* op) const;
@@ -182,7 +187,7 @@ void* NcclCommunicator::ptr(const at::Tensor& t) const {
 
 template <class Enqueue>
 void NcclCommunicator::run(const char* op, const std::vector<at::Tensor>& tensors,
-                           Enqueue&& enqueue) {
+                           Enqueue&& enqueue, cudaEvent_t* finished) {
   std::lock_guard<std::mutex> lock(mu_);
   c10::cuda::CUDAGuard guard(device_);
   const cudaStream_t current = c10::cuda::getCurrentCUDAStream(device_).stream();
@@ -193,8 +198,13 @@ void NcclCommunicator::run(const char* op, const std::vector<at::Tensor>& tensor
   for (const at::Tensor& t : tensors)
     if (t.defined() && t.numel() > 0)
       c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), *stream_);
-  cuda_check(cudaEventRecord(done_, comm_stream), op);
-  cuda_check(cudaStreamWaitEvent(current, done_, 0), op);
+  if (finished) {
+    cuda_check(cudaEventCreateWithFlags(finished, cudaEventDisableTiming), op);
+    cuda_check(cudaEventRecord(*finished, comm_stream), op);
+  } else {
+    cuda_check(cudaEventRecord(done_, comm_stream), op);
+    cuda_check(cudaStreamWaitEvent(current, done_, 0), op);
+  }
   ncclResult_t async = ncclSuccess;
   nccl_check(ncclCommGetAsyncError(comm_, &async), op);
   if (async != ncclInProgress) nccl_check(async, op);
@@ -230,6 +240,58 @@ void NcclCommunicator::reduce_scatter(const at::Tensor& in, const at::Tensor& ou
     return ncclReduceScatter(src.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
                              nccl_reduce_type(out.scalar_type()), nccl_op(op), comm_, s);
   });
+}
+
+namespace {
+
+// Work of an NCCL collective: an event recorded on the communicator's stream after it; wait()
+// makes the caller's current stream wait on it. The tensors were recorded on the communicator's
+// stream by run(), so the allocator keeps them until the work is done.
+class NcclWork final : public Work {
+ public:
+  NcclWork(cudaEvent_t done, c10::DeviceIndex device) : done_(done), device_(device) {}
+  ~NcclWork() override {
+    if (!waited_) wait();
+    if (done_) cudaEventDestroy(done_);
+  }
+  void wait() override {
+    if (waited_) return;
+    waited_ = true;
+    if (!done_) return;
+    c10::cuda::CUDAGuard guard(device_);
+    const cudaError_t e =
+        cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_).stream(), done_, 0);
+    if (e != cudaSuccess)
+      comm_abort(std::string("NCCL reduce_scatter_async wait: ") + cudaGetErrorString(e));
+  }
+
+ private:
+  cudaEvent_t done_;
+  c10::DeviceIndex device_;
+  bool waited_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Work> NcclCommunicator::reduce_scatter_async(const at::Tensor& in,
+                                                             const at::Tensor& out, ReduceOp op) {
+  comm_check_reduce_scatter(*this, in, out, op);
+  check_device("reduce_scatter", in);
+  check_device("reduce_scatter", out);
+  if (size() == 1 || out.numel() == 0) {  // nothing in flight: done on the current stream
+    reduce_scatter(in, out, op);
+    return std::make_unique<NcclWork>(nullptr, device_);
+  }
+  const bool in_place = static_cast<char*>(out.data_ptr()) ==
+                        static_cast<char*>(in.data_ptr()) +
+                            static_cast<size_t>(rank()) * out.nbytes();
+  const at::Tensor src = (!in_place && comm_overlaps(in, out)) ? in.clone() : in;
+  cudaEvent_t done = nullptr;
+  run("reduce_scatter_async", {src, out}, [&](cudaStream_t s) {
+    return ncclReduceScatter(src.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
+                             nccl_reduce_type(out.scalar_type()), nccl_op(op), comm_, s);
+  }, &done);
+  return std::make_unique<NcclWork>(done, device_);
 }
 
 void NcclCommunicator::all_reduce(const at::Tensor& t, ReduceOp op) {

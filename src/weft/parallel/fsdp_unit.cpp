@@ -5,6 +5,8 @@
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
 
+#include <memory>
+
 #include "weft/core/error.h"
 
 namespace weft {
@@ -18,6 +20,23 @@ int64_t row_numel_of(const ParamSpec& s) {
 }
 
 }  // namespace
+
+void GradReductionQueue::push(std::function<void()> finish) {
+  pending_.push_back(std::move(finish));
+  while (static_cast<int>(pending_.size()) > depth_) {
+    std::function<void()> f = std::move(pending_.front());
+    pending_.pop_front();
+    f();
+  }
+}
+
+void GradReductionQueue::drain() {
+  while (!pending_.empty()) {
+    std::function<void()> f = std::move(pending_.front());
+    pending_.pop_front();
+    f();
+  }
+}
 
 FsdpUnit::FsdpUnit(std::string name, std::vector<ParamSpec> specs, Communicator* shard,
                    c10::ScalarType dtype, c10::Device device)
@@ -162,8 +181,18 @@ void FsdpUnit::reduce_grads() {
       by_rank.narrow(1, seg.offset, seg.numel()).copy_(padded.view({D, seg.numel()}));
     }
     at::Tensor mine = at::empty({shard_numel_}, grad_target_.options());
-    shard_->reduce_scatter(send, mine, ReduceOp::kSum);
-    grad_target_.add_(mine);
+    if (reduce_queue_) {
+      std::shared_ptr<Work> work = shard_->reduce_scatter_async(send, mine, ReduceOp::kSum);
+      at::Tensor target = grad_target_;
+      reduce_queue_->push([work, mine, target]() mutable {
+        at::NoGradGuard no_grad;
+        work->wait();
+        target.add_(mine);
+      });
+    } else {
+      shard_->reduce_scatter(send, mine, ReduceOp::kSum);
+      grad_target_.add_(mine);
+    }
   }
   for (auto& g : full_grad_) g = at::Tensor();
 }

@@ -20,6 +20,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <string>
@@ -39,6 +40,23 @@ struct ShardSegment {
   int64_t valid_rows = 0;      // rows of real data on this rank (0 for an empty shard)
   int64_t numel() const { return rows_per_rank * row_numel; }
   int64_t valid_numel() const { return valid_rows * row_numel; }
+};
+
+// Gradient reductions started by units' backward (reduce-scatter in flight while the backward of
+// earlier layers computes) and finished in start order: at most `depth` in flight, since each
+// holds a full-size float32 send buffer; drain() finishes all (the stage calls it at the end of
+// each microbatch's backward, before anything reads a gradient shard). Finishing in start order
+// keeps every shard's accumulation order, so results are bitwise those of blocking reductions.
+class GradReductionQueue {
+ public:
+  explicit GradReductionQueue(int depth) : depth_(depth < 1 ? 1 : depth) {}
+  void push(std::function<void()> finish);
+  void drain();
+  bool empty() const { return pending_.empty(); }
+
+ private:
+  int depth_;
+  std::deque<std::function<void()>> pending_;
 };
 
 class FsdpUnit : public ParamSource {
@@ -72,6 +90,9 @@ class FsdpUnit : public ParamSource {
   // gathered as soon as this unit's backward starts, so that with an asynchronous backend
   // (NCCL) its all-gather overlaps this unit's backward compute. Null: no prefetch.
   void set_backward_prefetch(FsdpUnit* next) { backward_prefetch_ = next; }
+  // Where this unit's reduce-scatters go to finish later (null: each finishes at once). Used
+  // only with D > 1; the queue must outlive the unit's backward.
+  void set_grad_reduction_queue(GradReductionQueue* q) { reduce_queue_ = q; }
   bool gathered() const { return gathered_; }
 
   // The microbatch that forward and backward uses are counted against.
@@ -103,6 +124,7 @@ class FsdpUnit : public ParamSource {
   std::vector<at::Tensor> full_grad_;  // float32 full-shape gradient buffers of this backward
   bool gathered_ = false;
   FsdpUnit* backward_prefetch_ = nullptr;
+  GradReductionQueue* reduce_queue_ = nullptr;
   int microbatch_ = 0;
   std::map<int, int> pending_uses_;    // microbatch -> forward uses still awaiting a gradient
 };

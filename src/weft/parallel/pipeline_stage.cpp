@@ -84,6 +84,8 @@ PipelineStage::PipelineStage(const ModelConfig& cfg, const ProcessGroups& groups
     forward_order_.push_back(final_norm_);
     forward_order_.push_back(output_);
   }
+  if (opt.overlap_grad_reduce)
+    for (auto& u : units_) u->set_grad_reduction_queue(&reduce_queue_);
   // Backward walks forward order in reverse; the embedding's backward needs no weight.
   if (opt.prefetch)
     for (size_t k = 1; k < forward_order_.size(); ++k)
@@ -144,6 +146,7 @@ void PipelineStage::backward(int mb, const at::Tensor& output, const at::Tensor&
     torch::autograd::backward({output}, {grad});
   else
     torch::autograd::backward({output});
+  reduce_queue_.drain();
   for (auto& u : units_)
     WEFT_CHECK(!u->has_pending_grads(mb), "unit {}: a forward use of microbatch {} got no gradient",
                u->name(), mb);

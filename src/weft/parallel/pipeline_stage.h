@@ -36,6 +36,7 @@ struct StageOptions {
   // previous layer's when a layer's backward starts. With NCCL the gathers run on the
   // communicator's stream and overlap compute; with MPI they are only issued earlier.
   bool prefetch = true;   // --overlap-param-gather / --no-overlap-param-gather
+  bool overlap_grad_reduce = true;  // --overlap-grad-reduce / --no-overlap-grad-reduce
 };
 
 class PipelineStage {
@@ -83,6 +84,7 @@ class PipelineStage {
   StageOptions opt_;
   int stage_, num_stages_, first_layer_ = 0, num_layers_ = 0;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
+  GradReductionQueue reduce_queue_{2};  // reduce-scatters in flight during backward
   FsdpUnit* embedding_ = nullptr;
   FsdpUnit* tied_output_ = nullptr;
   FsdpUnit* final_norm_ = nullptr;

@@ -57,7 +57,8 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
       {"lr", {{"lr", c.lr.lr}, {"min_lr", c.lr.min_lr}, {"warmup_iters", c.lr.warmup_iters},
               {"decay_iters", c.lr.decay_iters}, {"style", c.lr.style}}},
       {"micro_batch_size", c.micro_batch_size}, {"global_batch_size", c.global_batch_size},
-      {"train_iters", c.train_iters}, {"overlap_param_gather", c.overlap_param_gather}, {"seed", c.seed}, {"device", c.device},
+      {"train_iters", c.train_iters}, {"overlap_param_gather", c.overlap_param_gather},
+      {"overlap_grad_reduce", c.overlap_grad_reduce}, {"seed", c.seed}, {"device", c.device},
       {"save_interval", c.save_interval}};
 }
 
@@ -129,6 +130,7 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   so.first_stage_layers = cfg_.first_stage_layers;
   so.last_stage_layers = cfg_.last_stage_layers;
   so.prefetch = cfg_.overlap_param_gather;
+  so.overlap_grad_reduce = cfg_.overlap_grad_reduce;
   stage_ = std::make_unique<PipelineStage>(cfg_.model, groups, so);
   stage_->init_parameters(cfg_.seed);
   std::vector<FsdpUnit*> units;

@@ -44,6 +44,7 @@ struct TrainConfig {
   int last_stage_layers = -1;   // --decoder-last-pipeline-num-layers
   std::string device = "cpu";   // --device cpu|cuda
   bool overlap_param_gather = true;  // --overlap-param-gather / --no-overlap-param-gather
+  bool overlap_grad_reduce = true;   // --overlap-grad-reduce / --no-overlap-grad-reduce
   std::string log_jsonl;        // --log-jsonl FILE
   int log_interval = 1;         // --log-interval
   bool quiet = false;           // no per-iteration lines (tests)
