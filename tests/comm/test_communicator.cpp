@@ -107,6 +107,19 @@ void check_reduce_scatter(Communicator& c, at::Device dev, at::ScalarType dt) {
       c.reduce_scatter(flat, slot, op);
       expect_same(slot, want, fmt::format("reduce_scatter in place n={} op={}", n,
                                           static_cast<int>(op)));
+
+      // Asynchronous: two in flight at once, waited for in start order.
+      at::Tensor out1 = at::full({n}, -1, at::TensorOptions().dtype(dt).device(dev));
+      at::Tensor out2 = at::full({n}, -1, at::TensorOptions().dtype(dt).device(dev));
+      at::Tensor in2 = in.clone();
+      auto w1 = c.reduce_scatter_async(in, out1, op);
+      auto w2 = c.reduce_scatter_async(in2, out2, op);
+      w1->wait();
+      w2->wait();
+      expect_same(out1, want, fmt::format("reduce_scatter_async n={} op={}", n,
+                                          static_cast<int>(op)));
+      expect_same(out2, want, fmt::format("reduce_scatter_async (second) n={} op={}", n,
+                                          static_cast<int>(op)));
     }
 }
 
