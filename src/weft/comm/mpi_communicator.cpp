@@ -301,20 +301,28 @@ void MpiCommunicator::all_gather(const at::Tensor& in, const at::Tensor& out) {
   store(host_out, out);
 }
 
+MpiCommunicator::StagedReduceScatter MpiCommunicator::stage_reduce_scatter(const at::Tensor& in,
+                                                                           const at::Tensor& out) {
+  StagedReduceScatter r;
+  const at::ScalarType w = reduce_dtype(in.scalar_type());
+  r.n = count(out.numel(), "reduce_scatter", "out");
+  count(in.numel(), "reduce_scatter", "in");
+  r.type = reduce_mpi_type(w);
+  r.host_in = host_view(in, w, true);
+  r.host_out = host_view(out, w, false);
+  if (comm_overlaps(r.host_in, r.host_out)) r.host_in = r.host_in.clone();
+  return r;
+}
+
 void MpiCommunicator::reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op) {
   comm_check_reduce_scatter(*this, in, out, op);
   if (size() == 1) return copy_flat(in, out);
-  const at::ScalarType w = reduce_dtype(in.scalar_type());
-  const int n = count(out.numel(), "reduce_scatter", "out");
-  count(in.numel(), "reduce_scatter", "in");
-  at::Tensor host_in = host_view(in, w, true);
-  at::Tensor host_out = host_view(out, w, false);
-  if (comm_overlaps(host_in, host_out)) host_in = host_in.clone();
-  check(MPI_Reduce_scatter_block(buf(host_in), buf(host_out), n, reduce_mpi_type(w),
+  StagedReduceScatter r = stage_reduce_scatter(in, out);
+  check(MPI_Reduce_scatter_block(buf(r.host_in), buf(r.host_out), r.n, r.type,
                                  reduce_mpi_op(op), comm_),
         "reduce_scatter");
-  if (op == ReduceOp::kAvg) host_out.div_(size());
-  store(host_out, out);
+  if (op == ReduceOp::kAvg) r.host_out.div_(size());
+  store(r.host_out, out);
 }
 
 namespace {
@@ -362,17 +370,12 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(const at::Tensor& in
     copy_flat(in, out);
     return std::make_unique<MpiWork>(this, MPI_REQUEST_NULL, at::Tensor(), out, out, false);
   }
-  const at::ScalarType w = reduce_dtype(in.scalar_type());
-  const int n = count(out.numel(), "reduce_scatter", "out");
-  count(in.numel(), "reduce_scatter", "in");
-  at::Tensor host_in = host_view(in, w, true);
-  at::Tensor host_out = host_view(out, w, false);
-  if (comm_overlaps(host_in, host_out)) host_in = host_in.clone();
+  StagedReduceScatter r = stage_reduce_scatter(in, out);
   MPI_Request req = MPI_REQUEST_NULL;
-  check(MPI_Ireduce_scatter_block(buf(host_in), buf(host_out), n, reduce_mpi_type(w),
+  check(MPI_Ireduce_scatter_block(buf(r.host_in), buf(r.host_out), r.n, r.type,
                                   reduce_mpi_op(op), comm_, &req),
         "reduce_scatter_async");
-  return std::make_unique<MpiWork>(this, req, host_in, host_out, out, op == ReduceOp::kAvg);
+  return std::make_unique<MpiWork>(this, req, r.host_in, r.host_out, out, op == ReduceOp::kAvg);
 }
 
 void MpiCommunicator::all_reduce(const at::Tensor& t, ReduceOp op) {

@@ -61,6 +61,14 @@ class MpiCommunicator final : public Communicator {
 
  private:
   enum class Dir { kSend, kRecv };
+  // The host buffers, count and MPI type of a reduce-scatter (blocking or not): `in` and `out`
+  // themselves when they are host tensors of the reduction dtype, else staged copies.
+  struct StagedReduceScatter {
+    at::Tensor host_in, host_out;
+    int n = 0;
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+  };
+  StagedReduceScatter stage_reduce_scatter(const at::Tensor& in, const at::Tensor& out);
   int next_tag(Dir dir, int peer);  // thread-safe
   void check(int rc, const char* op) const;  // aborts the job on an MPI error
   int count(int64_t n, const char* op, const char* what) const;  // n must fit MPI's int
