@@ -89,6 +89,8 @@ TEST(Mesh, Refusals) {
   expect_usage_error(layout(8, 1, 1, 2, 2, -1, 3, false),
                      "--num-distributed-optimizer-instances 3 does not divide");
   expect_usage_error(layout(8, 2, 1, 2, 1, 1, 1, true), "dense and expert pipeline groups differ");
+  // pp = 1: the pipeline groups are single ranks in both decompositions (Megatron accepts).
+  EXPECT_NO_THROW(validate_layout(layout(8, 1, 2, 1, 1, -1, 1, true)));
   expect_usage_error(layout(8, 0, 1, 1, 1, -1, 1, false), "--tensor-model-parallel-size must be >= 1");
   expect_usage_error(layout(8, 1, 1, -2, 1, -1, 1, false), "--pipeline-model-parallel-size");
   expect_usage_error(layout(0, 1, 1, 1, 1, -1, 1, false), "--world-size");
@@ -269,6 +271,18 @@ std::vector<int> divisors(int n) {
   return d;
 }
 
+// Whether the dense and the expert decompositions put every rank in the same pipeline group.
+bool same_pipeline_groups(int w, int tp, int cp, int pp, int ep, int etp, bool map) {
+  const int dp = w / (tp * cp * pp), edp = w / (etp * ep * pp);
+  Axes dense = map ? Axes{{"tp", "cp", "pp", "dp"}, {tp, cp, pp, dp}}
+                   : Axes{{"tp", "cp", "dp", "pp"}, {tp, cp, dp, pp}};
+  Axes expert = map ? Axes{{"etp", "ep", "pp", "edp"}, {etp, ep, pp, edp}}
+                    : Axes{{"etp", "ep", "edp", "pp"}, {etp, ep, edp, pp}};
+  for (int r = 0; r < w; ++r)
+    if (brute_group(dense, w, r, {"pp"}) != brute_group(expert, w, r, {"pp"})) return false;
+  return true;
+}
+
 TEST(Mesh, EveryValidLayoutUpToWorld64) {
   long valid = 0, refused = 0;
   for (int w = 1; w <= 64; ++w) {
@@ -286,10 +300,12 @@ TEST(Mesh, EveryValidLayoutUpToWorld64) {
                   } catch (const UsageError&) {
                     ok = false;
                   }
-                  // Validity written independently of validate_layout.
+                  // Validity written independently of validate_layout: the dense and the
+                  // expert decompositions must give the same pipeline group to every rank
+                  // (brute force), and HSDP must divide both FSDP groups.
                   int dp = w / (tp * cp * pp), edp = w / (etp * ep * pp);
                   bool want = (dp * cp) % outer == 0 && edp % outer == 0 &&
-                              (!map || tp * cp == etp * ep);
+                              same_pipeline_groups(w, tp, cp, pp, ep, etp, map);
                   ASSERT_EQ(ok, want) << "w" << w << " tp" << tp << " cp" << cp << " pp" << pp
                                       << " etp" << etp << " ep" << ep << " outer" << outer;
                   if (!ok) {

@@ -129,11 +129,13 @@ LayoutConfig validate_layout(LayoutConfig c) {
         w, c.etp, c.ep, c.pp, c.etp * c.ep * c.pp);
   const int dp = w / (c.tp * c.cp * c.pp);
   const int edp = w / (c.etp * c.ep * c.pp);
-  if (c.tp_pp_dp_mapping && c.tp * c.cp != c.etp * c.ep)
+  // With pp = 1 every pipeline group is a single rank in both decompositions, so they agree
+  // whatever the strides (Megatron accepts these layouts too).
+  if (c.tp_pp_dp_mapping && c.pp > 1 && c.tp * c.cp != c.etp * c.ep)
     fail_usage(
-        "dense and expert pipeline groups differ: with --use-tp-pp-dp-mapping the pipeline stride "
-        "tp*cp = {}*{} = {} must equal etp*ep = {}*{} = {} (--expert-model-parallel-size, "
-        "--expert-tensor-parallel-size)",
+        "dense and expert pipeline groups differ: with --use-tp-pp-dp-mapping and "
+        "--pipeline-model-parallel-size > 1 the pipeline stride tp*cp = {}*{} = {} must equal "
+        "etp*ep = {}*{} = {} (--expert-model-parallel-size, --expert-tensor-parallel-size)",
         c.tp, c.cp, c.tp * c.cp, c.etp, c.ep, c.etp * c.ep);
   if ((dp * c.cp) % c.dp_outer != 0)
     fail_usage(
