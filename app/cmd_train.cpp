@@ -13,6 +13,7 @@
 #include "weft/comm/device.h"
 #include "weft/core/error.h"
 #include "weft/model/fused.h"
+#include "weft/model/moe.h"
 #include "weft/train/trainer.h"
 
 namespace weft::app {
@@ -27,6 +28,7 @@ struct TrainArgs {
   bool deterministic = false;
   bool no_fused = false;
   std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32", backend = "auto";
+  std::string moe_layer_freq = "1";
   int threads = 0;
 };
 
@@ -56,6 +58,21 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--norm-epsilon", m.norm_epsilon, "RMSNorm epsilon");
   c->add_flag("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights,
               "separate output layer instead of the tied embedding");
+  opt("--num-experts", m.num_experts, "routed experts per MoE layer (0: dense model)");
+  opt("--moe-router-topk", m.moe_router_topk, "experts per token");
+  opt("--moe-ffn-hidden-size", m.moe_ffn_hidden_size,
+      "SwiGLU hidden size of each routed expert (-1: --ffn-hidden-size)");
+  opt("--moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size,
+      "SwiGLU hidden size of the shared expert run on every token (0: none)");
+  opt("--moe-aux-loss-coeff", m.moe_aux_loss_coeff, "weight of the load-balancing loss");
+  opt("--moe-router-score-function", m.moe_router_score_function, "softmax | sigmoid");
+  opt("--moe-router-load-balancing-type", m.moe_router_load_balancing_type, "aux_loss | none");
+  opt("--moe-layer-freq", a->moe_layer_freq,
+      "MoE layer pattern: an int N (layer i is MoE when i % N == 0) or a list like [0,1,1,1]");
+  opt("--moe-token-dispatcher-type", t.moe_token_dispatcher_type, "alltoall");
+  opt("--mtp-num-layers", m.mtp_num_layers, "multi-token prediction depth (0: off)");
+  opt("--mtp-loss-scaling-factor", m.mtp_loss_scaling_factor,
+      "weight of the MTP loss (averaged over depths) in the objective");
   c->add_flag("--overlap-param-gather,!--no-overlap-param-gather", t.overlap_param_gather,
               "prefetch the next FSDP unit's all-gather (default on)");
   c->add_flag("--overlap-grad-reduce,!--no-overlap-grad-reduce", t.overlap_grad_reduce,
@@ -121,6 +138,8 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
     t.adam.exp_avg_dtype = moment_dtype("--exp-avg-dtype", a->exp_avg_dtype);
     t.adam.exp_avg_sq_dtype = moment_dtype("--exp-avg-sq-dtype", a->exp_avg_sq_dtype);
     if (t.log_interval < 1) fail_usage("--log-interval must be >= 1");
+    if (t.model.num_experts > 0)
+      t.model.moe_layer_pattern = parse_moe_layer_freq(a->moe_layer_freq, t.model.num_layers);
     fused::set_enabled(!a->no_fused);
     MpiRuntime mpi(argc, argv);
     set_error_rank(mpi.world_rank());

@@ -284,7 +284,7 @@ SavePhases save_phases(weft::Trainer& t, const std::string& dir) {
     const auto& units = opt.units();
     for (size_t k = 0; k < units.size(); ++k) {
       const weft::FsdpUnit& u = *units[k];
-      if (stage.is_tied_copy(&u)) continue;
+      if (stage.is_embedding_copy(&u)) continue;
       weft::UnitOptimState& st = opt.state(k);
       for (int i = 0; i < u.num_params(); ++i) {
         const weft::ShardSegment& seg = u.segment(i);
@@ -655,7 +655,7 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
   int64_t params = 0;
   if (groups.get("fsdp_replicate")->rank() == 0)
     for (auto& u : trainer.stage().units())
-      if (!trainer.stage().is_tied_copy(u.get()))
+      if (!trainer.stage().is_embedding_copy(u.get()))
         for (int i = 0; i < u->num_params(); ++i) params += u->segment(i).valid_numel();
   params = sum_over_ranks(params);
   const int64_t state_bytes = params * (elem + 4 + 4 + 4);

@@ -81,7 +81,7 @@ void check_tied_copies(Trainer& t, const ProcessGroups& g) {
   if (!t.stage().model_config().tied() || s.num_stages() == 1) return;
   Communicator* emb = g.get("embedding");
   if (!emb) return;
-  FsdpUnit* u = s.is_first() ? s.embedding_unit() : s.tied_output_unit();
+  FsdpUnit* u = s.is_first() ? s.embedding_unit() : s.embedding_copy_unit();
   ASSERT_NE(u, nullptr);
   size_t k = 0;
   while (t.optimizer().units()[k] != u) ++k;

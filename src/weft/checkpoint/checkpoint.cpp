@@ -109,7 +109,8 @@ std::vector<LocalTensor> local_tensors(const PipelineStage& stage, ShardedAdamW&
   const auto& units = opt.units();
   for (size_t k = 0; k < units.size(); ++k) {
     const FsdpUnit& u = *units[k];
-    if (stage.is_tied_copy(&u)) continue;  // stored once, by the first stage
+    if (stage.is_embedding_copy(&u)) continue;  // stored once, by the first stage
+    if (!u.main_replica()) continue;            // HSDP replicas are written once
     UnitOptimState& st = opt.state(k);
     for (int i = 0; i < u.num_params(); ++i) {
       const ShardSegment& seg = u.segment(i);
@@ -244,9 +245,9 @@ void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, Sharded
   // This rank's chunks: only the main replica of each shard writes.
   nlohmann::json chunk_list = nlohmann::json::array();
   st = Status::ok();
-  const bool writer = groups.get("fsdp_replicate")->rank() == 0;
-  if (writer) {
-    std::vector<LocalTensor> tensors = local_tensors(stage, opt, req.debug_stage_local_names);
+  // Each unit's main replica writes it (dense and expert units have different replicate groups).
+  std::vector<LocalTensor> tensors = local_tensors(stage, opt, req.debug_stage_local_names);
+  if (!tensors.empty()) {
     std::vector<SafetensorsWriteEntry> entries;
     const std::string file = ckpt_shard_file_name(rank);
     for (const auto& t : tensors) {
@@ -338,13 +339,9 @@ Strictness parse_strictness(const std::string& v) {
 }
 
 std::vector<std::string> expected_checkpoint_keys(const ModelConfig& cfg) {
-  std::vector<std::string> names = {embedding_param_spec(cfg).name};
-  for (int l = 0; l < cfg.num_layers; ++l)
-    for (const auto& s : layer_param_specs(cfg, l)) names.push_back(s.name);
-  names.push_back(final_norm_param_spec(cfg).name);
-  if (!cfg.tied()) names.push_back(output_param_spec(cfg).name);
   std::vector<std::string> keys;
-  for (const auto& n : names) {
+  for (const ParamSpec& p : all_param_specs(cfg)) {
+    const std::string& n = p.name;
     keys.push_back(n);
     for (const char* k : kStateKinds) keys.push_back(state_key(k, n));
   }

@@ -19,14 +19,17 @@
 #include <ATen/ops/outer.h>
 #include <ATen/ops/pow.h>
 #include <ATen/ops/silu.h>
+#include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "weft/core/compat.h"
 #include "weft/core/error.h"
 #include "weft/model/fused.h"
+#include "weft/model/moe.h"
 #include "weft/model/ops.h"
 
 namespace weft {
@@ -101,6 +104,46 @@ void check_model_config(const ModelConfig& cfg) {
   if (!(cfg.init_method_std > 0)) fail_usage("--init-method-std must be positive");
   if (!(cfg.rotary_base > 0)) fail_usage("--rotary-base must be positive");
   if (!(cfg.norm_epsilon >= 0)) fail_usage("--norm-epsilon must not be negative");
+  check_moe_config(cfg);
+}
+
+void check_moe_config(const ModelConfig& cfg) {
+  if (cfg.num_experts < 0) fail_usage("--num-experts must be >= 0 (got {})", cfg.num_experts);
+  if (cfg.mtp_num_layers < 0)
+    fail_usage("--mtp-num-layers must be >= 0 (got {})", cfg.mtp_num_layers);
+  if (cfg.mtp_num_layers >= cfg.seq_length)
+    fail_usage("--mtp-num-layers {} must be smaller than --seq-length {} (depth k predicts the "
+               "token k+1 positions ahead)", cfg.mtp_num_layers, cfg.seq_length);
+  if (!(cfg.mtp_loss_scaling_factor >= 0) || !std::isfinite(cfg.mtp_loss_scaling_factor))
+    fail_usage("--mtp-loss-scaling-factor must be a finite number >= 0");
+  if (!cfg.moe()) {
+    if (!cfg.moe_layer_pattern.empty() &&
+        std::find(cfg.moe_layer_pattern.begin(), cfg.moe_layer_pattern.end(), 1) !=
+            cfg.moe_layer_pattern.end())
+      fail_usage("--moe-layer-freq marks MoE layers but --num-experts is 0");
+    return;
+  }
+  if (cfg.moe_router_topk < 1 || cfg.moe_router_topk > cfg.num_experts)
+    fail_usage("--moe-router-topk {} must be between 1 and --num-experts {}", cfg.moe_router_topk,
+               cfg.num_experts);
+  if (cfg.moe_ffn_hidden_size == 0 || cfg.moe_ffn_hidden_size < -1)
+    fail_usage("--moe-ffn-hidden-size must be positive (got {})", cfg.moe_ffn_hidden_size);
+  if (cfg.moe_shared_expert_intermediate_size < 0)
+    fail_usage("--moe-shared-expert-intermediate-size must be >= 0 (got {})",
+               cfg.moe_shared_expert_intermediate_size);
+  if (!(cfg.moe_aux_loss_coeff >= 0) || !std::isfinite(cfg.moe_aux_loss_coeff))
+    fail_usage("--moe-aux-loss-coeff must be a finite number >= 0");
+  if (cfg.moe_router_score_function != "softmax" && cfg.moe_router_score_function != "sigmoid")
+    fail_usage("--moe-router-score-function must be softmax or sigmoid (got '{}')",
+               cfg.moe_router_score_function);
+  if (cfg.moe_router_load_balancing_type != "aux_loss" &&
+      cfg.moe_router_load_balancing_type != "none")
+    fail_usage("--moe-router-load-balancing-type must be aux_loss or none (got '{}'; weft has no "
+               "seq_aux_loss, global_aux_loss or sinkhorn)", cfg.moe_router_load_balancing_type);
+  if (!cfg.moe_layer_pattern.empty() &&
+      static_cast<int>(cfg.moe_layer_pattern.size()) != cfg.num_layers)
+    fail_usage("--moe-layer-freq gives {} layers, but --num-layers is {}",
+               cfg.moe_layer_pattern.size(), cfg.num_layers);
 }
 
 ParamSpec embedding_param_spec(const ModelConfig& cfg) {
@@ -108,22 +151,122 @@ ParamSpec embedding_param_spec(const ModelConfig& cfg) {
               InitKind::kNormal, true);
 }
 
-std::vector<ParamSpec> layer_param_specs(const ModelConfig& cfg, int layer) {
+std::string layer_prefix(int layer) { return fmt::format("decoder.layers.{}.", layer); }
+std::string mtp_block_prefix(int k) { return fmt::format("mtp.layers.{}.transformer_layer.", k); }
+
+std::vector<ParamSpec> block_param_specs(const ModelConfig& cfg, const std::string& p, bool moe) {
   check_model_config(cfg);
-  WEFT_CHECK(layer >= 0 && layer < cfg.num_layers, "layer {} outside [0, {})", layer,
-             cfg.num_layers);
   const int64_t h = cfg.hidden_size, nh = cfg.num_attention_heads, ng = cfg.num_query_groups;
   const int64_t hd = cfg.head_dim(), ffn = cfg.ffn_hidden_size;
-  const std::string p = fmt::format("decoder.layers.{}.", layer);
-  return {
+  std::vector<ParamSpec> out = {
       spec(p + "input_layernorm.weight", {h}, InitKind::kOnes, false),
       spec(p + "self_attention.linear_qkv.weight", {(nh + 2 * ng) * hd, h}, InitKind::kNormal,
            true),
       spec(p + "self_attention.linear_proj.weight", {h, nh * hd}, InitKind::kScaledNormal, true),
       spec(p + "pre_mlp_layernorm.weight", {h}, InitKind::kOnes, false),
-      spec(p + "mlp.linear_fc1.weight", {2 * ffn, h}, InitKind::kNormal, true),
-      spec(p + "mlp.linear_fc2.weight", {h, ffn}, InitKind::kScaledNormal, true),
   };
+  if (!moe) {
+    out.push_back(spec(p + "mlp.linear_fc1.weight", {2 * ffn, h}, InitKind::kNormal, true));
+    out.push_back(spec(p + "mlp.linear_fc2.weight", {h, ffn}, InitKind::kScaledNormal, true));
+    return out;
+  }
+  out.push_back(spec(p + "mlp.router.weight", {cfg.num_experts, h}, InitKind::kNormal, true));
+  if (const int64_t sf = cfg.moe_shared_expert_intermediate_size; sf > 0) {
+    out.push_back(spec(p + "mlp.shared_experts.linear_fc1.weight", {2 * sf, h}, InitKind::kNormal,
+                       true));
+    out.push_back(spec(p + "mlp.shared_experts.linear_fc2.weight", {h, sf},
+                       InitKind::kScaledNormal, true));
+  }
+  return out;
+}
+
+std::vector<ParamSpec> layer_param_specs(const ModelConfig& cfg, int layer) {
+  WEFT_CHECK(layer >= 0 && layer < cfg.num_layers, "layer {} outside [0, {})", layer,
+             cfg.num_layers);
+  return block_param_specs(cfg, layer_prefix(layer), cfg.is_moe_layer(layer));
+}
+
+std::vector<ParamSpec> expert_param_specs(const ModelConfig& cfg, const std::string& p, int first,
+                                          int count) {
+  WEFT_CHECK(first >= 0 && count >= 0 && first + count <= cfg.num_experts,
+             "experts {}..{} outside [0, {})", first, first + count, cfg.num_experts);
+  const int64_t h = cfg.hidden_size, f = cfg.expert_ffn();
+  std::vector<ParamSpec> out;
+  for (int e = first; e < first + count; ++e)
+    out.push_back(spec(fmt::format("{}mlp.experts.{}.linear_fc1.weight", p, e), {2 * f, h},
+                       InitKind::kNormal, true));
+  for (int e = first; e < first + count; ++e)
+    out.push_back(spec(fmt::format("{}mlp.experts.{}.linear_fc2.weight", p, e), {h, f},
+                       InitKind::kScaledNormal, true));
+  return out;
+}
+
+std::vector<ParamSpec> mtp_param_specs(const ModelConfig& cfg, int k) {
+  WEFT_CHECK(k >= 0 && k < cfg.mtp_num_layers, "MTP depth {} outside [0, {})", k,
+             cfg.mtp_num_layers);
+  const int64_t h = cfg.hidden_size;
+  const std::string p = fmt::format("mtp.layers.{}.", k);
+  std::vector<ParamSpec> out = {
+      spec(p + "enorm.weight", {h}, InitKind::kOnes, false),
+      spec(p + "hnorm.weight", {h}, InitKind::kOnes, false),
+      spec(p + "eh_proj.weight", {h, 2 * h}, InitKind::kNormal, true),
+      spec(p + "final_layernorm.weight", {h}, InitKind::kOnes, false),
+  };
+  for (auto& s : block_param_specs(cfg, mtp_block_prefix(k), cfg.mtp_layer_is_moe()))
+    out.push_back(std::move(s));
+  return out;
+}
+
+std::vector<ParamSpec> all_param_specs(const ModelConfig& cfg) {
+  std::vector<ParamSpec> out = {embedding_param_spec(cfg)};
+  auto append = [&](std::vector<ParamSpec> v) {
+    for (auto& s : v) out.push_back(std::move(s));
+  };
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    append(layer_param_specs(cfg, l));
+    if (cfg.is_moe_layer(l)) append(expert_param_specs(cfg, layer_prefix(l), 0, cfg.num_experts));
+  }
+  out.push_back(final_norm_param_spec(cfg));
+  if (!cfg.tied()) out.push_back(output_param_spec(cfg));
+  for (int k = 0; k < cfg.mtp_num_layers; ++k) {
+    append(mtp_param_specs(cfg, k));
+    if (cfg.mtp_layer_is_moe())
+      append(expert_param_specs(cfg, mtp_block_prefix(k), 0, cfg.num_experts));
+  }
+  return out;
+}
+
+LayerHandles layer_handles(ParamSource* src, int first, const ModelConfig& cfg, bool moe,
+                           MoeExperts* experts) {
+  auto at = [&](int i) { return ParamHandle{src, first + i}; };
+  LayerHandles h;
+  h.input_layernorm = at(0);
+  h.linear_qkv = at(1);
+  h.linear_proj = at(2);
+  h.pre_mlp_layernorm = at(3);
+  if (!moe) {
+    h.linear_fc1 = at(4);
+    h.linear_fc2 = at(5);
+    return h;
+  }
+  WEFT_CHECK(experts != nullptr, "an MoE layer needs its experts");
+  h.router = at(4);
+  if (cfg.moe_shared_expert_intermediate_size > 0) {
+    h.shared_fc1 = at(5);
+    h.shared_fc2 = at(6);
+  }
+  h.experts = experts;
+  return h;
+}
+
+MtpHandles mtp_handles(ParamSource* src, int first, const ModelConfig& cfg, MoeExperts* experts) {
+  MtpHandles h;
+  h.enorm = ParamHandle{src, first};
+  h.hnorm = ParamHandle{src, first + 1};
+  h.eh_proj = ParamHandle{src, first + 2};
+  h.final_layernorm = ParamHandle{src, first + 3};
+  h.layer = layer_handles(src, first + 4, cfg, cfg.mtp_layer_is_moe(), experts);
+  return h;
 }
 
 ParamSpec final_norm_param_spec(const ModelConfig& cfg) {
@@ -164,8 +307,16 @@ at::Tensor embed_tokens(const at::Tensor& tokens, ParamHandle word_embeddings) {
   return ops::embedding(tokens, word_embeddings);
 }
 
+at::Tensor swiglu_mlp(const at::Tensor& x, ParamHandle fc1, ParamHandle fc2, int64_t ffn) {
+  const at::Tensor a = ops::linear(x, fc1);
+  const at::Tensor act = fused::usable(a) && a.numel() > 0
+                             ? fused::swiglu(a)
+                             : at::silu(a.narrow(-1, 0, ffn)) * a.narrow(-1, ffn, ffn);
+  return ops::linear(act, fc2);
+}
+
 at::Tensor decoder_layer(const at::Tensor& x, const LayerHandles& w, const RotaryTables& rope,
-                         const ModelConfig& cfg) {
+                         const ModelConfig& cfg, at::Tensor* aux_loss) {
   const int64_t h = cfg.hidden_size, nh = cfg.num_attention_heads, ng = cfg.num_query_groups;
   const int64_t hd = cfg.head_dim(), ffn = cfg.ffn_hidden_size, r = nh / ng;
   WEFT_CHECK(x.dim() == 3 && x.size(2) == h, "decoder_layer: input must be [b, s, {}]", h);
@@ -195,13 +346,27 @@ at::Tensor decoder_layer(const at::Tensor& x, const LayerHandles& w, const Rotar
                               .reshape({b, s, nh * hd});
   const at::Tensor hidden = x + ops::linear(attn, w.linear_proj);
 
-  // SwiGLU MLP: fc1 rows [0, ffn) are the gate, [ffn, 2*ffn) the up projection.
-  const at::Tensor fc1 =
-      ops::linear(ops::rms_norm(hidden, w.pre_mlp_layernorm, cfg.norm_epsilon), w.linear_fc1);
-  const at::Tensor act = fused::usable(fc1)
-                             ? fused::swiglu(fc1)
-                             : at::silu(fc1.narrow(-1, 0, ffn)) * fc1.narrow(-1, ffn, ffn);
-  return hidden + ops::linear(act, w.linear_fc2);
+  // MLP: SwiGLU (fc1 rows [0, ffn) are the gate, [ffn, 2*ffn) the up projection) or MoE.
+  const at::Tensor xn = ops::rms_norm(hidden, w.pre_mlp_layernorm, cfg.norm_epsilon);
+  if (w.experts)
+    return hidden + moe_mlp(xn, w.router, w.shared_fc1, w.shared_fc2, *w.experts, cfg, aux_loss);
+  return hidden + swiglu_mlp(xn, w.linear_fc1, w.linear_fc2, ffn);
+}
+
+at::Tensor mtp_layer(const at::Tensor& h_prev, const at::Tensor& emb, const MtpHandles& w,
+                     const RotaryTables& rope, const ModelConfig& cfg, at::Tensor* aux_loss) {
+  const at::Tensor e = ops::rms_norm(emb, w.enorm, cfg.norm_epsilon);
+  const at::Tensor h = ops::rms_norm(h_prev, w.hnorm, cfg.norm_epsilon);
+  const at::Tensor x = ops::linear(at::cat({e, h}, -1), w.eh_proj);
+  return ops::rms_norm(decoder_layer(x, w.layer, rope, cfg, aux_loss), w.final_layernorm,
+                       cfg.norm_epsilon);
+}
+
+at::Tensor mtp_input_tokens(const at::Tensor& labels, int k) {
+  const int64_t s = labels.size(1);
+  WEFT_CHECK(k >= 1 && k < s, "MTP depth {} needs a sequence longer than {}", k, s);
+  return at::cat({labels.narrow(1, k - 1, s - k), at::zeros({labels.size(0), k}, labels.options())},
+                 1);
 }
 
 at::Tensor final_norm(const at::Tensor& x, ParamHandle weight, const ModelConfig& cfg) {

@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "weft/model/config.h"
@@ -25,26 +26,66 @@ namespace weft {
 // Rejects a config the model cannot run (heads not dividing hidden, groups not dividing heads,
 // odd head_dim, non-positive sizes) with a UsageError naming the Megatron flag.
 void check_model_config(const ModelConfig& cfg);
+// The MoE and MTP part of it (experts, top-k, layer pattern, score function, MTP depth).
+void check_moe_config(const ModelConfig& cfg);
 
 // Parameter declarations, with global names. `layer` is the global layer number.
 ParamSpec embedding_param_spec(const ModelConfig& cfg);      // embedding.word_embeddings.weight
-std::vector<ParamSpec> layer_param_specs(const ModelConfig& cfg, int layer);  // the 6 below
+// One transformer layer's own parameters under `prefix` (e.g. "decoder.layers.3."), in
+// LayerHandles order: input_layernorm, linear_qkv, linear_proj, pre_mlp_layernorm, then for a
+// dense layer mlp.linear_fc1, mlp.linear_fc2, for an MoE layer mlp.router and, with shared
+// experts, mlp.shared_experts.linear_fc1, mlp.shared_experts.linear_fc2. The routed experts'
+// weights are declared apart (expert_param_specs): they are sharded over other groups.
+std::vector<ParamSpec> block_param_specs(const ModelConfig& cfg, const std::string& prefix,
+                                         bool moe);
+// block_param_specs of decoder layer `layer`, MoE or dense per cfg.is_moe_layer(layer).
+std::vector<ParamSpec> layer_param_specs(const ModelConfig& cfg, int layer);
+// Routed experts first..first+count-1 (global indices) of the MoE layer under `prefix`: the
+// mlp.experts.{E}.linear_fc1.weight [2*moe_ffn, h] of each, then the linear_fc2.weight
+// [h, moe_ffn] of each.
+std::vector<ParamSpec> expert_param_specs(const ModelConfig& cfg, const std::string& prefix,
+                                          int first, int count);
 ParamSpec final_norm_param_spec(const ModelConfig& cfg);     // decoder.final_layernorm.weight
 ParamSpec output_param_spec(const ModelConfig& cfg);         // output_layer.weight (untied only)
+// MTP depth k (0-based) under "mtp.layers.{k}.": enorm, hnorm, eh_proj [h, 2h],
+// final_layernorm, then block_param_specs under "mtp.layers.{k}.transformer_layer." (MoE when
+// cfg.mtp_layer_is_moe()).
+std::vector<ParamSpec> mtp_param_specs(const ModelConfig& cfg, int k);
+std::string layer_prefix(int layer);     // "decoder.layers.{L}."
+std::string mtp_block_prefix(int k);     // "mtp.layers.{k}.transformer_layer."
+// Every parameter of the model (all experts, MTP included), in a fixed order.
+std::vector<ParamSpec> all_param_specs(const ModelConfig& cfg);
 
 // The initial value of a parameter: float32, full shape, a function of (seed, spec.name) only
 // (invariant 5), never of the layout or of the order in which parameters are created.
 at::Tensor init_param(const ParamSpec& spec, const ModelConfig& cfg, uint64_t seed);
 
-// Handles of one decoder layer, in layer_param_specs order.
+class MoeExperts;
+
+// Handles of one transformer layer, in block_param_specs order.
 struct LayerHandles {
-  ParamHandle input_layernorm;    // decoder.layers.{L}.input_layernorm.weight        [h]
-  ParamHandle linear_qkv;         // decoder.layers.{L}.self_attention.linear_qkv.weight
-  ParamHandle linear_proj;        // decoder.layers.{L}.self_attention.linear_proj.weight [h, nh*hd]
-  ParamHandle pre_mlp_layernorm;  // decoder.layers.{L}.pre_mlp_layernorm.weight      [h]
-  ParamHandle linear_fc1;         // decoder.layers.{L}.mlp.linear_fc1.weight         [2*ffn, h]
-  ParamHandle linear_fc2;         // decoder.layers.{L}.mlp.linear_fc2.weight         [h, ffn]
+  ParamHandle input_layernorm;    // input_layernorm.weight        [h]
+  ParamHandle linear_qkv;         // self_attention.linear_qkv.weight
+  ParamHandle linear_proj;        // self_attention.linear_proj.weight [h, nh*hd]
+  ParamHandle pre_mlp_layernorm;  // pre_mlp_layernorm.weight      [h]
+  ParamHandle linear_fc1;         // mlp.linear_fc1.weight [2*ffn, h]   (dense layers)
+  ParamHandle linear_fc2;         // mlp.linear_fc2.weight [h, ffn]     (dense layers)
+  ParamHandle router;             // mlp.router.weight [E, h]           (MoE layers)
+  ParamHandle shared_fc1;         // mlp.shared_experts.linear_fc1.weight (MoE, optional)
+  ParamHandle shared_fc2;         // mlp.shared_experts.linear_fc2.weight (MoE, optional)
+  MoeExperts* experts = nullptr;  // MoE layers: runs the routed experts; not owned
 };
+// Handles for block_param_specs(cfg, ., moe) registered at indices first.. of `source`.
+LayerHandles layer_handles(ParamSource* source, int first, const ModelConfig& cfg, bool moe,
+                           MoeExperts* experts);
+
+// Handles of one MTP depth, in mtp_param_specs order.
+struct MtpHandles {
+  ParamHandle enorm, hnorm, eh_proj, final_layernorm;
+  LayerHandles layer;
+};
+MtpHandles mtp_handles(ParamSource* source, int first, const ModelConfig& cfg,
+                       MoeExperts* experts);
 
 // cos/sin tables for positions [0, seq_length), shape [seq, head_dim], in `dtype` on `device`.
 struct RotaryTables {
@@ -54,9 +95,22 @@ RotaryTables make_rotary_tables(const ModelConfig& cfg, c10::Device device, c10:
 
 // tokens [b, s] int64 -> [b, s, h] in the weight's dtype.
 at::Tensor embed_tokens(const at::Tensor& tokens, ParamHandle word_embeddings);
-// [b, s, h] -> [b, s, h]
+// SwiGLU MLP: fc2(silu(x fc1_gate^T) * (x fc1_up^T)), fc1 [2*ffn, in] gate rows first.
+at::Tensor swiglu_mlp(const at::Tensor& x, ParamHandle fc1, ParamHandle fc2, int64_t ffn);
+// [b, s, h] -> [b, s, h]. An MoE layer (w.experts set) adds its unweighted aux loss into
+// *aux_loss when given (see moe.h).
 at::Tensor decoder_layer(const at::Tensor& x, const LayerHandles& w, const RotaryTables& rope,
-                         const ModelConfig& cfg);
+                         const ModelConfig& cfg, at::Tensor* aux_loss = nullptr);
+// One MTP depth (Megatron's MultiTokenPredictionLayer): h_prev [b, s, h] is the previous
+// depth's normalised output (the decoder's after final_layernorm for the first depth), emb
+// [b, s, h] the embedding of the input tokens rolled left by this depth. Computes
+// final_layernorm(layer(eh_proj([enorm(emb), hnorm(h_prev)]))): the input of the shared output
+// layer and of the next depth.
+at::Tensor mtp_layer(const at::Tensor& h_prev, const at::Tensor& emb, const MtpHandles& w,
+                     const RotaryTables& rope, const ModelConfig& cfg, at::Tensor* aux_loss);
+// The input tokens of MTP depth k >= 1 from the labels [b, s] (labels[t] = token t+1): token
+// t+k at position t, 0 in the last k positions (Megatron rolls its input ids and fills 0).
+at::Tensor mtp_input_tokens(const at::Tensor& labels, int k);
 at::Tensor final_norm(const at::Tensor& x, ParamHandle weight, const ModelConfig& cfg);
 // [b, s, h] -> logits [b, s, V] (compute dtype)
 at::Tensor output_logits(const at::Tensor& x, ParamHandle output_weight);

@@ -118,11 +118,17 @@ void ShardedAdamW::step(double lr, double grad_multiplier) {
   }
 }
 
+int64_t ShardedAdamW::unit_state_bytes(size_t k) const {
+  const UnitOptimState& st = states_.at(k);
+  int64_t b = 0;
+  for (const at::Tensor* t : {&st.master, &st.exp_avg, &st.exp_avg_sq, &st.decoupled_grad})
+    if (t->defined()) b += t->numel() * t->element_size();
+  return b;
+}
+
 int64_t ShardedAdamW::state_bytes() const {
   int64_t b = 0;
-  for (const auto& st : states_)
-    for (const at::Tensor* t : {&st.master, &st.exp_avg, &st.exp_avg_sq, &st.decoupled_grad})
-      if (t->defined()) b += t->numel() * t->element_size();
+  for (size_t k = 0; k < states_.size(); ++k) b += unit_state_bytes(k);
   return b;
 }
 

@@ -72,6 +72,8 @@ class ShardedAdamW {
 
   // Bytes of optimizer state (master, moments, decoupled gradient) held by this rank.
   int64_t state_bytes() const;
+  // The same for unit `unit_index` alone.
+  int64_t unit_state_bytes(size_t unit_index) const;
   // Bytes of the gradient shards held by this rank (main or decoupled).
   int64_t grad_bytes() const;
 

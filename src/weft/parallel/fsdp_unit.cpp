@@ -39,8 +39,9 @@ void GradReductionQueue::drain() {
 }
 
 FsdpUnit::FsdpUnit(std::string name, std::vector<ParamSpec> specs, Communicator* shard,
-                   c10::ScalarType dtype, c10::Device device)
-    : name_(std::move(name)), specs_(std::move(specs)), shard_(shard), dtype_(dtype),
+                   c10::ScalarType dtype, c10::Device device, Communicator* replicate)
+    : name_(std::move(name)), specs_(std::move(specs)), shard_(shard), replicate_(replicate),
+      dtype_(dtype),
       device_(device) {
   const int64_t D = shard_->size(), r = shard_->rank();
   for (const auto& s : specs_) {

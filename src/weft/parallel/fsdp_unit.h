@@ -61,9 +61,12 @@ class GradReductionQueue {
 
 class FsdpUnit : public ParamSource {
  public:
-  // `shard` must outlive the unit. `dtype` is the compute dtype of the gathered weights.
+  // `shard` (and `replicate`, if given) must outlive the unit. `dtype` is the compute dtype of
+  // the gathered weights. `replicate` is the HSDP replicate group the unit's reduced gradients
+  // are summed over (fsdp_replicate for dense units, expert_fsdp_replicate for experts); null
+  // means none (a single replica).
   FsdpUnit(std::string name, std::vector<ParamSpec> specs, Communicator* shard,
-           c10::ScalarType dtype, c10::Device device);
+           c10::ScalarType dtype, c10::Device device, Communicator* replicate = nullptr);
   ~FsdpUnit() override;
 
   const std::string& name() const { return name_; }
@@ -72,6 +75,10 @@ class FsdpUnit : public ParamSource {
   const ShardSegment& segment(int i) const { return segments_[i]; }
   int64_t shard_numel() const { return shard_numel_; }
   Communicator& shard_comm() const { return *shard_; }
+  Communicator* replicate_comm() const { return replicate_; }  // may be null
+  // Whether this rank holds the main replica of its shard (replicate rank 0): the one that
+  // counts the shard in the grad norm and writes it into checkpoints.
+  bool main_replica() const { return replicate_ == nullptr || replicate_->rank() == 0; }
   ParamHandle handle(int i) { return ParamHandle{this, i}; }
 
   // This rank's flat shard of the weights, in compute dtype. With float32 compute it may be
@@ -115,6 +122,7 @@ class FsdpUnit : public ParamSource {
   std::vector<ParamSpec> specs_;
   std::vector<ShardSegment> segments_;
   Communicator* shard_;
+  Communicator* replicate_;
   c10::ScalarType dtype_;
   c10::Device device_;
   int64_t shard_numel_ = 0;

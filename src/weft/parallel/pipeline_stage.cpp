@@ -3,6 +3,7 @@
 #include "weft/parallel/pipeline_stage.h"
 
 #include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "weft/core/error.h"
@@ -50,7 +51,7 @@ std::vector<int> split_layers(int num_layers, int pp, int first, int last) {
 
 PipelineStage::PipelineStage(const ModelConfig& cfg, const ProcessGroups& groups,
                              const StageOptions& opt)
-    : cfg_(cfg), opt_(opt) {
+    : cfg_(cfg), opt_(opt), groups_(groups) {
   const Mesh& mesh = groups.mesh();
   stage_ = mesh.coord(groups.rank(), "pp");
   num_stages_ = mesh.pp();
@@ -60,40 +61,69 @@ PipelineStage::PipelineStage(const ModelConfig& cfg, const ProcessGroups& groups
   num_layers_ = split[stage_];
 
   Communicator* shard = groups.get("fsdp_shard");
+  Communicator* replicate = groups.get("fsdp_replicate");
   auto add = [&](std::string name, std::vector<ParamSpec> specs) {
     units_.push_back(std::make_unique<FsdpUnit>(std::move(name), std::move(specs), shard,
-                                                opt.dtype, opt.device));
+                                                opt.dtype, opt.device, replicate));
+    forward_order_.push_back(units_.back().get());
     return units_.back().get();
   };
   if (is_first()) embedding_ = add("embedding", {embedding_param_spec(cfg)});
   for (int l = first_layer_; l < first_layer_ + num_layers_; ++l)
-    layers_.push_back(add("decoder.layers." + std::to_string(l), layer_param_specs(cfg, l)));
+    layers_.push_back(make_block("decoder.layers." + std::to_string(l), layer_param_specs(cfg, l),
+                                 cfg.is_moe_layer(l), layer_prefix(l)));
   if (is_last()) {
     final_norm_ = add("decoder.final_layernorm", {final_norm_param_spec(cfg)});
-    if (!cfg.tied())
-      output_ = add("output_layer", {output_param_spec(cfg)});
-    else if (num_stages_ == 1)
-      output_ = embedding_;
-    else
-      output_ = tied_output_ = add("output_layer.tied_copy", {embedding_param_spec(cfg)});
+    if (has_embedding_copy())
+      embedding_copy_ = add("embedding.copy", {embedding_param_spec(cfg)});
+    FsdpUnit* embedding = num_stages_ == 1 ? embedding_ : embedding_copy_;
+    output_ = cfg.tied() ? embedding : add("output_layer", {output_param_spec(cfg)});
+    mtp_embedding_ = embedding;
+    for (int k = 0; k < cfg.mtp_num_layers; ++k)
+      mtp_.push_back(make_block("mtp.layers." + std::to_string(k), mtp_param_specs(cfg, k),
+                                cfg.mtp_layer_is_moe(), mtp_block_prefix(k)));
   }
   rope_ = make_rotary_tables(cfg, opt.device, opt.dtype);
-  if (embedding_) forward_order_.push_back(embedding_);
-  for (FsdpUnit* u : layers_) forward_order_.push_back(u);
-  if (is_last()) {
-    forward_order_.push_back(final_norm_);
-    forward_order_.push_back(output_);
-  }
+  losses_ = at::zeros({3}, at::TensorOptions().dtype(at::kDouble).device(opt.device));
   if (opt.overlap_grad_reduce)
     for (auto& u : units_) u->set_grad_reduction_queue(&reduce_queue_);
   // Backward walks forward order in reverse; the embedding's backward needs no weight.
   if (opt.prefetch)
     for (size_t k = 1; k < forward_order_.size(); ++k)
-      if (forward_order_[k - 1] != embedding_ && forward_order_[k] != forward_order_[k - 1])
+      if (forward_order_[k - 1] != embedding_)
         forward_order_[k]->set_backward_prefetch(forward_order_[k - 1]);
 }
 
+PipelineStage::Block PipelineStage::make_block(const std::string& name,
+                                               std::vector<ParamSpec> specs, bool moe,
+                                               const std::string& prefix) {
+  Block b;
+  units_.push_back(std::make_unique<FsdpUnit>(name, std::move(specs), groups_.get("fsdp_shard"),
+                                              opt_.dtype, opt_.device,
+                                              groups_.get("fsdp_replicate")));
+  b.dense = units_.back().get();
+  forward_order_.push_back(b.dense);
+  if (!moe) return b;
+  Communicator* ep = groups_.get("ep");
+  const int local = cfg_.num_experts / ep->size();
+  units_.push_back(std::make_unique<FsdpUnit>(
+      name + ".mlp.experts", expert_param_specs(cfg_, prefix, ep->rank() * local, local),
+      groups_.get("expert_fsdp_shard"), opt_.dtype, opt_.device,
+      groups_.get("expert_fsdp_replicate")));
+  b.experts = units_.back().get();
+  forward_order_.push_back(b.experts);
+  b.dispatch = std::make_unique<ExpertParallel>(b.experts, ep, cfg_.num_experts, cfg_.expert_ffn());
+  return b;
+}
+
 PipelineStage::~PipelineStage() = default;
+
+bool PipelineStage::is_expert_unit(const FsdpUnit* u) const {
+  for (const auto* blocks : {&layers_, &mtp_})
+    for (const Block& b : *blocks)
+      if (b.experts == u) return true;
+  return false;
+}
 
 void PipelineStage::init_parameters(uint64_t seed) {
   for (auto& u : units_)
@@ -108,44 +138,97 @@ void PipelineStage::set_microbatch(int mb) {
   for (auto& u : units_) u->set_microbatch(mb);
 }
 
+void PipelineStage::reset_losses() { losses_.zero_(); }
+
+at::Tensor PipelineStage::account_aux(const at::Tensor& aux, double weight) {
+  if (!aux.defined()) return {};
+  losses_.select(0, 1).add_(aux.detach().to(at::kDouble) * (weight / cfg_.num_moe_layers()));
+  if (cfg_.moe_router_load_balancing_type != "aux_loss" || cfg_.moe_aux_loss_coeff == 0) return {};
+  return aux * (cfg_.moe_aux_loss_coeff * weight);
+}
+
 at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Tensor& labels,
                                   double loss_scale) {
   set_microbatch(mb);
-  size_t k = 0;  // position in forward_order_
-  // Issues the next unit's gather before the current unit computes.
+  size_t k = 0;  // units of forward_order_ started so far
+  // Starts the next unit of forward order and issues the gather of the one after it.
   auto next = [&] {
     ++k;
     if (opt_.prefetch && k < forward_order_.size()) forward_order_[k]->unshard();
   };
   if (opt_.prefetch && !forward_order_.empty()) forward_order_[0]->unshard();
+  auto handles = [&](const Block& b) {
+    return layer_handles(b.dense, 0, cfg_, b.experts != nullptr, b.dispatch.get());
+  };
+  auto done = [](const Block& b) {
+    b.dense->reshard();
+    if (b.experts) b.experts->reshard();
+  };
   at::Tensor x = input;
+  at::Tensor aux;  // this microbatch's unweighted aux losses, summed over MoE layers
   if (is_first()) {
     next();
     x = embed_tokens(input, embedding_->handle(0));
     embedding_->reshard();
   }
-  for (FsdpUnit* u : layers_) {
+  for (const Block& b : layers_) {
     next();
-    LayerHandles h{u->handle(0), u->handle(1), u->handle(2),
-                   u->handle(3), u->handle(4), u->handle(5)};
-    x = decoder_layer(x, h, rope_, cfg_);
-    u->reshard();
+    if (b.experts) next();
+    x = decoder_layer(x, handles(b), rope_, cfg_, &aux);
+    done(b);
   }
-  if (!is_last()) return x;
+  // This microbatch's share of the step: micro batch / global batch.
+  const double share = loss_scale * static_cast<double>(input.size(0)) * cfg_.seq_length;
+  if (!is_last()) {
+    if (at::Tensor obj = account_aux(aux, share); obj.defined()) aux_objective_[mb] = obj;
+    return x;
+  }
   next();
-  x = final_norm(x, final_norm_->handle(0), cfg_);
+  at::Tensor h = final_norm(x, final_norm_->handle(0), cfg_);
   final_norm_->reshard();
-  at::Tensor logits = output_logits(x, output_->handle(0));
+  if (embedding_copy_) next();
+  if (!cfg_.tied()) next();
+  at::Tensor lm = lm_loss_sum(output_logits(h, output_->handle(0)), labels).mul(loss_scale);
   output_->reshard();
-  return lm_loss_sum(logits, labels).mul(loss_scale);
+  losses_.select(0, 0).add_(lm.detach().to(at::kDouble));
+  at::Tensor objective = lm;
+
+  const int64_t s = cfg_.seq_length;
+  const int depths = cfg_.mtp_num_layers;
+  for (int d = 1; d <= depths; ++d) {
+    const Block& b = mtp_[d - 1];
+    at::Tensor emb = embed_tokens(mtp_input_tokens(labels, d), mtp_embedding_->handle(0));
+    mtp_embedding_->reshard();
+    next();
+    if (b.experts) next();
+    MtpHandles w = mtp_handles(b.dense, 0, cfg_, b.dispatch.get());
+    h = mtp_layer(h, emb, w, rope_, cfg_, &aux);
+    done(b);
+    // Position t predicts label t+d; the last d positions have none. Mean over the step's
+    // valid positions, averaged over depths.
+    const at::Tensor logits = output_logits(h, output_->handle(0));
+    output_->reshard();
+    const at::Tensor ce =
+        lm_loss_sum(logits.narrow(1, 0, s - d), labels.narrow(1, d, s - d))
+            .mul(loss_scale * static_cast<double>(s) / static_cast<double>(s - d) / depths);
+    losses_.select(0, 2).add_(ce.detach().to(at::kDouble));
+    objective = objective + ce * cfg_.mtp_loss_scaling_factor;
+  }
+  if (at::Tensor obj = account_aux(aux, share); obj.defined()) objective = objective + obj;
+  return objective;
 }
 
 void PipelineStage::backward(int mb, const at::Tensor& output, const at::Tensor& grad) {
   set_microbatch(mb);
-  if (grad.defined())
+  auto aux = aux_objective_.find(mb);
+  if (grad.defined() && aux != aux_objective_.end()) {
+    torch::autograd::backward({output, aux->second}, {grad, at::ones_like(aux->second)});
+  } else if (grad.defined()) {
     torch::autograd::backward({output}, {grad});
-  else
+  } else {
     torch::autograd::backward({output});
+  }
+  if (aux != aux_objective_.end()) aux_objective_.erase(aux);
   reduce_queue_.drain();
   for (auto& u : units_)
     WEFT_CHECK(!u->has_pending_grads(mb), "unit {}: a forward use of microbatch {} got no gradient",

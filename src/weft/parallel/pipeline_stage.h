@@ -1,22 +1,36 @@
 // One pipeline stage of the model: the FSDP units this rank holds and how one microbatch runs
 // forward and backward through them.
 //
-// The first stage owns the embedding, the last stage the final norm, the output layer and the
-// loss; every layer unit carries its global layer number in its parameter names. With tied
-// embeddings and pp > 1, the last stage holds a separate unit for its copy of
+// The first stage owns the embedding, the last stage the final norm, the output layer, the MTP
+// block and the losses; every layer unit carries its global layer number in its parameter
+// names. An MoE layer is two units: its own parameters (attention, norms, router, shared
+// experts) sharded over fsdp_shard, and this ep rank's block of routed experts sharded over
+// expert_fsdp_shard, run through the alltoall dispatcher over the ep group.
+//
+// With pp > 1, the last stage needs the embedding when the output layer is tied to it or when
+// MTP embeds its shifted tokens: it then holds a separate unit for its copy of
 // embedding.word_embeddings.weight, with the same shard boundaries as the first stage's (same
 // shape, same shard-group size), so the two gradient shards can be summed over the embedding
-// group. With pp = 1 the output layer uses the embedding unit itself.
+// group (invariant 8). With pp = 1 the output layer and MTP use the embedding unit itself.
+//
+// Losses: the last stage returns the microbatch's objective, lm + mtp_loss_scaling_factor * mtp
+// + moe_aux_loss_coeff * aux, each term weighted so that the sum over the step's microbatches
+// and ranks is the step's mean; other stages keep their MoE layers' aux objective and include
+// it in their backward. losses() holds the logged values [lm, aux, mtp] of the microbatches run
+// since reset_losses(), weighted the same way (aux: the unweighted load-balancing loss averaged
+// over MoE layers; mtp: the cross-entropy averaged over depths).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <memory>
 #include <vector>
 
 #include "weft/comm/communicator.h"
 #include "weft/model/config.h"
 #include "weft/model/transformer.h"
+#include "weft/parallel/expert_parallel.h"
 #include "weft/parallel/fsdp_unit.h"
 
 namespace weft {
@@ -58,11 +72,18 @@ class PipelineStage {
   const std::vector<std::unique_ptr<FsdpUnit>>& units() const { return units_; }
   // The unit of embedding.word_embeddings.weight (first stage) or null.
   FsdpUnit* embedding_unit() const { return embedding_; }
-  // The last stage's copy of the tied embedding (tied, pp > 1) or null.
-  FsdpUnit* tied_output_unit() const { return tied_output_; }
+  // Whether the first and the last stage each hold the embedding (pp > 1 with a tied output
+  // layer or MTP): their gradients are then summed over the embedding group.
+  bool has_embedding_copy() const {
+    return num_stages_ > 1 && (cfg_.tied() || cfg_.mtp_num_layers > 0);
+  }
+  // The last stage's copy of the embedding (see has_embedding_copy) or null.
+  FsdpUnit* embedding_copy_unit() const { return embedding_copy_; }
   // True for a unit whose parameters are copies of another stage's (not counted twice in the
   // grad norm, not stored twice in checkpoints).
-  bool is_tied_copy(const FsdpUnit* u) const { return u == tied_output_; }
+  bool is_embedding_copy(const FsdpUnit* u) const { return u == embedding_copy_; }
+  // Whether `u` holds routed experts (sharded over the expert groups).
+  bool is_expert_unit(const FsdpUnit* u) const;
 
   // Loads every unit's shard from init_param(spec, cfg, seed): invariant 5.
   void init_parameters(uint64_t seed);
@@ -70,6 +91,8 @@ class PipelineStage {
   // Runs microbatch `mb` forward. First stage: `input` is tokens [b, s] int64; otherwise the
   // activation [b, s, h] received from the previous stage (a leaf requiring grad). Returns the
   // activation to send on, or on the last stage loss_sum(labels) * loss_scale.
+  // `loss_scale` is 1 / (global batch * seq_length): lm_loss_sum(...) * loss_scale summed over
+  // the step is the mean loss.
   at::Tensor forward(int mb, const at::Tensor& input, const at::Tensor& labels, double loss_scale);
   // Runs microbatch `mb` backward from `output` (the value forward returned) with `grad`
   // (undefined on the last stage, where output is the loss).
@@ -77,20 +100,40 @@ class PipelineStage {
   // Shape of the activations passed between stages.
   std::vector<int64_t> activation_shape(int micro_batch_size) const;
 
+  // [lm, aux, mtp] float64 on the stage's device (see the file comment); reset_losses() zeroes.
+  const at::Tensor& losses() const { return losses_; }
+  void reset_losses();
+
  private:
+  // One transformer layer's units: its own parameters, and for MoE its routed experts.
+  struct Block {
+    FsdpUnit* dense = nullptr;
+    FsdpUnit* experts = nullptr;
+    std::unique_ptr<ExpertParallel> dispatch;
+  };
   void set_microbatch(int mb);
+  Block make_block(const std::string& name, std::vector<ParamSpec> specs, bool moe,
+                   const std::string& prefix);
+  // Adds the unweighted aux loss of one microbatch to losses() and returns its weighted
+  // objective (undefined when no aux loss applies).
+  at::Tensor account_aux(const at::Tensor& aux, double weight);
 
   ModelConfig cfg_;
   StageOptions opt_;
   int stage_, num_stages_, first_layer_ = 0, num_layers_ = 0;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   GradReductionQueue reduce_queue_{2};  // reduce-scatters in flight during backward
+  const ProcessGroups& groups_;
   FsdpUnit* embedding_ = nullptr;
-  FsdpUnit* tied_output_ = nullptr;
+  FsdpUnit* embedding_copy_ = nullptr;
   FsdpUnit* final_norm_ = nullptr;
   FsdpUnit* output_ = nullptr;            // the unit holding the output weight (may be embedding_)
-  std::vector<FsdpUnit*> layers_;
+  FsdpUnit* mtp_embedding_ = nullptr;     // the embedding MTP looks its tokens up in
+  std::vector<Block> layers_;
+  std::vector<Block> mtp_;                // MTP depths (last stage)
   std::vector<FsdpUnit*> forward_order_;  // units in the order forward first uses them
+  std::map<int, at::Tensor> aux_objective_;  // microbatch -> aux objective awaiting backward
+  at::Tensor losses_;
   RotaryTables rope_;
 };
 

@@ -38,7 +38,6 @@ class Runner {
       in = b.tokens;
     }
     at::Tensor out = stage_.forward(mb, in, b.labels, loss_scale_);
-    if (stage_.is_last()) loss_sum_.add_(out.detach().to(at::kDouble));
     return InFlight{mb, stage_.is_first() ? at::Tensor() : input, out};
   }
 
@@ -92,8 +91,6 @@ class Runner {
     return t;
   }
 
-  const at::Tensor& loss_sum() const { return loss_sum_; }
-
  private:
   PipelineStage& stage_;
   Communicator& pp_;
@@ -101,7 +98,6 @@ class Runner {
   double loss_scale_;
   std::vector<int64_t> shape_;
   at::TensorOptions opts_;
-  at::Tensor loss_sum_ = at::zeros({}, opts_.dtype(at::kDouble));
 };
 
 }  // namespace
@@ -112,6 +108,7 @@ at::Tensor run_1f1b(PipelineStage& stage, Communicator& pp, int num_microbatches
   WEFT_CHECK(pp.size() == stage.num_stages(), "pp communicator has {} members, stages {}",
              pp.size(), stage.num_stages());
   Runner r(stage, pp, micro_batch_size, batch, loss_scale);
+  stage.reset_losses();
   const int M = num_microbatches;
   const int warmup = std::min(stage.num_stages() - stage.stage() - 1, M);
   const int steady = M - warmup;
@@ -144,7 +141,7 @@ at::Tensor run_1f1b(PipelineStage& stage, Communicator& pp, int num_microbatches
     r.send_backward(grad_in);
   }
   WEFT_CHECK(inflight.empty(), "1F1B left {} microbatches in flight", inflight.size());
-  return r.loss_sum();
+  return stage.losses();
 }
 
 }  // namespace weft

@@ -24,9 +24,10 @@ struct Microbatch {
 
 // Runs one step's forward and backward over `num_microbatches` microbatches. `batch(m)` gives
 // microbatch m (called on the first and last stage). `pp` is the pipeline communicator (size 1
-// with pp = 1). Returns the sum of this rank's microbatch losses (each already multiplied by
-// `loss_scale`), or 0 on stages other than the last, as a float64 0-dim tensor on the stage's
-// device: summed there in microbatch order, so the step needs no host synchronisation.
+// with pp = 1). Returns this rank's share of the step's logged losses, the stage's losses()
+// [lm, aux, mtp] (float64 on the stage's device, see pipeline_stage.h): summed there in
+// microbatch order, so the step needs no host synchronisation. Stages without an lm or MTP
+// head contribute zeros for them.
 at::Tensor run_1f1b(PipelineStage& stage, Communicator& pp, int num_microbatches,
                 int micro_batch_size, const std::function<Microbatch(int)>& batch,
                 double loss_scale);

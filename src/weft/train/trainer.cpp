@@ -48,7 +48,14 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
         {"vocab_size", m.vocab_size}, {"init_method_std", m.init_method_std},
         {"rotary_base", m.rotary_base}, {"norm_epsilon", m.norm_epsilon},
         {"untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights},
-        {"bf16", m.bf16}}},
+        {"bf16", m.bf16}, {"num_experts", m.num_experts}, {"moe_router_topk", m.moe_router_topk},
+        {"moe_ffn_hidden_size", m.expert_ffn()},
+        {"moe_shared_expert_intermediate_size", m.moe_shared_expert_intermediate_size},
+        {"moe_aux_loss_coeff", m.moe_aux_loss_coeff},
+        {"moe_router_score_function", m.moe_router_score_function},
+        {"moe_router_load_balancing_type", m.moe_router_load_balancing_type},
+        {"moe_layer_pattern", m.moe_layer_pattern}, {"mtp_num_layers", m.mtp_num_layers},
+        {"mtp_loss_scaling_factor", m.mtp_loss_scaling_factor}}},
       {"optimizer",
        {{"weight_decay", c.adam.weight_decay}, {"adam_beta1", c.adam.beta1},
         {"adam_beta2", c.adam.beta2}, {"adam_eps", c.adam.eps},
@@ -80,10 +87,19 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   if (mesh.cp() > 1)
     fail_usage("--context-parallel-size {} is not supported by weft train yet (context "
                "parallelism is not implemented); use 1", mesh.cp());
-  if (mesh.ep() > 1)
-    fail_usage("--expert-model-parallel-size {} needs a mixture-of-experts model, which weft "
-               "train does not have yet; use 1", mesh.ep());
   const auto& m = c.model;
+  if (mesh.etp() > 1)
+    fail_usage("--expert-tensor-parallel-size {} is not supported (tensor parallelism is not "
+               "implemented); use 1", mesh.etp());
+  if (mesh.ep() > 1 && m.num_experts == 0)
+    fail_usage("--expert-model-parallel-size {} needs a mixture-of-experts model: set "
+               "--num-experts", mesh.ep());
+  if (m.num_experts > 0 && m.num_experts % mesh.ep() != 0)
+    fail_usage("--num-experts {} is not divisible by --expert-model-parallel-size {}",
+               m.num_experts, mesh.ep());
+  if (c.moe_token_dispatcher_type != "alltoall")
+    fail_usage("--moe-token-dispatcher-type must be alltoall (got '{}'; weft implements the "
+               "alltoall dispatcher only)", c.moe_token_dispatcher_type);
   if (m.hidden_size < 1 || m.num_attention_heads < 1 || m.hidden_size % m.num_attention_heads)
     fail_usage("--hidden-size {} must be a positive multiple of --num-attention-heads {}",
                m.hidden_size, m.num_attention_heads);
@@ -96,6 +112,7 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   if (m.ffn_hidden_size < 1) fail_usage("--ffn-hidden-size must be >= 1");
   if (m.seq_length < 1) fail_usage("--seq-length must be >= 1");
   if (m.vocab_size < 2) fail_usage("--vocab-size must be >= 2");
+  check_model_config(m);
   split_layers(m.num_layers, mesh.pp(), c.first_stage_layers, c.last_stage_layers);
   if (c.micro_batch_size < 1) fail_usage("--micro-batch-size must be >= 1");
   const int per_step = c.micro_batch_size * mesh.dp();
@@ -214,39 +231,41 @@ IterationStats Trainer::train_step() {
 
   const double loss_scale =
       1.0 / (static_cast<double>(cfg_.global_batch_size) * cfg_.model.seq_length);
-  const at::Tensor loss_local =
+  const at::Tensor losses =
       run_1f1b(*stage_, *groups_.get("pp"), num_microbatches_, cfg_.micro_batch_size,
                [this](int m) { return microbatch(m); }, loss_scale);
 
-  Communicator* replicate = groups_.get("fsdp_replicate");
-  if (replicate->size() > 1)
-    for (auto& u : stage_->units()) replicate->all_reduce(grad_shard(*u), ReduceOp::kSum);
+  for (auto& u : stage_->units())
+    if (Communicator* rep = u->replicate_comm(); rep && rep->size() > 1)
+      rep->all_reduce(grad_shard(*u), ReduceOp::kSum);
 
-  if (cfg_.model.tied() && stage_->num_stages() > 1) {
-    FsdpUnit* tied = stage_->is_first() ? stage_->embedding_unit() : stage_->tied_output_unit();
-    if (tied) groups_.get("embedding")->all_reduce(grad_shard(*tied), ReduceOp::kSum);
+  if (stage_->has_embedding_copy()) {
+    FsdpUnit* e = stage_->is_first() ? stage_->embedding_unit() : stage_->embedding_copy_unit();
+    if (e) groups_.get("embedding")->all_reduce(grad_shard(*e), ReduceOp::kSum);
   }
 
-  // One world all-reduce carries the loss and the squared gradient norm; it runs on the
+  // One world all-reduce carries the losses and the squared gradient norm; it runs on the
   // compute device so that the NCCL backend can take it.
   const c10::Device dev = stage_->options().device;
   at::Tensor sumsq = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(dev));
-  if (replicate->rank() == 0)
-    for (auto& u : stage_->units())
-      if (!stage_->is_tied_copy(u.get()))
-        sumsq.add_(at::linalg_vector_norm(grad_shard(*u), 2, c10::nullopt, false, at::kFloat)
-                       .to(at::kDouble)
-                       .pow(2));
-  at::Tensor red = at::stack({loss_local.to(sumsq.options()), sumsq});
+  for (auto& u : stage_->units())
+    if (u->main_replica() && !stage_->is_embedding_copy(u.get()))
+      sumsq.add_(at::linalg_vector_norm(grad_shard(*u), 2, c10::nullopt, false, at::kFloat)
+                     .to(at::kDouble)
+                     .pow(2));
+  at::Tensor red = at::cat({losses.to(sumsq.options()), sumsq.reshape({1})});
   groups_.world().all_reduce(red, ReduceOp::kSum);
   red = red.cpu();
   IterationStats s;
   s.iteration = it;
   s.lr = lr;
   s.lm_loss = red[0].item<double>();
-  s.grad_norm = std::sqrt(red[1].item<double>());
+  s.aux_loss = red[1].item<double>();
+  s.mtp_loss = red[2].item<double>();
+  s.grad_norm = std::sqrt(red[3].item<double>());
 
-  if (!std::isfinite(s.grad_norm) || !std::isfinite(s.lm_loss)) {
+  if (!std::isfinite(s.grad_norm) || !std::isfinite(s.lm_loss) || !std::isfinite(s.aux_loss) ||
+      !std::isfinite(s.mtp_loss)) {
     s.skipped = true;
     ++skipped_iters_;
     ++nan_iters_;
@@ -273,30 +292,53 @@ std::string Trainer::summary() const {
       "{} microbatches of {} per step\n",
       mesh.world_size(), mesh.order(), mesh.pp(), mesh.dp(), mesh.dp() / mesh.dp_outer(),
       mesh.dp_outer(), num_microbatches_, cfg_.micro_batch_size);
-  for (const char* k : {"pp", "dp", "fsdp_shard", "fsdp_replicate", "embedding"})
+  std::vector<std::string> kinds = {"pp", "dp", "fsdp_shard", "fsdp_replicate", "embedding"};
+  if (cfg_.model.moe())
+    for (const char* k : {"ep", "edp", "expert_fsdp_shard", "expert_fsdp_replicate"})
+      kinds.push_back(k);
+  for (const std::string& k : kinds)
     if (mesh.has_group(k, r)) out += fmt::format("  rank {} {:<15} {}\n", r, k, fmt::join(mesh.group_of(k, r), ","));
-  int64_t local_params = 0, weight_bytes = 0;
-  for (auto& u : stage_->units()) {
-    weight_bytes += u->param_shard().numel() * u->param_shard().element_size();
+  int64_t local_params = 0;
+  for (auto& u : stage_->units())
     for (int i = 0; i < u->num_params(); ++i) local_params += u->segment(i).valid_numel();
-  }
   int64_t total = 0;
-  const ModelConfig& m = cfg_.model;
-  total += embedding_param_spec(m).shape[0] * embedding_param_spec(m).shape[1];
-  for (const auto& s : layer_param_specs(m, 0)) {
+  for (const ParamSpec& p : all_param_specs(cfg_.model)) {
     int64_t n = 1;
-    for (auto d : s.shape) n *= d;
-    total += n * m.num_layers;
+    for (auto d : p.shape) n *= d;
+    total += n;
   }
-  total += m.hidden_size;
-  if (!m.tied()) total += static_cast<int64_t>(m.vocab_size) * m.hidden_size;
+  const StateBytes dense = state_bytes(false), experts = state_bytes(true);
   out += fmt::format(
       "  parameters: {} in the model; this rank holds {} (stage {}: layers {}..{})\n"
       "  bytes on this rank: weights {} | gradients {} | optimizer state {}\n",
       total, local_params, stage_->stage(), stage_->first_layer(),
-      stage_->first_layer() + stage_->num_layers() - 1, weight_bytes, optimizer_->grad_bytes(),
-      optimizer_->state_bytes());
+      stage_->first_layer() + stage_->num_layers() - 1, dense.weights + experts.weights,
+      dense.grads + experts.grads, dense.optimizer + experts.optimizer);
+  if (cfg_.model.moe())
+    out += fmt::format(
+        "  dense state: weights {} | gradients {} | optimizer {}   (fsdp shard {})\n"
+        "  expert state: weights {} | gradients {} | optimizer {}   (ep {}, expert fsdp shard "
+        "{}, {} experts per rank)\n",
+        dense.weights, dense.grads, dense.optimizer, groups_.get("fsdp_shard")->size(),
+        experts.weights, experts.grads, experts.optimizer, mesh.ep(),
+        groups_.get("expert_fsdp_shard")->size(), cfg_.model.num_experts / mesh.ep());
   return out;
+}
+
+Trainer::StateBytes Trainer::state_bytes(bool experts) const {
+  StateBytes b;
+  const auto& units = optimizer_->units();
+  for (size_t k = 0; k < units.size(); ++k) {
+    if (stage_->is_expert_unit(units[k]) != experts) continue;
+    const FsdpUnit& u = *units[k];
+    // With fp32 compute the weight shard is the master itself: counted once, as optimizer state.
+    const UnitOptimState& st = optimizer_->state(k);
+    if (!u.param_shard().is_same(st.master))
+      b.weights += u.param_shard().numel() * u.param_shard().element_size();
+    b.grads += u.grad_target().numel() * 4;
+    b.optimizer += optimizer_->unit_state_bytes(k);
+  }
+  return b;
 }
 
 std::vector<IterationStats> Trainer::train() {
@@ -336,20 +378,23 @@ std::vector<IterationStats> Trainer::train() {
       fmt::print(
           " [{}] iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration "
           "(ms): {:.1f} | throughput (tokens/s): {:.1f} | learning rate: {:.6E} | global batch "
-          "size: {:>5} | lm loss: {:.6E} | grad norm: {:.3f} | number of skipped iterations: {:>3} "
-          "| number of nan iterations: {:>3} | peak memory (MB): {:.1f}\n",
+          "size: {:>5} | lm loss: {:.6E} |{}{} grad norm: {:.3f} | number of skipped iterations: "
+          "{:>3} | number of nan iterations: {:>3} | peak memory (MB): {:.1f}\n",
           now_string(), s.iteration, cfg_.train_iters, s.consumed_samples, s.ms, s.tokens_per_sec,
-          s.lr, cfg_.global_batch_size, s.lm_loss, s.grad_norm, skipped_iters_, nan_iters_,
-          device_peak_memory_mb(stage_->options().device));
+          s.lr, cfg_.global_batch_size, s.lm_loss,
+          cfg_.model.moe() ? fmt::format(" load_balancing_loss: {:.6E} |", s.aux_loss) : "",
+          cfg_.model.mtp_num_layers > 0 ? fmt::format(" mtp_loss: {:.6E} |", s.mtp_loss) : "",
+          s.grad_norm, skipped_iters_, nan_iters_, device_peak_memory_mb(stage_->options().device));
       std::fflush(stdout);
     }
     if (jsonl) {
       std::fprintf(jsonl,
                    "{\"iteration\": %d, \"consumed_samples\": %lld, \"lm_loss\": %.17g, "
+                   "\"aux_loss\": %.17g, \"mtp_loss\": %.17g, "
                    "\"grad_norm\": %.17g, \"lr\": %.17g, \"tokens_per_sec\": %.17g, "
                    "\"ms\": %.17g, \"skipped\": %s}\n",
                    s.iteration, static_cast<long long>(s.consumed_samples), s.lm_loss,
-                   s.grad_norm, s.lr, s.tokens_per_sec, s.ms, s.skipped ? "true" : "false");
+                   s.aux_loss, s.mtp_loss, s.grad_norm, s.lr, s.tokens_per_sec, s.ms, s.skipped ? "true" : "false");
       std::fflush(jsonl);
     }
     if (!cfg_.save.empty() && cfg_.save_interval > 0 && iteration_ % cfg_.save_interval == 0)

@@ -3,13 +3,16 @@
 // grad norm and clipping, and one AdamW step. Same losses whatever the layout.
 //
 // Reduction order per step (all through grad_shard(), invariant 7):
-//   1. per microbatch and unit: reduce-scatter (sum) over fsdp_shard       (FsdpUnit)
-//   2. all-reduce (sum) over fsdp_replicate when dp_outer > 1               (HSDP)
-//   3. all-reduce (sum) of the tied embedding copies over the embedding group, entered by
-//      every member even when its shard is only padding (invariant 6)
-//   4. grad norm: one world all-reduce of the squared shards of replicate-rank-0 ranks, the
-//      tied copy excluded, then clipping by the global norm.
+//   1. per microbatch and unit: reduce-scatter (sum) over the unit's shard group: fsdp_shard
+//      for dense units, expert_fsdp_shard for routed experts                  (FsdpUnit)
+//   2. all-reduce (sum) over the unit's replicate group when dp_outer > 1      (HSDP)
+//   3. all-reduce (sum) of the embedding copies (tied output layer, MTP) over the embedding
+//      group, entered by every member even when its shard is only padding (invariant 6)
+//   4. grad norm: one world all-reduce of the squared shards of each unit's main replica, the
+//      embedding copy excluded, then clipping by the global norm.
 // Losses are scaled by 1/(global batch tokens), so sums over microbatches and ranks are means.
+// Routed experts see the tokens of their whole ep group through the dispatcher, so steps 1-2
+// over the expert groups complete the sum over every data-parallel rank.
 #pragma once
 
 #include <cstdint>
@@ -57,6 +60,7 @@ struct TrainConfig {
   int exit_interval = 0;        // --exit-interval N: save and exit when iteration % N == 0
   double exit_duration_mins = 0;  // --exit-duration-in-mins: save and exit after this long
   ProfileConfig profile;        // --profile, --profile-step-start/-end, --profile-ranks, --profile-dir
+  std::string moe_token_dispatcher_type = "alltoall";  // --moe-token-dispatcher-type
 };
 
 // The whole config as JSON (stored in checkpoints) and the layout part of it.
@@ -67,6 +71,8 @@ struct IterationStats {
   int iteration = 0;
   int64_t consumed_samples = 0;
   double lm_loss = 0;
+  double aux_loss = 0;   // load-balancing loss, mean over MoE layers (without the coefficient)
+  double mtp_loss = 0;   // MTP cross-entropy, mean over depths (without the scaling factor)
   double grad_norm = 0;
   double lr = 0;
   double ms = 0;
@@ -96,6 +102,11 @@ class Trainer {
   ShardedAdamW& optimizer() { return *optimizer_; }
   // Startup summary (layout, groups, parameter counts, bytes per rank); rank 0 prints it.
   std::string summary() const;
+  // Bytes this rank holds for dense units or for routed-expert units.
+  struct StateBytes {
+    int64_t weights = 0, grads = 0, optimizer = 0;
+  };
+  StateBytes state_bytes(bool experts) const;
 
  private:
   Microbatch microbatch(int m) const;

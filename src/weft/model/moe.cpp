@@ -1,0 +1,232 @@
+// Mixture-of-experts MLP (see moe.h): routing, the aux loss, the expert-sorted permutation, the
+// grouped SwiGLU experts and the weighted combine.
+//
+// Invariants: the (token, slot) pairs are sorted by global expert with a stable sort, so rows of
+// one expert keep token order; permutations go both ways as gathers (no scatter-add), and the
+// combine reduces each token's k slots in slot order, so a step is bitwise repeatable on CPU and
+// CUDA and independent of how the experts are spread over ranks (up to the summation order of
+// weight gradients inside an expert).
+#include "weft/model/moe.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/bincount.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sigmoid.h>
+#include <ATen/ops/softmax.h>
+#include <ATen/ops/sort.h>
+#include <ATen/ops/topk.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cctype>
+#include <numeric>
+#include <string>
+
+#include "weft/core/error.h"
+#include "weft/model/ops.h"
+#include "weft/model/transformer.h"
+
+namespace weft {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Function;
+using torch::autograd::variable_list;
+
+struct PermuteRowsFn : Function<PermuteRowsFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& perm,
+                            const at::Tensor& inverse) {
+    ctx->save_for_backward({inverse});
+    return x.index_select(0, perm);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor inverse = ctx->get_saved_variables()[0];
+    return {grads[0].index_select(0, inverse), at::Tensor(), at::Tensor()};
+  }
+};
+
+// --- --moe-layer-freq: a tiny parser for Python list expressions of 0/1 -----------------------
+
+class PatternParser {
+ public:
+  explicit PatternParser(const std::string& s) : s_(s) {}
+  std::vector<int> parse() {
+    std::vector<int> v = sum();
+    skip();
+    if (pos_ != s_.size()) bad("unexpected '" + s_.substr(pos_, 1) + "'");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void bad(const std::string& why) {
+    fail_usage("--moe-layer-freq '{}': {} (give an int N or a list such as [0,1,1,1] or "
+               "([1]*3+[0])*2)", s_, why);
+  }
+  void skip() {
+    while (pos_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[pos_]))) ++pos_;
+  }
+  bool eat(char c) {
+    skip();
+    if (pos_ < s_.size() && s_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  long integer() {
+    skip();
+    size_t start = pos_;
+    while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) ++pos_;
+    if (start == pos_) bad("expected a number");
+    if (pos_ - start > 6) bad("number too large");
+    return std::stol(s_.substr(start, pos_ - start));
+  }
+  std::vector<int> sum() {
+    std::vector<int> v = product();
+    while (eat('+')) {
+      std::vector<int> r = product();
+      v.insert(v.end(), r.begin(), r.end());
+    }
+    return v;
+  }
+  std::vector<int> product() {
+    std::vector<int> v = atom();
+    while (eat('*')) {
+      const long n = integer();
+      if (v.size() * static_cast<size_t>(n) > 100000) bad("pattern too long");
+      std::vector<int> r;
+      for (long i = 0; i < n; ++i) r.insert(r.end(), v.begin(), v.end());
+      v = std::move(r);
+    }
+    return v;
+  }
+  std::vector<int> atom() {
+    if (eat('(')) {
+      std::vector<int> v = sum();
+      if (!eat(')')) bad("missing ')'");
+      return v;
+    }
+    if (!eat('[')) bad("expected '[' or '('");
+    std::vector<int> v;
+    if (eat(']')) return v;
+    do {
+      const long x = integer();
+      if (x != 0 && x != 1) bad("entries must be 0 (dense) or 1 (MoE)");
+      v.push_back(static_cast<int>(x));
+    } while (eat(','));
+    if (!eat(']')) bad("missing ']'");
+    return v;
+  }
+
+  const std::string& s_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::vector<int> parse_moe_layer_freq(const std::string& value, int num_layers) {
+  if (value.find('[') == std::string::npos) {
+    size_t used = 0;
+    int n = 0;
+    try {
+      n = std::stoi(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != value.size() || n < 1)
+      fail_usage("--moe-layer-freq must be a positive int or a list such as [0,1,1,1] (got '{}')",
+                 value);
+    std::vector<int> v(num_layers);
+    for (int i = 0; i < num_layers; ++i) v[i] = i % n == 0 ? 1 : 0;
+    return v;
+  }
+  std::vector<int> v = PatternParser(value).parse();
+  if (static_cast<int>(v.size()) != num_layers)
+    fail_usage("--moe-layer-freq {} has {} entries, but --num-layers is {} (one 0/1 per layer)",
+               value, v.size(), num_layers);
+  return v;
+}
+
+at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& perm, const at::Tensor& inverse) {
+  return PermuteRowsFn::apply(x, perm, inverse);
+}
+
+at::Tensor grouped_expert_mlp(const at::Tensor& rows, const std::vector<int64_t>& counts,
+                              const std::vector<ParamHandle>& fc1,
+                              const std::vector<ParamHandle>& fc2, int64_t ffn) {
+  WEFT_CHECK(counts.size() == fc1.size() && fc1.size() == fc2.size(),
+             "grouped_expert_mlp: {} counts for {} / {} experts", counts.size(), fc1.size(),
+             fc2.size());
+  WEFT_CHECK(std::accumulate(counts.begin(), counts.end(), int64_t{0}) == rows.size(0),
+             "grouped_expert_mlp: counts sum to {}, rows {}",
+             std::accumulate(counts.begin(), counts.end(), int64_t{0}), rows.size(0));
+  std::vector<at::Tensor> outs;
+  outs.reserve(counts.size());
+  int64_t offset = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    // An expert without rows still runs on an empty slice: its weights are used once and get
+    // a (zero) gradient, so every rank walks the same use/gradient protocol.
+    outs.push_back(swiglu_mlp(rows.narrow(0, offset, counts[e]), fc1[e], fc2[e], ffn));
+    offset += counts[e];
+  }
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+}
+
+MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg) {
+  const int64_t T = logits.size(0), E = logits.size(1), k = cfg.moe_router_topk;
+  WEFT_CHECK(E == cfg.num_experts && k >= 1 && k <= E, "route_tokens: logits [{}, {}], topk {}",
+             T, E, k);
+  const at::Tensor z = logits.to(at::kFloat);
+  MoeRouting r;
+  at::Tensor scores;  // over all experts, for the aux loss
+  if (cfg.moe_router_score_function == "softmax") {
+    auto [top, idx] = at::topk(z, k, -1, /*largest=*/true, /*sorted=*/true);
+    r.experts = idx;
+    r.probs = at::softmax(top, -1);
+    scores = at::softmax(z, -1);
+  } else {
+    WEFT_CHECK(cfg.moe_router_score_function == "sigmoid", "unknown score function '{}'",
+               cfg.moe_router_score_function);
+    const at::Tensor s = at::sigmoid(z);
+    auto [top, idx] = at::topk(s, k, -1, /*largest=*/true, /*sorted=*/true);
+    r.experts = idx;
+    r.probs = k > 1 ? top / (top.sum(-1, /*keepdim=*/true) + 1e-20) : top;
+    scores = s / (s.sum(-1, /*keepdim=*/true) + 1e-20);
+  }
+  const at::Tensor per_expert =
+      at::bincount(r.experts.reshape({-1}), {}, E).to(at::kFloat);  // pairs per expert
+  const double c = static_cast<double>(E) / (static_cast<double>(k) * T * T);
+  r.aux_loss = (scores.sum(0) * per_expert).sum() * c;
+  return r;
+}
+
+at::Tensor moe_mlp(const at::Tensor& xn, ParamHandle router, ParamHandle shared_fc1,
+                   ParamHandle shared_fc2, MoeExperts& experts, const ModelConfig& cfg,
+                   at::Tensor* aux_loss) {
+  const int64_t h = xn.size(-1), k = cfg.moe_router_topk, E = cfg.num_experts;
+  const at::Tensor x = xn.reshape({-1, h});
+  const int64_t T = x.size(0);
+  MoeRouting r = route_tokens(ops::linear(x, router), cfg);
+  if (aux_loss) *aux_loss = aux_loss->defined() ? *aux_loss + r.aux_loss : r.aux_loss;
+
+  // Pairs p = t*k + slot, stably sorted by expert: rows of one expert keep token order.
+  const at::Tensor expert_of_pair = r.experts.reshape({-1});
+  const at::Tensor order = std::get<1>(at::sort(expert_of_pair, /*stable=*/true, 0, false));
+  const at::Tensor inverse = at::empty_like(order);
+  inverse.index_put_({order}, at::arange(T * k, order.options()));
+  const at::Tensor counts_t = at::bincount(expert_of_pair, {}, E).cpu();
+  std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + E);
+
+  // Each token repeated k times (backward: a sum over its slots), then sorted by expert.
+  const at::Tensor pairs = x.unsqueeze(1).expand({T, k, h}).reshape({T * k, h});
+  const at::Tensor out_sorted = experts.run(permute_rows(pairs, order, inverse), counts);
+  const at::Tensor out_pairs = permute_rows(out_sorted, inverse, order).view({T, k, h});
+  at::Tensor y = (out_pairs * r.probs.to(out_pairs.scalar_type()).unsqueeze(-1)).sum(1);
+  if (shared_fc1.source)
+    y = y + swiglu_mlp(x, shared_fc1, shared_fc2, cfg.moe_shared_expert_intermediate_size);
+  return y.view(xn.sizes());
+}
+
+}  // namespace weft

@@ -1,0 +1,89 @@
+// The mixture-of-experts MLP (Megatron's MoELayer with the alltoall dispatcher's semantics):
+// a router picks the top-k experts per token, the (token, slot) pairs are sorted by global
+// expert and run through SwiGLU experts, and each token's outputs are combined back weighted by
+// its routing probabilities; optional shared experts run on every token and are added.
+//
+// Routing (Megatron's defaults): --moe-router-score-function softmax takes the top-k of the
+// logits, then a softmax over those k; sigmoid takes the top-k of sigmoid(logits) and, for
+// k > 1, normalises them to sum 1. Router logits come out of the linear in the compute dtype
+// and are routed in float32; the probabilities are cast back to the compute dtype, as Megatron
+// does. Dropless: every pair reaches its expert, no capacity factor.
+//
+// The auxiliary load-balancing loss (--moe-router-load-balancing-type aux_loss) of one layer on
+// T tokens is E / (k * T^2) * sum_e (sum_t p_te) * n_e, with p the softmax over all experts (for
+// sigmoid: sigmoid normalised over all experts) and n_e the pairs routed to e. It is returned
+// without --moe-aux-loss-coeff; the caller weighs it.
+//
+// Where the experts run is the MoeExperts' business: LocalExperts runs all of them here; the
+// expert-parallel dispatcher (parallel/expert_parallel.h) sends rows to the ranks that hold
+// them. Either way the rows come back in the order they went out, and the combine sums each
+// token's k outputs in slot order, so the result is deterministic and independent of ep.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "weft/model/config.h"
+#include "weft/model/param_source.h"
+
+namespace weft {
+
+// Runs the routed experts on rows sorted by global expert.
+class MoeExperts {
+ public:
+  virtual ~MoeExperts() = default;
+  // rows [N, h] in the compute dtype; counts[e] (host, one per global expert, summing to N)
+  // rows for expert e, experts in ascending order. Returns [N, h]: row i is the output of row
+  // i's expert. Collective for distributed implementations: every member calls it per layer.
+  virtual at::Tensor run(const at::Tensor& rows, const std::vector<int64_t>& counts) = 0;
+};
+
+// SwiGLU experts over rows grouped by expert: counts[i] consecutive rows go through
+// fc2[i](silu(gate) * up) with gate/up the two halves of fc1[i] ([2*ffn, h], gate rows first).
+// Every expert's weights are used (and get a gradient) even when it received no rows.
+at::Tensor grouped_expert_mlp(const at::Tensor& rows, const std::vector<int64_t>& counts,
+                              const std::vector<ParamHandle>& fc1,
+                              const std::vector<ParamHandle>& fc2, int64_t ffn);
+
+// All experts on this rank (single-process runs and reference tests).
+class LocalExperts : public MoeExperts {
+ public:
+  LocalExperts(std::vector<ParamHandle> fc1, std::vector<ParamHandle> fc2, int64_t ffn)
+      : fc1_(std::move(fc1)), fc2_(std::move(fc2)), ffn_(ffn) {}
+  at::Tensor run(const at::Tensor& rows, const std::vector<int64_t>& counts) override {
+    return grouped_expert_mlp(rows, counts, fc1_, fc2_, ffn_);
+  }
+
+ private:
+  std::vector<ParamHandle> fc1_, fc2_;
+  int64_t ffn_;
+};
+
+// The router's decision for T tokens.
+struct MoeRouting {
+  at::Tensor experts;   // [T, k] int64 global expert of each slot
+  at::Tensor probs;     // [T, k] float32 combine weight of each slot (with autograd)
+  at::Tensor aux_loss;  // float32 0-dim, the layer's unweighted aux loss (with autograd)
+};
+// logits [T, E] in any floating dtype.
+MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg);
+
+// y = x[perm] along dim 0, with gradient grad[inverse] (perm must be a permutation and
+// `inverse` its inverse: both gathers, so the backward is deterministic, no scatter-add).
+at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& perm, const at::Tensor& inverse);
+
+// The MoE MLP on the normalised input xn [b, s, h]: route, run the experts, combine, add the
+// shared experts (shared_fc1/fc2 unset: none). Returns [b, s, h]; adds the layer's aux loss
+// into *aux_loss (defined or not) when aux_loss is given.
+at::Tensor moe_mlp(const at::Tensor& xn, ParamHandle router, ParamHandle shared_fc1,
+                   ParamHandle shared_fc2, MoeExperts& experts, const ModelConfig& cfg,
+                   at::Tensor* aux_loss);
+
+// Parses --moe-layer-freq for `num_layers` layers: an int N (layer i is MoE when i % N == 0) or
+// a Python-style list such as "[0,1,1,1]" or "([1]*3+[0])*2" (one 0/1 per layer). Throws
+// UsageError naming the flag.
+std::vector<int> parse_moe_layer_freq(const std::string& value, int num_layers);
+
+}  // namespace weft
