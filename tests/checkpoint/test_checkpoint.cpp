@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include "../train/job.h"
+#include "ckpt_diff.h"
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/checkpoint/format.h"
 #include "weft/core/error.h"
@@ -22,6 +23,7 @@
 namespace weft {
 namespace {
 
+using test::diff_checkpoints;
 using test::run_job;
 namespace fs = std::filesystem;
 
@@ -61,37 +63,6 @@ TrainConfig with_layout(TrainConfig c, const Layout& l) {
   c.first_stage_layers = l.first;
   c.last_stage_layers = l.last;
   return c;
-}
-
-// Bitwise comparison of two checkpoints, key by key (rank 0 reads, everyone learns).
-std::string diff_checkpoints(const std::string& a, const std::string& b) {
-  std::string out;
-  if (test::world_rank() == 0) {
-    nlohmann::json ma, mb;
-    CkptIndex ia, ib;
-    Status sa = ckpt_read_metadata(a, &ma, &ia), sb = ckpt_read_metadata(b, &mb, &ib);
-    if (!sa) return sa.message();
-    if (!sb) return sb.message();
-    CkptFileCache fa(a), fb(b);
-    for (const auto& [key, t] : ia) {
-      if (!ib.count(key)) {
-        out += "missing in B: " + key + "\n";
-        continue;
-      }
-      auto full = [](const CkptTensorInfo& ti, CkptFileCache& f) {
-        std::vector<uint8_t> bytes;
-        for (const auto& c : ti.chunks) {
-          std::vector<uint8_t> buf(c.nbytes());
-          if (!f.read_chunk(c, buf.data())) return std::vector<uint8_t>{};
-          bytes.insert(bytes.end(), buf.begin(), buf.end());
-        }
-        return bytes;
-      };
-      if (full(t, fa) != full(ib.at(key), fb)) out += "differs: " + key + "\n";
-    }
-    if (ia.size() != ib.size()) out += "key counts differ\n";
-  }
-  return out;
 }
 
 class Restart : public ::testing::TestWithParam<bool> {};

@@ -1,0 +1,179 @@
+// Checkpoints of mixture-of-experts models with expert parallelism and multi-token prediction,
+// under 8 MPI ranks:
+// - the reference scenario: pp 2 x ep 2, 8 layers mixing dense and MoE, MTP depth 2, tied
+//   embeddings, bf16 compute with fp32 master weights; 3 iterations saving at 2 against 2
+//   iterations (--exit-interval), restart, 1 more: the third iteration's lm, aux and MTP losses
+//   and grad norm are bitwise equal, both runs' checkpoints are bitwise equal, and everything
+//   saved is restored bitwise (load, save again at once, compare). Then again with bf16 moments
+//   and --use-precision-aware-optimizer.
+// - resharding: a pp 2 x ep 2 checkpoint continues at pp 1 x ep 4 (8 ranks) and on 1 rank; the
+//   next iteration matches the uninterrupted run to 1e-6 relative in fp32.
+// - expert keys carry global expert indices: ep 2 and ep 4 write the same key set.
+#include <gtest/gtest.h>
+
+#include <ATen/Functions.h>
+
+#include <cmath>
+#include <set>
+
+#include "../train/job.h"
+#include "ckpt_diff.h"
+#include "weft/checkpoint/checkpoint.h"
+#include "weft/checkpoint/format.h"
+#include "weft/core/remove_tree.h"
+
+namespace weft {
+namespace {
+
+using test::diff_checkpoints;
+using test::run_job;
+
+TrainConfig scenario_config() {
+  TrainConfig c;
+  ModelConfig& m = c.model;
+  m.num_layers = 8;
+  m.hidden_size = 32;
+  m.num_attention_heads = 4;
+  m.num_query_groups = 2;
+  m.ffn_hidden_size = 48;
+  m.seq_length = 16;
+  m.vocab_size = 64;
+  m.num_experts = 4;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = 24;
+  m.moe_shared_expert_intermediate_size = 16;
+  m.moe_aux_loss_coeff = 0.01;
+  m.moe_layer_pattern = {0, 1, 1, 0, 1, 0, 1, 1};
+  m.mtp_num_layers = 2;
+  c.layout.pp = 2;
+  c.layout.ep = 2;
+  c.micro_batch_size = 2;
+  c.global_batch_size = 16;
+  c.train_iters = 3;
+  c.lr.lr = 1e-2;
+  c.lr.min_lr = 1e-3;
+  c.lr.warmup_iters = 1;
+  c.seed = 23;
+  c.device = test::test_device();
+  return c;
+}
+
+void expect_bitwise(const IterationStats& a, const IterationStats& b) {
+  EXPECT_EQ(a.iteration, b.iteration);
+  EXPECT_EQ(a.lm_loss, b.lm_loss) << "lm loss not bitwise equal";
+  EXPECT_EQ(a.aux_loss, b.aux_loss) << "aux loss not bitwise equal";
+  EXPECT_EQ(a.mtp_loss, b.mtp_loss) << "MTP loss not bitwise equal";
+  EXPECT_EQ(a.grad_norm, b.grad_norm) << "grad norm not bitwise equal";
+}
+
+class MoeScenario : public ::testing::TestWithParam<bool> {};
+
+TEST_P(MoeScenario, BitwiseRestartPp2Ep2Mtp2) {
+  if (test::world_size() < 8) GTEST_SKIP() << "needs 8 ranks";
+  const bool bf16_state = GetParam();
+  const std::string dir = test::shared_temp_dir("moe-scenario");
+  TrainConfig c = scenario_config();
+  c.model.bf16 = true;
+  if (bf16_state) {
+    c.adam.exp_avg_dtype = at::kBFloat16;
+    c.adam.exp_avg_sq_dtype = at::kBFloat16;
+    c.adam.precision_aware = true;
+  }
+  TrainConfig a = c;  // uninterrupted, saving at 2 and at the end
+  a.save = dir + "/a";
+  a.save_interval = 2;
+  auto sa = run_job(a, 8);
+  TrainConfig b1 = c;  // exits at 2
+  b1.save = dir + "/b";
+  b1.exit_interval = 2;
+  auto sb1 = run_job(b1, 8);
+  TrainConfig b2 = c;  // resumes for the third
+  b2.load = b2.save = dir + "/b";
+  auto sb2 = run_job(b2, 8);
+  if (test::world_rank() < 8) {
+    ASSERT_EQ(sa.size(), 3u);
+    ASSERT_EQ(sb1.size(), 2u);
+    ASSERT_EQ(sb2.size(), 1u);
+    expect_bitwise(sa[1], sb1[1]);
+    expect_bitwise(sa[2], sb2[0]);
+    EXPECT_GT(sa[2].aux_loss, 0);
+    EXPECT_GT(sa[2].mtp_loss, 0);
+  }
+  EXPECT_EQ(diff_checkpoints(dir + "/a/iter_0000002", dir + "/b/iter_0000002"), "");
+  EXPECT_EQ(diff_checkpoints(dir + "/a/iter_0000003", dir + "/b/iter_0000003"), "");
+  // Everything saved is restored bitwise on every rank: load iteration 2, save it again.
+  TrainConfig r = c;
+  r.load = dir + "/b";
+  r.ckpt_step = 2;
+  r.save = dir + "/c";
+  r.train_iters = 2;
+  run_job(r, 8, false, nullptr, nullptr, [](Trainer& t, const ProcessGroups&) { t.save(); });
+  EXPECT_EQ(diff_checkpoints(dir + "/b/iter_0000002", dir + "/c/iter_0000002"), "");
+  // The comparison can fail: a checkpoint one step later differs (rank 0 compares).
+  if (test::world_rank() == 0)
+    EXPECT_NE(diff_checkpoints(dir + "/b/iter_0000002", dir + "/b/iter_0000003"), "");
+  if (test::world_rank() == 0) (void)weft::remove_tree(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(State, MoeScenario, ::testing::Bool(), [](const auto& info) {
+  return std::string(info.param ? "bf16_moments_precision_aware" : "fp32_moments");
+});
+
+std::set<std::string> checkpoint_keys(const std::string& dir) {
+  nlohmann::json meta;
+  CkptIndex index;
+  std::set<std::string> keys;
+  if (test::world_rank() != 0) return keys;
+  Status s = ckpt_read_metadata(dir, &meta, &index);
+  EXPECT_TRUE(static_cast<bool>(s)) << s.message();
+  for (const auto& [k, t] : index) keys.insert(k);
+  return keys;
+}
+
+TEST(MoeReshard, Pp2Ep2LoadsAtPp1Ep4AndOneRank) {
+  if (test::world_size() < 8) GTEST_SKIP() << "needs 8 ranks";
+  const std::string dir = test::shared_temp_dir("moe-reshard");
+  TrainConfig c = scenario_config();  // fp32
+  const auto ref = run_job(c, 8);
+  TrainConfig b = c;
+  b.save = dir + "/ep2";
+  b.exit_interval = 2;
+  run_job(b, 8);
+  struct Target {
+    const char* name;
+    int world, pp, ep;
+  };
+  for (const Target& t : {Target{"pp1_ep4", 8, 1, 4}, Target{"one_rank", 1, 1, 1}}) {
+    SCOPED_TRACE(t.name);
+    TrainConfig r = c;
+    r.layout.pp = t.pp;
+    r.layout.ep = t.ep;
+    r.load = dir + "/ep2";
+    if (t.ep == 4) r.save = dir + "/ep4";
+    auto got = run_job(r, t.world);
+    if (test::world_rank() < t.world) {
+      ASSERT_EQ(got.size(), 1u);
+      ASSERT_EQ(ref.size(), 3u);
+      EXPECT_EQ(got[0].iteration, 3);
+      EXPECT_NEAR(got[0].lm_loss, ref[2].lm_loss, 1e-6 * ref[2].lm_loss);
+      EXPECT_NEAR(got[0].aux_loss, ref[2].aux_loss, 1e-6 * ref[2].aux_loss);
+      EXPECT_NEAR(got[0].mtp_loss, ref[2].mtp_loss, 1e-6 * ref[2].mtp_loss);
+      EXPECT_NEAR(got[0].grad_norm, ref[2].grad_norm, 1e-6 * ref[2].grad_norm);
+    }
+  }
+  // Global expert indices: ep 2 and ep 4 write the same keys, experts 0..3 of every MoE layer.
+  const auto k2 = checkpoint_keys(dir + "/ep2/iter_0000002");
+  const auto k4 = checkpoint_keys(dir + "/ep4/iter_0000003");
+  EXPECT_EQ(k2, k4);
+  if (test::world_rank() == 0) {
+    EXPECT_TRUE(k2.count("decoder.layers.7.mlp.experts.3.linear_fc2.weight"));
+    EXPECT_TRUE(k2.count("optimizer.exp_avg.mtp.layers.1.transformer_layer.mlp.experts.2.linear_fc1.weight"));
+    EXPECT_TRUE(k2.count("mtp.layers.0.eh_proj.weight"));
+    EXPECT_TRUE(k2.count("decoder.layers.1.mlp.shared_experts.linear_fc1.weight"));
+    EXPECT_FALSE(k2.count("decoder.layers.0.mlp.router.weight"));  // a dense layer
+  }
+  if (test::world_rank() == 0) (void)weft::remove_tree(dir);
+}
+
+}  // namespace
+}  // namespace weft
