@@ -178,7 +178,7 @@ MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg) {
   const int64_t T = logits.size(0), E = logits.size(1), k = cfg.moe_router_topk;
   WEFT_CHECK(E == cfg.num_experts && k >= 1 && k <= E, "route_tokens: logits [{}, {}], topk {}",
              T, E, k);
-  const at::Tensor z = logits.to(at::kFloat);
+  const at::Tensor z = logits.to(ops::accum_dtype(logits.scalar_type()));  // fp64 in references
   MoeRouting r;
   at::Tensor scores;  // over all experts, for the aux loss
   if (cfg.moe_router_score_function == "softmax") {

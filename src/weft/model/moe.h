@@ -64,8 +64,8 @@ class LocalExperts : public MoeExperts {
 // The router's decision for T tokens.
 struct MoeRouting {
   at::Tensor experts;   // [T, k] int64 global expert of each slot
-  at::Tensor probs;     // [T, k] float32 combine weight of each slot (with autograd)
-  at::Tensor aux_loss;  // float32 0-dim, the layer's unweighted aux loss (with autograd)
+  at::Tensor probs;     // [T, k] float32 (float64 for float64 logits) combine weights, autograd
+  at::Tensor aux_loss;  // 0-dim, same dtype, the layer's unweighted aux loss (with autograd)
 };
 // logits [T, E] in any floating dtype.
 MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg);

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Bad MoE/MTP input to `weft train` ends with exit code 2 and one line naming the flag, before
+# any collective. Usage: bad_input.sh WEFT MPIRUN...
+set -u
+weft=$1
+shift
+mpirun=("$@")
+base=(train --num-layers 4 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
+      --num-query-groups 2 --seq-length 16 --vocab-size 64 --micro-batch-size 2
+      --global-batch-size 8 --train-iters 1 --num-experts 4)
+fails=0
+# expect NP NEEDLE FLAGS...
+expect() {
+  local np=$1 needle=$2
+  shift 2
+  local err rc
+  err=$("${mpirun[@]}" -np "$np" "$weft" "${base[@]}" "$@" 2>&1 >/dev/null)
+  rc=$?
+  local lines
+  lines=$(printf '%s\n' "$err" | grep -c '^weft: error')
+  if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ! printf '%s' "$err" | grep -qF -- "$needle"; then
+    echo "FAIL ($*): exit $rc, $lines error line(s), wanted '$needle'; stderr:"
+    printf '%s\n' "$err" | head -5
+    fails=$((fails + 1))
+  else
+    echo "ok   ($*): $(printf '%s\n' "$err" | grep '^weft: error')"
+  fi
+}
+expect 2 "--num-experts 3 is not divisible by --expert-model-parallel-size 2" \
+  --num-experts 3 --expert-model-parallel-size 2 --global-batch-size 4
+expect 2 "etp*ep*pp = 1*4*1 = 4" --expert-model-parallel-size 4
+expect 1 "--moe-router-topk 5 must be between 1 and --num-experts 4" --moe-router-topk 5
+expect 1 "--moe-layer-freq [0,1,1] has 3 entries, but --num-layers is 4" --moe-layer-freq "[0,1,1]"
+expect 1 "--moe-layer-freq '[0,2,1,1]': entries must be 0 (dense) or 1 (MoE)" --moe-layer-freq "[0,2,1,1]"
+expect 1 "--mtp-num-layers 16 must be smaller than --seq-length 16" --mtp-num-layers 16
+expect 2 "--expert-tensor-parallel-size 2 is not supported" --expert-tensor-parallel-size 2 \
+  --tensor-model-parallel-size 1 --global-batch-size 4
+expect 1 "--moe-router-score-function must be softmax or sigmoid" --moe-router-score-function relu
+expect 1 "--moe-token-dispatcher-type must be alltoall" --moe-token-dispatcher-type allgather
+expect 2 "--expert-model-parallel-size 2 needs a mixture-of-experts model" --num-experts 0 \
+  --expert-model-parallel-size 2 --global-batch-size 4
+[ "$fails" -eq 0 ] || { echo "$fails case(s) failed"; exit 1; }

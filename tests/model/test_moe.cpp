@@ -1,0 +1,256 @@
+// The MoE MLP and the MTP layer against independent references written with plain libtorch
+// autograd, in float64:
+// - moe_mlp (softmax and sigmoid routing, top-1/top-2, shared experts) against a per-token loop
+//   that picks the top-k by sorting each token's scores, runs each chosen expert on that token
+//   alone, and computes the aux loss from its definition: outputs, aux loss and every gradient
+//   (input, router, experts, shared experts) to 1e-10;
+// - the ParamSource contract for experts: every expert is used once and gets its gradient once,
+//   also an expert no token chose;
+// - mtp_input_tokens against a roll of the token ids, and mtp_layer against its composition;
+// - --moe-layer-freq parsing and its refusals.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "weft/core/error.h"
+#include "weft/model/full_params.h"
+#include "weft/model/moe.h"
+#include "weft/model/transformer.h"
+
+namespace weft {
+namespace {
+
+ModelConfig moe_config(int experts, int topk, int shared, const std::string& score) {
+  ModelConfig c;
+  c.num_layers = 1;
+  c.hidden_size = 8;
+  c.ffn_hidden_size = 12;
+  c.num_attention_heads = 2;
+  c.num_query_groups = 1;
+  c.seq_length = 6;
+  c.vocab_size = 16;
+  c.num_experts = experts;
+  c.moe_router_topk = topk;
+  c.moe_ffn_hidden_size = 5;
+  c.moe_shared_expert_intermediate_size = shared;
+  c.moe_router_score_function = score;
+  return c;
+}
+
+double rel_err(const torch::Tensor& got, const torch::Tensor& want) {
+  const double scale = std::max(want.abs().max().item<double>(), 1e-30);
+  return (got.to(torch::kDouble) - want).abs().max().item<double>() / scale;
+}
+
+torch::Tensor swiglu_ref(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& w2) {
+  const int64_t f = w2.size(1);
+  const torch::Tensor a = torch::matmul(x, w1.t());
+  return torch::matmul(torch::silu(a.narrow(-1, 0, f)) * a.narrow(-1, f, f), w2.t());
+}
+
+// The reference: one token at a time.
+struct RefResult {
+  torch::Tensor y, aux;
+};
+RefResult reference_moe(const torch::Tensor& x, const torch::Tensor& router,
+                        const std::vector<torch::Tensor>& w1, const std::vector<torch::Tensor>& w2,
+                        const torch::Tensor& s1, const torch::Tensor& s2, const ModelConfig& cfg) {
+  const int64_t T = x.size(0), E = cfg.num_experts, k = cfg.moe_router_topk;
+  const bool softmax = cfg.moe_router_score_function == "softmax";
+  std::vector<torch::Tensor> ys;
+  std::vector<double> chosen(E, 0.0);
+  torch::Tensor prob_sum = torch::zeros({E}, x.options());
+  for (int64_t t = 0; t < T; ++t) {
+    const torch::Tensor logits = torch::matmul(router, x[t]);  // [E]
+    const torch::Tensor score = softmax ? logits : torch::sigmoid(logits);
+    std::vector<int64_t> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::vector<double> sv(E);
+    for (int64_t e = 0; e < E; ++e) sv[e] = score[e].item<double>();
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return sv[a] > sv[b]; });
+    std::vector<torch::Tensor> top;
+    for (int64_t j = 0; j < k; ++j) top.push_back(score[order[j]]);
+    torch::Tensor topv = torch::stack(top);
+    torch::Tensor p;
+    if (softmax) {
+      p = torch::exp(topv - topv.max()) / torch::exp(topv - topv.max()).sum();
+    } else {
+      p = k > 1 ? topv / (topv.sum() + 1e-20) : topv;
+    }
+    torch::Tensor y = torch::zeros({x.size(1)}, x.options());
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = order[j];
+      chosen[e] += 1;
+      y = y + p[j] * swiglu_ref(x[t].unsqueeze(0), w1[e], w2[e])[0];
+    }
+    if (s1.defined()) y = y + swiglu_ref(x[t].unsqueeze(0), s1, s2)[0];
+    ys.push_back(y);
+    const torch::Tensor all =
+        softmax ? torch::softmax(logits, 0) : torch::sigmoid(logits) / (torch::sigmoid(logits).sum() + 1e-20);
+    prob_sum = prob_sum + all;
+  }
+  torch::Tensor aux = torch::zeros({}, x.options());
+  for (int64_t e = 0; e < E; ++e) aux = aux + prob_sum[e] * chosen[e];
+  aux = aux * (static_cast<double>(E) / (static_cast<double>(k) * T * T));
+  return {torch::stack(ys), aux};
+}
+
+struct Case {
+  int experts, topk, shared;
+  const char* score;
+};
+
+TEST(Moe, MatchesPerTokenReference) {
+  for (const Case& cs : {Case{4, 2, 0, "softmax"}, Case{4, 2, 6, "softmax"}, Case{5, 1, 0, "softmax"},
+                         Case{4, 2, 6, "sigmoid"}, Case{6, 3, 0, "sigmoid"}, Case{3, 1, 4, "sigmoid"}}) {
+    SCOPED_TRACE(::testing::Message() << cs.experts << " experts top-" << cs.topk << " shared "
+                                      << cs.shared << " " << cs.score);
+    const ModelConfig cfg = moe_config(cs.experts, cs.topk, cs.shared, cs.score);
+    const auto opt = torch::TensorOptions().dtype(torch::kDouble);
+    torch::manual_seed(3);
+    const int64_t b = 2, s = 5, h = cfg.hidden_size;
+    const torch::Tensor x0 = torch::randn({b, s, h}, opt);
+    const torch::Tensor R = torch::randn({b, s, h}, opt);
+
+    FullParams p;
+    auto specs = block_param_specs(cfg, "l.", /*moe=*/true);
+    auto experts = expert_param_specs(cfg, "l.", 0, cfg.num_experts);
+    std::map<std::string, torch::Tensor> init;
+    for (const auto* group : {&specs, &experts})
+      for (const auto& sp : *group) {
+        torch::Tensor v = init_param(sp, cfg, 9).to(torch::kDouble) * 10;  // spread the scores
+        init[sp.name] = v;
+        p.add(sp, v.clone());
+      }
+    const int base = static_cast<int>(specs.size());
+    std::vector<ParamHandle> fc1, fc2;
+    for (int e = 0; e < cfg.num_experts; ++e) {
+      fc1.push_back(p.handle(base + e));
+      fc2.push_back(p.handle(base + cfg.num_experts + e));
+    }
+    LocalExperts local(fc1, fc2, cfg.expert_ffn());
+    const LayerHandles w = layer_handles(&p, 0, cfg, true, &local);
+
+    // weft
+    torch::Tensor x = x0.clone().requires_grad_(true);
+    torch::Tensor aux;
+    torch::Tensor y = moe_mlp(x, w.router, w.shared_fc1, w.shared_fc2, local, cfg, &aux);
+    ((y * R).sum() + 3.0 * aux).backward();
+
+    // reference
+    auto leaf = [&](const std::string& n) { return init.at(n).clone().requires_grad_(true); };
+    torch::Tensor xr = x0.clone().reshape({-1, h}).requires_grad_(true);
+    torch::Tensor router = leaf("l.mlp.router.weight");
+    std::vector<torch::Tensor> w1, w2;
+    for (int e = 0; e < cfg.num_experts; ++e) {
+      w1.push_back(leaf(fmt::format("l.mlp.experts.{}.linear_fc1.weight", e)));
+      w2.push_back(leaf(fmt::format("l.mlp.experts.{}.linear_fc2.weight", e)));
+    }
+    torch::Tensor s1, s2;
+    if (cs.shared) {
+      s1 = leaf("l.mlp.shared_experts.linear_fc1.weight");
+      s2 = leaf("l.mlp.shared_experts.linear_fc2.weight");
+    }
+    RefResult ref = reference_moe(xr, router, w1, w2, s1, s2, cfg);
+    ((ref.y * R.reshape({-1, h})).sum() + 3.0 * ref.aux).backward();
+
+    EXPECT_LT(rel_err(y.reshape({-1, h}), ref.y), 1e-10);
+    EXPECT_LT(rel_err(aux, ref.aux), 1e-10);
+    EXPECT_LT(rel_err(x.grad().reshape({-1, h}), xr.grad()), 1e-10);
+    EXPECT_LT(rel_err(p.grad(w.router.index), router.grad()), 1e-10);
+    for (int e = 0; e < cfg.num_experts; ++e) {
+      // An expert no token chose has no reference gradient: it must get zeros.
+      const torch::Tensor g1 = w1[e].grad().defined() ? w1[e].grad() : torch::zeros_like(w1[e]);
+      const torch::Tensor g2 = w2[e].grad().defined() ? w2[e].grad() : torch::zeros_like(w2[e]);
+      EXPECT_LT((p.grad(fc1[e].index).to(torch::kDouble) - g1).abs().max().item<double>(),
+                1e-10 * std::max(1.0, g1.abs().max().item<double>()));
+      EXPECT_LT((p.grad(fc2[e].index).to(torch::kDouble) - g2).abs().max().item<double>(),
+                1e-10 * std::max(1.0, g2.abs().max().item<double>()));
+    }
+    if (cs.shared) {
+      EXPECT_LT(rel_err(p.grad(w.shared_fc1.index), s1.grad()), 1e-10);
+      EXPECT_LT(rel_err(p.grad(w.shared_fc2.index), s2.grad()), 1e-10);
+    }
+    for (int i = 0; i < p.size(); ++i) EXPECT_EQ(p.pending_uses(i), 0) << p.spec(i).name;
+  }
+}
+
+// A token routed nowhere near an expert still leaves that expert with a use and a zero
+// gradient: every expert walks the ParamSource protocol every step.
+TEST(Moe, IdleExpertGetsZeroGradient) {
+  ModelConfig cfg = moe_config(4, 1, 0, "softmax");
+  FullParams p;
+  auto specs = block_param_specs(cfg, "l.", true);
+  for (const auto& sp : specs) p.add(sp, init_param(sp, cfg, 1).to(torch::kDouble));
+  const int base = p.size();
+  for (const auto& sp : expert_param_specs(cfg, "l.", 0, 4))
+    p.add(sp, init_param(sp, cfg, 1).to(torch::kDouble));
+  // Router rows: expert 2 always wins.
+  torch::Tensor r = torch::zeros({4, cfg.hidden_size}, torch::kDouble);
+  r[2].fill_(1.0);
+  p.value(4).copy_(r);
+  std::vector<ParamHandle> fc1, fc2;
+  for (int e = 0; e < 4; ++e) {
+    fc1.push_back(p.handle(base + e));
+    fc2.push_back(p.handle(base + 4 + e));
+  }
+  LocalExperts local(fc1, fc2, cfg.expert_ffn());
+  const LayerHandles w = layer_handles(&p, 0, cfg, true, &local);
+  torch::Tensor x = torch::rand({1, 3, cfg.hidden_size}, torch::kDouble) + 0.5;
+  moe_mlp(x, w.router, w.shared_fc1, w.shared_fc2, local, cfg, nullptr).sum().backward();
+  for (int i = 0; i < p.size(); ++i) EXPECT_EQ(p.pending_uses(i), 0) << p.spec(i).name;
+  EXPECT_EQ(p.grad(fc1[0].index).abs().sum().item<double>(), 0.0);
+  EXPECT_GT(p.grad(fc1[2].index).abs().sum().item<double>(), 0.0);
+}
+
+TEST(Mtp, InputTokensAreTheRolledIds) {
+  const torch::Tensor tokens = torch::arange(1, 2 * 9 + 1, torch::kLong).view({2, 9});
+  const torch::Tensor labels = tokens.narrow(1, 1, 8);  // label t = token t+1
+  for (int k = 1; k <= 3; ++k) {
+    torch::Tensor want = torch::roll(tokens.narrow(1, 0, 8), -k, 1);
+    want.narrow(1, 8 - k, k).fill_(0);
+    EXPECT_TRUE(torch::equal(mtp_input_tokens(labels, k), want)) << "depth " << k;
+  }
+}
+
+TEST(Mtp, LayerIsNormsConcatProjectionLayerNorm) {
+  ModelConfig cfg = moe_config(0, 1, 0, "softmax");
+  cfg.mtp_num_layers = 1;
+  FullParams p;
+  for (const auto& sp : mtp_param_specs(cfg, 0)) {
+    torch::Tensor v = init_param(sp, cfg, 4).to(torch::kDouble);
+    if (sp.init == InitKind::kOnes) v = v + torch::rand_like(v);  // norms that matter
+    p.add(sp, v);
+  }
+  const MtpHandles w = mtp_handles(&p, 0, cfg, nullptr);
+  const RotaryTables rope = make_rotary_tables(cfg, torch::kCPU, torch::kDouble);
+  const torch::Tensor h = torch::randn({2, cfg.seq_length, cfg.hidden_size}, torch::kDouble);
+  const torch::Tensor e = torch::randn({2, cfg.seq_length, cfg.hidden_size}, torch::kDouble);
+  torch::NoGradGuard no_grad;
+  auto norm = [&](const torch::Tensor& x, int i) {
+    return x * torch::rsqrt(x.pow(2).mean(-1, true) + cfg.norm_epsilon) * p.value(i);
+  };
+  // enorm(emb) first, then hnorm(h), as Megatron concatenates them.
+  const torch::Tensor x = torch::matmul(torch::cat({norm(e, 0), norm(h, 1)}, -1), p.value(2).t());
+  const torch::Tensor want = norm(decoder_layer(x, w.layer, rope, cfg), 3);
+  EXPECT_LT(rel_err(mtp_layer(h, e, w, rope, cfg, nullptr), want), 1e-12);
+}
+
+TEST(MoeLayerFreq, ParsesIntsAndLists) {
+  EXPECT_EQ(parse_moe_layer_freq("1", 3), (std::vector<int>{1, 1, 1}));
+  EXPECT_EQ(parse_moe_layer_freq("2", 5), (std::vector<int>{1, 0, 1, 0, 1}));
+  EXPECT_EQ(parse_moe_layer_freq("[0,1,1,1]", 4), (std::vector<int>{0, 1, 1, 1}));
+  EXPECT_EQ(parse_moe_layer_freq("([1]*3+[0])*2", 8), (std::vector<int>{1, 1, 1, 0, 1, 1, 1, 0}));
+  EXPECT_EQ(parse_moe_layer_freq(" [0]*1 + [1]*2 ", 3), (std::vector<int>{0, 1, 1}));
+  EXPECT_THROW(parse_moe_layer_freq("[0,1]", 3), UsageError);
+  EXPECT_THROW(parse_moe_layer_freq("[0,3,1]", 3), UsageError);
+  EXPECT_THROW(parse_moe_layer_freq("0", 3), UsageError);
+  EXPECT_THROW(parse_moe_layer_freq("two", 3), UsageError);
+  EXPECT_THROW(parse_moe_layer_freq("[0,1", 2), UsageError);
+}
+
+}  // namespace
+}  // namespace weft
