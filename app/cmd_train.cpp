@@ -70,6 +70,8 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--moe-layer-freq", a->moe_layer_freq,
       "MoE layer pattern: an int N (layer i is MoE when i % N == 0) or a list like [0,1,1,1]");
   opt("--moe-token-dispatcher-type", t.moe_token_dispatcher_type, "alltoall");
+  c->add_flag("--moe-grouped-gemm", m.moe_grouped_gemm,
+              "run all experts of a layer through grouped GEMMs (CUDA, bf16, torch >= 2.8)");
   opt("--mtp-num-layers", m.mtp_num_layers, "multi-token prediction depth (0: off)");
   opt("--mtp-loss-scaling-factor", m.mtp_loss_scaling_factor,
       "weight of the MTP loss (averaged over depths) in the objective");

@@ -9,6 +9,9 @@
 #   bash bench/gpu/run.sh profile     Kineto traces of weft's 0.8B and 125M steps, summarised
 #   bash bench/gpu/run.sh ckpt        checkpoint save/load of the 0.8B state on the GPU vs raw
 #                                     disk (bench_checkpoint) and vs torch.distributed.checkpoint
+#   bash bench/gpu/run.sh moe         weft on the ~1B MoE model (8 experts, top-2), then PyTorch
+#                                     with a loop over experts and with torch._grouped_mm
+#   bash bench/gpu/run.sh moetests    the MoE/EP/MTP tests on CUDA: world 1 and 8 ranks
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PATH=/opt/torch/.venv/bin:$PATH
@@ -17,6 +20,11 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 B=build-cuda
+MOE=(--num-layers 14 --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8
+     --ffn-hidden-size 2816 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 2816
+     --moe-aux-loss-coeff 0.01 --vocab-size 32000 --seq-length 4096)
+MOE_MFU=(--layers 14 --hidden 1024 --heads 16 --groups 8 --num-experts 8 --topk 2 --moe-ffn 2816
+         --vocab 32000 --seq 4096)
 MODEL=(--num-layers 16 --hidden-size 2048 --num-attention-heads 16 --num-query-groups 8
        --ffn-hidden-size 5632 --vocab-size 32000 --seq-length 4096)
 
@@ -27,7 +35,7 @@ build)
     -DCMAKE_PREFIX_PATH=$P/torch/share/cmake \
     -DNCCL_INCLUDE_DIR=$P/nvidia/nccl/include -DNCCL_LIBRARY=$P/nvidia/nccl/lib/libnccl.so.2 \
     > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-  cmake --build $B -j 16 --target weft test_parity test_checkpoint test_model test_communicator bench_checkpoint ${WEFT_EXTRA_TARGETS:-} > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
+  cmake --build $B -j 16 --target weft test_parity test_checkpoint test_model test_communicator bench_checkpoint test_moe test_moe_parity test_moe_checkpoint ${WEFT_EXTRA_TARGETS:-} > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
   ./$B/app/weft --version
   ;;
 tests)
@@ -51,6 +59,33 @@ bench1b)
     echo "pytorch $mode rc=$?: $(cat "$OUT/pt$mode.json")"; tail -3 "$OUT/pt$mode.err"
     TPS=$(python3 -c "import json;print(json.load(open('$OUT/pt$mode.json'))['tokens_per_sec'])" 2>/dev/null) \
       && python3 bench/gpu/mfu.py "$TPS"
+  done
+  ;;
+moe)
+  for g in --moe-grouped-gemm ""; do
+    rm -f "$OUT/weft_moe$g.jsonl"
+    ./$B/app/weft train --device cuda --bf16 "${MOE[@]}" $g --micro-batch-size 2 --global-batch-size 2 \
+      --train-iters 12 --lr 3e-4 --lr-warmup-iters 2 --log-jsonl "$OUT/weft_moe$g.jsonl" > "$OUT/weft_moe$g.log" 2>&1
+    echo "weft moe $g rc=$?"; grep -E "parameters|state:" "$OUT/weft_moe$g.log"; tail -1 "$OUT/weft_moe$g.log" | cut -c1-420
+    python3 bench/gpu/mfu.py --weft-jsonl "$OUT/weft_moe$g.jsonl" "${MOE_MFU[@]}"
+  done
+  for mode in "--experts loop" "--experts grouped" "--experts grouped --compile"; do
+    tag=$(echo $mode | tr -d ' -')
+    timeout 300 python3 bench/gpu/pytorch_moe.py $mode > "$OUT/pt_$tag.json" 2> "$OUT/pt_$tag.err"
+    echo "pytorch $mode rc=$?: $(cat "$OUT/pt_$tag.json")"; tail -2 "$OUT/pt_$tag.err"
+    TPS=$(python3 -c "import json;print(json.load(open('$OUT/pt_$tag.json'))['tokens_per_sec'])" 2>/dev/null) \
+      && python3 bench/gpu/mfu.py "$TPS" "${MOE_MFU[@]}"
+  done
+  ;;
+moetests)
+  export WEFT_TEST_DEVICE=cuda
+  ./$B/tests/model/test_moe > "$OUT/test_moe.log" 2>&1
+  echo "test_moe rc=$? $(grep -E 'PASSED|FAILED|SKIPPED' "$OUT/test_moe.log" | sort | uniq -c | tr '\n' ' ')"
+  for t in tests/checkpoint/test_moe_checkpoint tests/train/test_moe_parity; do
+    for np in 1 8; do
+      timeout 400 mpirun -np $np --bind-to none ./$B/$t > "$OUT/$(basename $t)_np$np.log" 2>&1
+      echo "$t np$np rc=$? $(grep -E 'PASSED|FAILED|SKIPPED' "$OUT/$(basename $t)_np$np.log" | sort | uniq -c | tr '\n' ' ')"
+    done
   done
   ;;
 esac

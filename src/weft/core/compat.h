@@ -35,6 +35,13 @@
   (TORCH_VERSION_MAJOR > (major) ||       \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
+#if WEFT_TORCH_AT_LEAST(2, 8) && __has_include(<ATen/ops/_grouped_mm.h>)
+#include <ATen/ops/_grouped_mm.h>
+#define WEFT_HAS_GROUPED_MM 1
+#else
+#define WEFT_HAS_GROUPED_MM 0
+#endif
+
 namespace weft::compat {
 
 // A fresh CPU generator seeded with `seed`; its stream depends only on the seed.
@@ -128,6 +135,27 @@ inline void addmm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Ten
   }
 #endif
   acc.add_(at::mm(a, b));
+}
+
+// Grouped matmul (torch._grouped_mm): a [N, K] whose rows are split into G groups by `offs`
+// (int32 [G], cumulative row ends, on a's device), b [G, K, M] (row- or column-major in its
+// last two dims) -> [N, M], each group's rows times its b[g]. Only where this libtorch has the
+// op and for bf16 CUDA operands (grouped_mm_usable); callers fall back to one mm per group.
+inline bool grouped_mm_usable(const at::Tensor& a) {
+#if WEFT_HAS_GROUPED_MM
+  return a.is_cuda() && a.scalar_type() == at::kBFloat16;
+#else
+  (void)a;
+  return false;
+#endif
+}
+inline at::Tensor grouped_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs) {
+#if WEFT_HAS_GROUPED_MM
+  return at::_grouped_mm(a, b, offs);
+#else
+  (void)b, (void)offs;
+  return a;  // unreachable: grouped_mm_usable() is false
+#endif
 }
 
 }  // namespace weft::compat

@@ -32,6 +32,7 @@ struct ModelConfig {
   // --moe-layer-freq resolved to one entry per decoder layer (1: MoE, 0: dense); empty means
   // every layer is MoE when num_experts > 0 (Megatron's default frequency 1).
   std::vector<int> moe_layer_pattern;
+  bool moe_grouped_gemm = false;           // --moe-grouped-gemm: one grouped GEMM for all experts
 
   // Multi-token prediction (model/mtp.h), DeepSeek-V3 style, on the last pipeline stage.
   int mtp_num_layers = 0;                  // --mtp-num-layers

@@ -159,6 +159,24 @@ at::Tensor rms_norm_backward(const at::Tensor& dy, const at::Tensor& x, const at
 
 at::Tensor swiglu(const at::Tensor& fc1) { return SwiGluFn::apply(fc1); }
 
+at::Tensor swiglu_forward(const at::Tensor& fc1) {
+#if defined(WEFT_WITH_CUDA)
+  return swiglu_forward_impl(fc1);
+#else
+  (void)fc1;
+  not_compiled();
+#endif
+}
+
+at::Tensor swiglu_backward(const at::Tensor& dact, const at::Tensor& fc1) {
+#if defined(WEFT_WITH_CUDA)
+  return swiglu_backward_impl(dact, fc1);
+#else
+  (void)dact, (void)fc1;
+  not_compiled();
+#endif
+}
+
 at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels) {
   return CrossEntropyFn::apply(logits, labels);
 }

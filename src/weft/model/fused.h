@@ -31,6 +31,9 @@ bool rms_norm_supports(int64_t hidden);
 
 // act = silu(fc1[..., :f]) * fc1[..., f:], with autograd.
 at::Tensor swiglu(const at::Tensor& fc1);
+// The same without autograd, and its backward: d fc1 from d act (contiguous [rows, 2f] fc1).
+at::Tensor swiglu_forward(const at::Tensor& fc1);
+at::Tensor swiglu_backward(const at::Tensor& dact, const at::Tensor& fc1);
 
 // Rotary embedding of qkv [b, s, ng, r + 2, hd] with tables cos/sin [s, hd] (contiguous, x's
 // dtype), with autograd: {q [b, s, ng * r, hd], k [b, s, ng, hd], v [b, s, ng, hd]}.

@@ -155,7 +155,10 @@ at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& perm, const at::T
 
 at::Tensor grouped_expert_mlp(const at::Tensor& rows, const std::vector<int64_t>& counts,
                               const std::vector<ParamHandle>& fc1,
-                              const std::vector<ParamHandle>& fc2, int64_t ffn) {
+                              const std::vector<ParamHandle>& fc2, int64_t ffn,
+                              bool grouped_gemm) {
+  if (grouped_gemm && grouped_gemm_usable(rows, ffn))
+    return grouped_gemm_expert_mlp(rows, counts, fc1, fc2);
   WEFT_CHECK(counts.size() == fc1.size() && fc1.size() == fc2.size(),
              "grouped_expert_mlp: {} counts for {} / {} experts", counts.size(), fc1.size(),
              fc2.size());

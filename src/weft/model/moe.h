@@ -42,23 +42,36 @@ class MoeExperts {
 
 // SwiGLU experts over rows grouped by expert: counts[i] consecutive rows go through
 // fc2[i](silu(gate) * up) with gate/up the two halves of fc1[i] ([2*ffn, h], gate rows first).
-// Every expert's weights are used (and get a gradient) even when it received no rows.
+// Every expert's weights are used (and get a gradient) even when it received no rows. With
+// `grouped_gemm` (--moe-grouped-gemm) and where grouped_gemm_usable, all experts run through
+// grouped_gemm_expert_mlp; otherwise one GEMM chain per expert. Both give the same result up to
+// rounding.
 at::Tensor grouped_expert_mlp(const at::Tensor& rows, const std::vector<int64_t>& counts,
                               const std::vector<ParamHandle>& fc1,
-                              const std::vector<ParamHandle>& fc2, int64_t ffn);
+                              const std::vector<ParamHandle>& fc2, int64_t ffn,
+                              bool grouped_gemm = false);
+// Whether grouped_gemm_expert_mlp can run these rows: a libtorch with torch._grouped_mm, bf16
+// rows on CUDA with the fused kernels on, dims that keep the kernel's 16-byte alignment.
+bool grouped_gemm_usable(const at::Tensor& rows, int64_t ffn);
+// The experts through grouped GEMMs (moe_grouped.cpp); all handles from one ParamSource.
+at::Tensor grouped_gemm_expert_mlp(const at::Tensor& rows, const std::vector<int64_t>& counts,
+                                   const std::vector<ParamHandle>& fc1,
+                                   const std::vector<ParamHandle>& fc2);
 
 // All experts on this rank (single-process runs and reference tests).
 class LocalExperts : public MoeExperts {
  public:
-  LocalExperts(std::vector<ParamHandle> fc1, std::vector<ParamHandle> fc2, int64_t ffn)
-      : fc1_(std::move(fc1)), fc2_(std::move(fc2)), ffn_(ffn) {}
+  LocalExperts(std::vector<ParamHandle> fc1, std::vector<ParamHandle> fc2, int64_t ffn,
+               bool grouped_gemm = false)
+      : fc1_(std::move(fc1)), fc2_(std::move(fc2)), ffn_(ffn), grouped_gemm_(grouped_gemm) {}
   at::Tensor run(const at::Tensor& rows, const std::vector<int64_t>& counts) override {
-    return grouped_expert_mlp(rows, counts, fc1_, fc2_, ffn_);
+    return grouped_expert_mlp(rows, counts, fc1_, fc2_, ffn_, grouped_gemm_);
   }
 
  private:
   std::vector<ParamHandle> fc1_, fc2_;
   int64_t ffn_;
+  bool grouped_gemm_;
 };
 
 // The router's decision for T tokens.

@@ -112,7 +112,8 @@ PipelineStage::Block PipelineStage::make_block(const std::string& name,
       groups_.get("expert_fsdp_replicate")));
   b.experts = units_.back().get();
   forward_order_.push_back(b.experts);
-  b.dispatch = std::make_unique<ExpertParallel>(b.experts, ep, cfg_.num_experts, cfg_.expert_ffn());
+  b.dispatch = std::make_unique<ExpertParallel>(b.experts, ep, cfg_.num_experts, cfg_.expert_ffn(),
+                                                cfg_.moe_grouped_gemm);
   return b;
 }
 

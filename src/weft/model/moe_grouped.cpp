@@ -1,0 +1,143 @@
+// The routed experts through grouped GEMMs (--moe-grouped-gemm, see moe.h): for all experts at
+// once, fc1 and fc2 forward and both input gradients are one torch._grouped_mm each, on CUDA in
+// bf16. Written as one autograd function over the experts' ParamHandles (ops.h's contract: each
+// handle is fetched once in forward, again in backward, and gets one gradient).
+//
+// The experts' weights are taken as a [G, rows, cols] view when they lie back to back in memory
+// (an FSDP unit with a shard group of one rank keeps fc1 of every expert, then fc2 of every
+// expert, in one flat buffer), otherwise stacked into one temporary. Weight gradients are
+// accumulated per expert with one float32-output GEMM each (compat::addmm_accumulate), the
+// precision ops::linear gives; the grouped kernel has bf16 output only, which would round each
+// microbatch's contribution.
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <numeric>
+
+#include "weft/core/compat.h"
+#include "weft/core/error.h"
+#include "weft/model/fused.h"
+#include "weft/model/moe.h"
+
+namespace weft {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Function;
+using torch::autograd::variable_list;
+
+// [G, r, c] over G weights of shape [r, c]: a view when they are adjacent, else a copy.
+at::Tensor stacked(const std::vector<at::Tensor>& w) {
+  const int64_t n = w[0].numel();
+  bool adjacent = w[0].is_contiguous();
+  for (size_t g = 1; g < w.size() && adjacent; ++g)
+    adjacent = w[g].is_contiguous() && w[g].sizes() == w[0].sizes() &&
+               w[g].storage().is_alias_of(w[0].storage()) &&
+               w[g].storage_offset() == w[0].storage_offset() + static_cast<int64_t>(g) * n;
+  if (adjacent)
+    return w[0].as_strided({static_cast<int64_t>(w.size()), w[0].size(0), w[0].size(1)},
+                           {n, w[0].size(1), 1});
+  return at::stack(w);
+}
+
+struct Experts {
+  ParamSource* source;
+  std::vector<int64_t> fc1, fc2;  // handle indices
+};
+
+std::vector<at::Tensor> fetch(ParamSource* s, const std::vector<int64_t>& idx, bool backward) {
+  std::vector<at::Tensor> out;
+  for (int64_t i : idx)
+    out.push_back(backward ? s->backward_weight(static_cast<int>(i))
+                           : s->forward_weight(static_cast<int>(i)));
+  return out;
+}
+
+struct GroupedMlpFn : Function<GroupedMlpFn> {
+  // `w1`, `w2`: the stacked weights fetched for this forward (not saved).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows,
+                            const c10::optional<at::Tensor>& /*anchor*/, const at::Tensor& w1,
+                            const at::Tensor& w2, const Experts& e,
+                            const std::vector<int64_t>& counts) {
+    ctx->saved_data["source"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(e.source));
+    ctx->saved_data["fc1"] = c10::IValue(e.fc1);
+    ctx->saved_data["fc2"] = c10::IValue(e.fc2);
+    ctx->saved_data["counts"] = c10::IValue(counts);
+    std::vector<int64_t> ends(counts.size());
+    std::partial_sum(counts.begin(), counts.end(), ends.begin());
+    const at::Tensor offs = at::tensor(std::vector<int32_t>(ends.begin(), ends.end()), at::kInt)
+                                .to(rows.device(), /*non_blocking=*/true);
+    const at::Tensor x = rows.contiguous();
+    const at::Tensor a = compat::grouped_mm(x, w1.transpose(1, 2), offs);  // [N, 2f]
+    ctx->save_for_backward({x, a, offs});
+    return compat::grouped_mm(fused::swiglu_forward(a), w2.transpose(1, 2), offs);  // [N, h]
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* source =
+        reinterpret_cast<ParamSource*>(static_cast<intptr_t>(ctx->saved_data["source"].toInt()));
+    const std::vector<int64_t> fc1 = ctx->saved_data["fc1"].toIntVector();
+    const std::vector<int64_t> fc2 = ctx->saved_data["fc2"].toIntVector();
+    const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &a = saved[1], &offs = saved[2];
+    const at::Tensor dy = grads[0].contiguous();
+
+    const at::Tensor w2 = stacked(fetch(source, fc2, true));      // [G, h, f]
+    const at::Tensor act = fused::swiglu_forward(a);              // recomputed, [N, f]
+    const at::Tensor dact = compat::grouped_mm(dy, w2, offs);     // [N, f]
+    const at::Tensor da = fused::swiglu_backward(dact, a);        // [N, 2f]
+    at::Tensor dx;
+    if (ctx->needs_input_grad(0)) {
+      const at::Tensor w1 = stacked(fetch(source, fc1, true));    // [G, 2f, h]
+      dx = compat::grouped_mm(da, w1, offs);                      // [N, h]
+    }
+    int64_t off = 0;
+    for (size_t g = 0; g < counts.size(); ++g) {
+      const int64_t n = counts[g];
+      at::Tensor b2 = source->grad_buffer(static_cast<int>(fc2[g]));
+      at::Tensor b1 = source->grad_buffer(static_cast<int>(fc1[g]));
+      if (n > 0) {
+        compat::addmm_accumulate(b2, dy.narrow(0, off, n).t(), act.narrow(0, off, n));
+        compat::addmm_accumulate(b1, da.narrow(0, off, n).t(), x.narrow(0, off, n));
+      }
+      source->grad_ready(static_cast<int>(fc2[g]));
+      source->grad_ready(static_cast<int>(fc1[g]));
+      off += n;
+    }
+    return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool grouped_gemm_usable(const at::Tensor& rows, int64_t ffn) {
+  // 16-byte aligned rows for the kernel: h and f multiples of 8 bf16 elements.
+  return compat::grouped_mm_usable(rows) && fused::usable(rows) && rows.size(0) > 0 &&
+         rows.size(-1) % 8 == 0 && ffn % 8 == 0;
+}
+
+at::Tensor grouped_gemm_expert_mlp(const at::Tensor& rows, const std::vector<int64_t>& counts,
+                                   const std::vector<ParamHandle>& fc1,
+                                   const std::vector<ParamHandle>& fc2) {
+  WEFT_CHECK(!fc1.empty() && fc1.size() == fc2.size() && counts.size() == fc1.size(),
+             "grouped_gemm_expert_mlp: {} counts, {} / {} experts", counts.size(), fc1.size(),
+             fc2.size());
+  Experts e{fc1[0].source, {}, {}};
+  for (size_t g = 0; g < fc1.size(); ++g) {
+    WEFT_CHECK(fc1[g].source == e.source && fc2[g].source == e.source,
+               "grouped_gemm_expert_mlp: experts must share one ParamSource");
+    e.fc1.push_back(fc1[g].index);
+    e.fc2.push_back(fc2[g].index);
+  }
+  const bool grad_mode = at::GradMode::is_enabled();
+  const at::Tensor w1 = stacked(fetch(e.source, e.fc1, false));
+  const at::Tensor w2 = stacked(fetch(e.source, e.fc2, false));
+  c10::optional<at::Tensor> anchor;
+  if (grad_mode && !rows.requires_grad()) anchor = at::empty({0}, w1.options()).requires_grad_(true);
+  return GroupedMlpFn::apply(rows, anchor, w1, w2, e, counts);
+}
+
+}  // namespace weft
