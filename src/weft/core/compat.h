@@ -137,10 +137,12 @@ inline void addmm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Ten
   acc.add_(at::mm(a, b));
 }
 
-// Grouped matmul (torch._grouped_mm): a [N, K] whose rows are split into G groups by `offs`
-// (int32 [G], cumulative row ends, on a's device), b [G, K, M] (row- or column-major in its
-// last two dims) -> [N, M], each group's rows times its b[g]. Only where this libtorch has the
-// op and for bf16 CUDA operands (grouped_mm_usable); callers fall back to one mm per group.
+// Grouped matmul (torch._grouped_mm), groups given by `offs` (int32 [G], cumulative ends, on
+// the operands' device):
+//   a [N, K] 2-D, b [G, K, M] 3-D: rows of a split into groups -> [N, M], group rows times b[g];
+//   a [M, N] 2-D, b [N, K] 2-D: the shared dim N split into groups -> [G, M, K], a_g b_g.
+// Operands row- or column-major in their last two dims. Only where this libtorch has the op and
+// for bf16 CUDA operands (grouped_mm_usable); callers fall back to one mm per group.
 inline bool grouped_mm_usable(const at::Tensor& a) {
 #if WEFT_HAS_GROUPED_MM
   return a.is_cuda() && a.scalar_type() == at::kBFloat16;

@@ -10,7 +10,7 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
-#include <ATen/ops/bincount.h>
+#include <ATen/ops/ones_like.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sigmoid.h>
@@ -149,6 +149,13 @@ std::vector<int> parse_moe_layer_freq(const std::string& value, int num_layers) 
   return v;
 }
 
+// Pairs routed to each of E experts, as int64 [E] on the experts' device. (at::bincount would
+// read the maximum back to the host on CUDA: one synchronisation more per layer.)
+static at::Tensor pairs_per_expert(const at::Tensor& experts, int64_t E) {
+  const at::Tensor flat = experts.reshape({-1});
+  return at::zeros({E}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));
+}
+
 at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& perm, const at::Tensor& inverse) {
   return PermuteRowsFn::apply(x, perm, inverse);
 }
@@ -198,8 +205,7 @@ MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg) {
     r.probs = k > 1 ? top / (top.sum(-1, /*keepdim=*/true) + 1e-20) : top;
     scores = s / (s.sum(-1, /*keepdim=*/true) + 1e-20);
   }
-  const at::Tensor per_expert =
-      at::bincount(r.experts.reshape({-1}), {}, E).to(at::kFloat);  // pairs per expert
+  const at::Tensor per_expert = pairs_per_expert(r.experts, E).to(z.scalar_type());
   const double c = static_cast<double>(E) / (static_cast<double>(k) * T * T);
   r.aux_loss = (scores.sum(0) * per_expert).sum() * c;
   return r;
@@ -219,7 +225,7 @@ at::Tensor moe_mlp(const at::Tensor& xn, ParamHandle router, ParamHandle shared_
   const at::Tensor order = std::get<1>(at::sort(expert_of_pair, /*stable=*/true, 0, false));
   const at::Tensor inverse = at::empty_like(order);
   inverse.index_put_({order}, at::arange(T * k, order.options()));
-  const at::Tensor counts_t = at::bincount(expert_of_pair, {}, E).cpu();
+  const at::Tensor counts_t = pairs_per_expert(expert_of_pair, E).cpu();  // the one host sync
   std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + E);
 
   // Each token repeated k times (backward: a sum over its slots), then sorted by expert.

@@ -5,15 +5,18 @@
 //
 // The experts' weights are taken as a [G, rows, cols] view when they lie back to back in memory
 // (an FSDP unit with a shard group of one rank keeps fc1 of every expert, then fc2 of every
-// expert, in one flat buffer), otherwise stacked into one temporary. Weight gradients are
-// accumulated per expert with one float32-output GEMM each (compat::addmm_accumulate), the
-// precision ops::linear gives; the grouped kernel has bf16 output only, which would round each
-// microbatch's contribution.
+// expert, in one flat buffer), otherwise stacked into one temporary. Weight gradients come from
+// one grouped GEMM per projection too (ragged K: each expert's rows), in bf16 as the kernel
+// writes them, and are added into the float32 gradient buffers (one add when the buffers are
+// adjacent): each microbatch's weight gradient is rounded to bf16 once, as under PyTorch's
+// autocast, then accumulated in float32. Fewer, larger launches matter here: a per-expert loop
+// made the step host-bound.
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "weft/core/compat.h"
@@ -28,18 +31,40 @@ using torch::autograd::AutogradContext;
 using torch::autograd::Function;
 using torch::autograd::variable_list;
 
+// [G, r, c] view over G tensors of shape [r, c] that lie back to back in one storage; undefined
+// when they do not.
+at::Tensor adjacent_view(const std::vector<at::Tensor>& w) {
+  const int64_t n = w[0].numel();
+  for (size_t g = 0; g < w.size(); ++g)
+    if (!w[g].is_contiguous() || w[g].sizes() != w[0].sizes() ||
+        !w[g].storage().is_alias_of(w[0].storage()) ||
+        w[g].storage_offset() != w[0].storage_offset() + static_cast<int64_t>(g) * n)
+      return {};
+  return w[0].as_strided({static_cast<int64_t>(w.size()), w[0].size(0), w[0].size(1)},
+                         {n, w[0].size(1), 1});
+}
+
 // [G, r, c] over G weights of shape [r, c]: a view when they are adjacent, else a copy.
 at::Tensor stacked(const std::vector<at::Tensor>& w) {
-  const int64_t n = w[0].numel();
-  bool adjacent = w[0].is_contiguous();
-  for (size_t g = 1; g < w.size() && adjacent; ++g)
-    adjacent = w[g].is_contiguous() && w[g].sizes() == w[0].sizes() &&
-               w[g].storage().is_alias_of(w[0].storage()) &&
-               w[g].storage_offset() == w[0].storage_offset() + static_cast<int64_t>(g) * n;
-  if (adjacent)
-    return w[0].as_strided({static_cast<int64_t>(w.size()), w[0].size(0), w[0].size(1)},
-                           {n, w[0].size(1), 1});
-  return at::stack(w);
+  at::Tensor v = adjacent_view(w);
+  return v.defined() ? v : at::stack(w);
+}
+
+// Adds dw [G, r, c] (one group per expert; groups of experts without rows are not written by the
+// kernel and are skipped) into the experts' gradient buffers.
+void accumulate(ParamSource* s, const std::vector<int64_t>& idx, const at::Tensor& dw,
+                const std::vector<int64_t>& counts) {
+  std::vector<at::Tensor> bufs;
+  for (int64_t i : idx) bufs.push_back(s->grad_buffer(static_cast<int>(i)));
+  const bool all_rows = std::all_of(counts.begin(), counts.end(), [](int64_t n) { return n > 0; });
+  at::Tensor view = all_rows ? adjacent_view(bufs) : at::Tensor();
+  if (view.defined()) {
+    view.add_(dw);
+  } else {
+    for (size_t g = 0; g < bufs.size(); ++g)
+      if (counts[g] > 0) bufs[g].add_(dw[g]);
+  }
+  for (int64_t i : idx) s->grad_ready(static_cast<int>(i));
 }
 
 struct Experts {
@@ -94,19 +119,9 @@ struct GroupedMlpFn : Function<GroupedMlpFn> {
       const at::Tensor w1 = stacked(fetch(source, fc1, true));    // [G, 2f, h]
       dx = compat::grouped_mm(da, w1, offs);                      // [N, h]
     }
-    int64_t off = 0;
-    for (size_t g = 0; g < counts.size(); ++g) {
-      const int64_t n = counts[g];
-      at::Tensor b2 = source->grad_buffer(static_cast<int>(fc2[g]));
-      at::Tensor b1 = source->grad_buffer(static_cast<int>(fc1[g]));
-      if (n > 0) {
-        compat::addmm_accumulate(b2, dy.narrow(0, off, n).t(), act.narrow(0, off, n));
-        compat::addmm_accumulate(b1, da.narrow(0, off, n).t(), x.narrow(0, off, n));
-      }
-      source->grad_ready(static_cast<int>(fc2[g]));
-      source->grad_ready(static_cast<int>(fc1[g]));
-      off += n;
-    }
+    // Weight gradients: dW2[g] = dy_g^T act_g, dW1[g] = da_g^T x_g (groups split the rows).
+    accumulate(source, fc2, compat::grouped_mm(dy.t(), act, offs), counts);
+    accumulate(source, fc1, compat::grouped_mm(da.t(), x, offs), counts);
     return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

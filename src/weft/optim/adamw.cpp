@@ -36,6 +36,20 @@ ShardedAdamW::ShardedAdamW(std::vector<FsdpUnit*> units, const AdamWConfig& cfg)
     }
     if (w.scalar_type() == at::kFloat) u->bind_param_shard(st.master);
     states_.push_back(std::move(st));
+    // Consecutive parameters of one group become one range of the flat shard (padding between
+    // them has zero value and zero gradient, which the update leaves zero): an expert unit is
+    // one range, not one per weight, so a step launches and builds lists for far fewer tensors.
+    std::vector<Range> ranges;
+    for (int i = 0; i < u->num_params(); ++i) {
+      const ShardSegment& seg = u->segment(i);
+      const std::string& g = param_group_[u->spec(i).name];
+      if (!ranges.empty() && ranges.back().group == g &&
+          ranges.back().offset + ranges.back().numel == seg.offset)
+        ranges.back().numel += seg.numel();
+      else
+        ranges.push_back(Range{g, seg.offset, seg.numel()});
+    }
+    ranges_.push_back(std::move(ranges));
   }
 }
 
@@ -63,15 +77,14 @@ bool ShardedAdamW::fused_step(double lr, double grad_multiplier) {
   };
   std::map<std::string, Lists> by_group;
   for (size_t k = 0; k < units_.size(); ++k) {
-    FsdpUnit& u = *units_[k];
     UnitOptimState& st = states_[k];
-    for (int i = 0; i < u.num_params(); ++i) {
-      const ShardSegment& seg = u.segment(i);
-      Lists& l = by_group[group_name_of(u.spec(i).name)];
-      l.p.push_back(st.master.narrow(0, seg.offset, seg.numel()));
-      l.g.push_back(grad_shard(u, i));
-      l.m.push_back(st.exp_avg.narrow(0, seg.offset, seg.numel()));
-      l.v.push_back(st.exp_avg_sq.narrow(0, seg.offset, seg.numel()));
+    const at::Tensor& grad = grad_shard(*units_[k]);
+    for (const Range& r : ranges_[k]) {
+      Lists& l = by_group[r.group];
+      l.p.push_back(st.master.narrow(0, r.offset, r.numel));
+      l.g.push_back(grad.narrow(0, r.offset, r.numel));
+      l.m.push_back(st.exp_avg.narrow(0, r.offset, r.numel));
+      l.v.push_back(st.exp_avg_sq.narrow(0, r.offset, r.numel));
     }
   }
   for (auto& [name, l] : by_group) {
@@ -95,13 +108,12 @@ void ShardedAdamW::step(double lr, double grad_multiplier) {
   for (size_t k = 0; k < units_.size(); ++k) {
     FsdpUnit& u = *units_[k];
     UnitOptimState& st = states_[k];
-    for (int i = 0; i < u.num_params(); ++i) {
-      const ParamGroupSettings& g = group_of(u.spec(i).name);
-      const ShardSegment& seg = u.segment(i);
-      at::Tensor p = st.master.narrow(0, seg.offset, seg.numel());
-      at::Tensor grad = grad_shard(u, i);
-      at::Tensor m_store = st.exp_avg.narrow(0, seg.offset, seg.numel());
-      at::Tensor v_store = st.exp_avg_sq.narrow(0, seg.offset, seg.numel());
+    for (const Range& r : ranges_[k]) {
+      const ParamGroupSettings& g = groups_.at(r.group);
+      at::Tensor p = st.master.narrow(0, r.offset, r.numel);
+      at::Tensor grad = grad_shard(u).narrow(0, r.offset, r.numel);
+      at::Tensor m_store = st.exp_avg.narrow(0, r.offset, r.numel);
+      at::Tensor v_store = st.exp_avg_sq.narrow(0, r.offset, r.numel);
       at::Tensor m = m_store.scalar_type() == at::kFloat ? m_store : m_store.to(at::kFloat);
       at::Tensor v = v_store.scalar_type() == at::kFloat ? v_store : v_store.to(at::kFloat);
       m.mul_(g.beta1).add_(grad, 1.0 - g.beta1);

@@ -83,6 +83,11 @@ class ShardedAdamW {
   AdamWConfig cfg_;
   std::vector<FsdpUnit*> units_;
   std::vector<UnitOptimState> states_;
+  struct Range {  // consecutive parameters of one group inside a unit's flat shard
+    std::string group;
+    int64_t offset, numel;
+  };
+  std::vector<std::vector<Range>> ranges_;  // per unit
   std::map<std::string, ParamGroupSettings> groups_;    // group name -> settings
   std::map<std::string, std::string> param_group_;      // param name -> group name
   int64_t steps_ = 0;
