@@ -13,6 +13,7 @@
 #include "weft/comm/device.h"
 #include "weft/core/error.h"
 #include "weft/model/fused.h"
+#include "weft/model/hybrid.h"
 #include "weft/model/moe.h"
 #include "weft/train/trainer.h"
 
@@ -29,6 +30,7 @@ struct TrainArgs {
   bool no_fused = false;
   std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32", backend = "auto";
   std::string moe_layer_freq = "1";
+  std::string hybrid_pattern, hybrid_override_pattern;
   int threads = 0;
 };
 
@@ -72,6 +74,15 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--moe-token-dispatcher-type", t.moe_token_dispatcher_type, "alltoall");
   c->add_flag("--moe-grouped-gemm", m.moe_grouped_gemm,
               "run all experts of a layer through grouped GEMMs (CUDA, bf16, torch >= 2.8)");
+  opt("--hybrid-layer-pattern", a->hybrid_pattern,
+      "hybrid model, one symbol per layer: M Mamba-2, * attention, - MLP, E MoE; | between "
+      "pipeline stages, / before each MTP depth (defines --num-layers)");
+  opt("--hybrid-override-pattern", a->hybrid_override_pattern,
+      "deprecated name of --hybrid-layer-pattern");
+  opt("--mamba-state-dim", m.mamba_state_dim, "Mamba-2 state size per group");
+  opt("--mamba-head-dim", m.mamba_head_dim, "Mamba-2 head dimension");
+  opt("--mamba-num-groups", m.mamba_num_groups, "Mamba-2 groups of B and C");
+  opt("--mamba-num-heads", m.mamba_num_heads, "Mamba-2 heads (-1: 2 * hidden / head dim)");
   opt("--mtp-num-layers", m.mtp_num_layers, "multi-token prediction depth (0: off)");
   opt("--mtp-loss-scaling-factor", m.mtp_loss_scaling_factor,
       "weight of the MTP loss (averaged over depths) in the objective");
@@ -140,8 +151,21 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
     t.adam.exp_avg_dtype = moment_dtype("--exp-avg-dtype", a->exp_avg_dtype);
     t.adam.exp_avg_sq_dtype = moment_dtype("--exp-avg-sq-dtype", a->exp_avg_sq_dtype);
     if (t.log_interval < 1) fail_usage("--log-interval must be >= 1");
-    if (t.model.num_experts > 0)
+    if (!a->hybrid_pattern.empty() && !a->hybrid_override_pattern.empty() &&
+        a->hybrid_pattern != a->hybrid_override_pattern)
+      fail_usage("--hybrid-layer-pattern and its deprecated name --hybrid-override-pattern "
+                 "disagree; give one");
+    const std::string pattern =
+        a->hybrid_pattern.empty() ? a->hybrid_override_pattern : a->hybrid_pattern;
+    if (!pattern.empty()) {
+      apply_hybrid_layer_pattern(pattern, &t.model);
+      if (t.first_stage_layers >= 0 || t.last_stage_layers >= 0)
+        if (!t.model.hybrid_stage_layers.empty())
+          fail_usage("--decoder-first/last-pipeline-num-layers and '|' in --hybrid-layer-pattern "
+                     "both split the stages; give one");
+    } else if (t.model.num_experts > 0) {
       t.model.moe_layer_pattern = parse_moe_layer_freq(a->moe_layer_freq, t.model.num_layers);
+    }
     fused::set_enabled(!a->no_fused);
     MpiRuntime mpi(argc, argv);
     set_error_rank(mpi.world_rank());

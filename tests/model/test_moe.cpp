@@ -225,7 +225,7 @@ TEST(Mtp, LayerIsNormsConcatProjectionLayerNorm) {
     if (sp.init == InitKind::kOnes) v = v + torch::rand_like(v);  // norms that matter
     p.add(sp, v);
   }
-  const MtpHandles w = mtp_handles(&p, 0, cfg, nullptr);
+  const MtpHandles w = mtp_handles(&p, 0, cfg, 0, {});
   const RotaryTables rope = make_rotary_tables(cfg, torch::kCPU, torch::kDouble);
   const torch::Tensor h = torch::randn({2, cfg.seq_length, cfg.hidden_size}, torch::kDouble);
   const torch::Tensor e = torch::randn({2, cfg.seq_length, cfg.hidden_size}, torch::kDouble);
@@ -235,7 +235,8 @@ TEST(Mtp, LayerIsNormsConcatProjectionLayerNorm) {
   };
   // enorm(emb) first, then hnorm(h), as Megatron concatenates them.
   const torch::Tensor x = torch::matmul(torch::cat({norm(e, 0), norm(h, 1)}, -1), p.value(2).t());
-  const torch::Tensor want = norm(decoder_layer(x, w.layer, rope, cfg), 3);
+  ASSERT_EQ(w.layers.size(), 1u);
+  const torch::Tensor want = norm(decoder_layer(x, w.layers[0], rope, cfg), 3);
   EXPECT_LT(rel_err(mtp_layer(h, e, w, rope, cfg, nullptr), want), 1e-12);
 }
 

@@ -154,7 +154,7 @@ TEST(MoeParity, StateBytesMatchShardMath) {
       specs.push_back(embedding_param_spec(m));  // the copy for the tied output and MTP
       for (int k = 0; k < m.mtp_num_layers; ++k) {
         for (const auto& p : mtp_param_specs(m, k)) specs.push_back(p);
-        if (m.mtp_layer_is_moe()) count_experts(mtp_block_prefix(k));
+        if (m.mtp_layer_is_moe()) count_experts(mtp_layer_prefix(m, k, 0));
       }
     }
     for (const auto& p : specs) dense += shard_elements(p.shape, D);

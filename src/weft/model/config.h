@@ -34,6 +34,20 @@ struct ModelConfig {
   std::vector<int> moe_layer_pattern;
   bool moe_grouped_gemm = false;           // --moe-grouped-gemm: one grouped GEMM for all experts
 
+  // Hybrid models (--hybrid-layer-pattern, see model/hybrid.h): one symbol per decoder layer,
+  // M Mamba-2, * attention, - MLP, E MoE; empty: every layer is a transformer layer (attention
+  // and an MLP or MoE). hybrid_stage_layers: layers per pipeline stage from the pattern's '|'
+  // (empty without '|'); mtp_layer_symbols: one MTP depth's layers (hybrid models with MTP).
+  std::string layer_symbols;
+  std::vector<int> hybrid_stage_layers;
+  std::string mtp_layer_symbols;
+  // Mamba-2 mixer (model/mamba.h), Megatron's flags and defaults.
+  int mamba_state_dim = 128;               // --mamba-state-dim
+  int mamba_head_dim = 64;                 // --mamba-head-dim
+  int mamba_num_groups = 8;                // --mamba-num-groups
+  int mamba_num_heads = -1;                // --mamba-num-heads (-1: 2 * hidden / head dim)
+  int mamba_chunk_size = 128;              // SSD chunk length (Megatron's fixed 128)
+
   // Multi-token prediction (model/mtp.h), DeepSeek-V3 style, on the last pipeline stage.
   int mtp_num_layers = 0;                  // --mtp-num-layers
   double mtp_loss_scaling_factor = 0.1;    // --mtp-loss-scaling-factor
@@ -42,20 +56,36 @@ struct ModelConfig {
   bool tied() const { return !untie_embeddings_and_output_weights; }
   bool moe() const { return num_experts > 0; }
   int expert_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size; }
-  // Whether decoder layer `layer` (global number) is an MoE layer.
+  bool hybrid() const { return !layer_symbols.empty(); }
+  int mamba_heads() const {
+    return mamba_num_heads > 0 ? mamba_num_heads : 2 * hidden_size / mamba_head_dim;
+  }
+  // The symbol of decoder layer `layer`: M, *, -, E (hybrid) or T (a transformer layer).
+  char layer_symbol(int layer) const {
+    return hybrid() ? layer_symbols.at(static_cast<size_t>(layer)) : 'T';
+  }
+  // Whether decoder layer `layer` (global number) has routed experts.
   bool is_moe_layer(int layer) const {
     if (!moe()) return false;
+    if (hybrid()) return layer_symbol(layer) == 'E';
     if (moe_layer_pattern.empty()) return true;
     return layer >= 0 && layer < static_cast<int>(moe_layer_pattern.size()) &&
            moe_layer_pattern[layer] != 0;
   }
-  // MTP layers take the kind of the last decoder layer (as Megatron reuses its spec).
-  bool mtp_layer_is_moe() const { return is_moe_layer(num_layers - 1); }
+  // The layers of one MTP depth: their symbols (hybrid: the pattern after '/'; otherwise one
+  // transformer layer of the last decoder layer's kind, as Megatron reuses that layer's spec).
+  std::string mtp_symbols() const { return hybrid() ? mtp_layer_symbols : std::string("T"); }
+  bool mtp_layer_is_moe(size_t j = 0) const {
+    if (!moe()) return false;
+    return hybrid() ? mtp_layer_symbols.at(j) == 'E' : is_moe_layer(num_layers - 1);
+  }
   // MoE layers in the decoder and the MTP block (the aux-loss average runs over them).
   int num_moe_layers() const {
     int n = 0;
     for (int l = 0; l < num_layers; ++l) n += is_moe_layer(l) ? 1 : 0;
-    return n + (mtp_layer_is_moe() ? mtp_num_layers : 0);
+    const std::string m = mtp_symbols();
+    for (size_t j = 0; j < m.size(); ++j) n += mtp_layer_is_moe(j) ? mtp_num_layers : 0;
+    return n;
   }
 };
 

@@ -200,7 +200,35 @@ struct EmbeddingFn : Function<EmbeddingFn> {
   }
 };
 
+// --- the weight as a value: y = copy(W) --------------------------------------------------------
+
+struct ValueFn : Function<ValueFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& /*anchor*/, const WeightRef& w,
+                            ParamHandle h) {
+    save_handle(ctx, h);
+    return w.value.clone();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const ParamHandle h = load_handle(ctx);
+    const at::Tensor& dy = grads[0];
+    at::Tensor buf = fetch_grad_buffer(h, dy.sizes());
+    buf.add_(dy.to(buf.scalar_type()));
+    h.source->grad_ready(h.index);
+    return {at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor param_value(ParamHandle weight) {
+  check_handle(weight);
+  const bool grad_mode = at::GradMode::is_enabled();
+  at::Tensor w = weight.source->forward_weight(weight.index);
+  if (!grad_mode) return w;
+  // Always through the anchor: the weight is the only input.
+  at::Tensor anchor = at::empty({0}, w.options()).requires_grad_(true);
+  return ValueFn::apply(anchor, WeightRef{std::move(w)}, weight);
+}
 
 at::Tensor linear(const at::Tensor& x, ParamHandle weight) {
   check_handle(weight);

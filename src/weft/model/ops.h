@@ -31,6 +31,11 @@ at::Tensor rms_norm(const at::Tensor& x, ParamHandle weight, double eps);
 // tokens [...] int64 -> W[tokens] [..., h]. Tokens get no gradient.
 at::Tensor embedding(const at::Tensor& tokens, ParamHandle weight);
 
+// The weight itself as a tensor of the graph (a copy, with autograd): for small parameters used
+// by elementwise formulas (conv taps, biases, per-head constants). Its gradient is summed into
+// the grad buffer in the buffer's dtype. Not for large matrices: use linear.
+at::Tensor param_value(ParamHandle weight);
+
 // The dtype reductions and accumulations run in for a tensor of dtype `t`: float64 for
 // float64, float32 otherwise.
 inline at::ScalarType accum_dtype(at::ScalarType t) {

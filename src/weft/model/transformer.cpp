@@ -29,6 +29,7 @@
 #include "weft/core/compat.h"
 #include "weft/core/error.h"
 #include "weft/model/fused.h"
+#include "weft/model/mamba.h"
 #include "weft/model/moe.h"
 #include "weft/model/ops.h"
 
@@ -116,6 +117,35 @@ void check_moe_config(const ModelConfig& cfg) {
                "token k+1 positions ahead)", cfg.mtp_num_layers, cfg.seq_length);
   if (!(cfg.mtp_loss_scaling_factor >= 0) || !std::isfinite(cfg.mtp_loss_scaling_factor))
     fail_usage("--mtp-loss-scaling-factor must be a finite number >= 0");
+  if (cfg.hybrid() || !cfg.mtp_layer_symbols.empty()) {
+    const std::string all = cfg.layer_symbols + cfg.mtp_layer_symbols;
+    if (static_cast<int>(cfg.layer_symbols.size()) != cfg.num_layers)
+      fail_usage("--hybrid-layer-pattern gives {} layers, --num-layers {}", cfg.layer_symbols.size(),
+                 cfg.num_layers);
+    if (all.find('E') != std::string::npos && cfg.num_experts == 0)
+      fail_usage("--hybrid-layer-pattern has MoE layers (E) but --num-experts is 0");
+    if (!cfg.moe_layer_pattern.empty())
+      fail_usage("--moe-layer-freq and --hybrid-layer-pattern both place MoE layers; give only "
+                 "the pattern");
+    if (all.find('M') != std::string::npos) {
+      auto positive = [](int v, const char* flag) {
+        if (v <= 0) fail_usage("{} must be positive, got {}", flag, v);
+      };
+      positive(cfg.mamba_state_dim, "--mamba-state-dim");
+      positive(cfg.mamba_head_dim, "--mamba-head-dim");
+      positive(cfg.mamba_num_groups, "--mamba-num-groups");
+      positive(cfg.mamba_chunk_size, "the SSD chunk size");
+      if (cfg.mamba_num_heads == 0 || cfg.mamba_num_heads < -1)
+        fail_usage("--mamba-num-heads must be positive (got {})", cfg.mamba_num_heads);
+      if (cfg.mamba_num_heads < 0 && (2 * cfg.hidden_size) % cfg.mamba_head_dim != 0)
+        fail_usage("2 * --hidden-size {} is not a multiple of --mamba-head-dim {} (the Mamba "
+                   "heads are 2 * hidden / head dim; or set --mamba-num-heads)",
+                   cfg.hidden_size, cfg.mamba_head_dim);
+      if (cfg.mamba_heads() < 1 || cfg.mamba_heads() % cfg.mamba_num_groups != 0)
+        fail_usage("the Mamba heads ({}) must be a positive multiple of --mamba-num-groups {}",
+                   cfg.mamba_heads(), cfg.mamba_num_groups);
+    }
+  }
   if (!cfg.moe()) {
     if (!cfg.moe_layer_pattern.empty() &&
         std::find(cfg.moe_layer_pattern.begin(), cfg.moe_layer_pattern.end(), 1) !=
@@ -152,38 +182,69 @@ ParamSpec embedding_param_spec(const ModelConfig& cfg) {
 }
 
 std::string layer_prefix(int layer) { return fmt::format("decoder.layers.{}.", layer); }
-std::string mtp_block_prefix(int k) { return fmt::format("mtp.layers.{}.transformer_layer.", k); }
 
-std::vector<ParamSpec> block_param_specs(const ModelConfig& cfg, const std::string& p, bool moe) {
+std::string mtp_layer_prefix(const ModelConfig& cfg, int k, int j) {
+  if (!cfg.hybrid()) return fmt::format("mtp.layers.{}.transformer_layer.", k);
+  return fmt::format("mtp.layers.{}.mtp_model_layer.layers.{}.", k, j);
+}
+
+std::vector<ParamSpec> block_param_specs(const ModelConfig& cfg, const std::string& p, char symbol,
+                                         bool moe) {
   check_model_config(cfg);
   const int64_t h = cfg.hidden_size, nh = cfg.num_attention_heads, ng = cfg.num_query_groups;
   const int64_t hd = cfg.head_dim(), ffn = cfg.ffn_hidden_size;
-  std::vector<ParamSpec> out = {
-      spec(p + "input_layernorm.weight", {h}, InitKind::kOnes, false),
-      spec(p + "self_attention.linear_qkv.weight", {(nh + 2 * ng) * hd, h}, InitKind::kNormal,
-           true),
-      spec(p + "self_attention.linear_proj.weight", {h, nh * hd}, InitKind::kScaledNormal, true),
-      spec(p + "pre_mlp_layernorm.weight", {h}, InitKind::kOnes, false),
-  };
-  if (!moe) {
+  std::vector<ParamSpec> out;
+  const bool attention = symbol == 'T' || symbol == '*';
+  const bool mlp = (symbol == 'T' && !moe) || symbol == '-';
+  const bool routed = (symbol == 'T' && moe) || symbol == 'E';
+  WEFT_CHECK(attention || mlp || routed || symbol == 'M', "unknown layer symbol '{}'", symbol);
+  if (attention) {
+    out.push_back(spec(p + "input_layernorm.weight", {h}, InitKind::kOnes, false));
+    out.push_back(spec(p + "self_attention.linear_qkv.weight", {(nh + 2 * ng) * hd, h},
+                       InitKind::kNormal, true));
+    out.push_back(
+        spec(p + "self_attention.linear_proj.weight", {h, nh * hd}, InitKind::kScaledNormal, true));
+  }
+  if (mlp || routed) out.push_back(spec(p + "pre_mlp_layernorm.weight", {h}, InitKind::kOnes, false));
+  if (mlp) {
     out.push_back(spec(p + "mlp.linear_fc1.weight", {2 * ffn, h}, InitKind::kNormal, true));
     out.push_back(spec(p + "mlp.linear_fc2.weight", {h, ffn}, InitKind::kScaledNormal, true));
-    return out;
   }
-  out.push_back(spec(p + "mlp.router.weight", {cfg.num_experts, h}, InitKind::kNormal, true));
-  if (const int64_t sf = cfg.moe_shared_expert_intermediate_size; sf > 0) {
-    out.push_back(spec(p + "mlp.shared_experts.linear_fc1.weight", {2 * sf, h}, InitKind::kNormal,
-                       true));
-    out.push_back(spec(p + "mlp.shared_experts.linear_fc2.weight", {h, sf},
-                       InitKind::kScaledNormal, true));
+  if (routed) {
+    out.push_back(spec(p + "mlp.router.weight", {cfg.num_experts, h}, InitKind::kNormal, true));
+    if (const int64_t sf = cfg.moe_shared_expert_intermediate_size; sf > 0) {
+      out.push_back(spec(p + "mlp.shared_experts.linear_fc1.weight", {2 * sf, h},
+                         InitKind::kNormal, true));
+      out.push_back(spec(p + "mlp.shared_experts.linear_fc2.weight", {h, sf},
+                         InitKind::kScaledNormal, true));
+    }
+  }
+  if (symbol == 'M') {
+    const int64_t mh = cfg.mamba_heads(), di = mh * cfg.mamba_head_dim;
+    const int64_t gs = static_cast<int64_t>(cfg.mamba_num_groups) * cfg.mamba_state_dim;
+    const std::string m = p + "mixer.";
+    out.push_back(spec(m + "in_proj.layer_norm_weight", {h}, InitKind::kOnes, false));
+    out.push_back(spec(m + "in_proj.weight", {2 * di + 2 * gs + mh, h}, InitKind::kNormal, true));
+    out.push_back(spec(m + "conv1d.weight", {di + 2 * gs, 1, 4}, InitKind::kConvUniform, true));
+    out.push_back(spec(m + "conv1d.bias", {di + 2 * gs}, InitKind::kConvUniform, false));
+    out.push_back(spec(m + "dt_bias", {mh}, InitKind::kDtBias, false));
+    out.push_back(spec(m + "A_log", {mh}, InitKind::kALog, false));
+    out.push_back(spec(m + "D", {mh}, InitKind::kOnes, false));
+    out.push_back(spec(m + "norm.weight", {di}, InitKind::kOnes, false));
+    out.push_back(spec(m + "out_proj.weight", {h, di}, InitKind::kScaledNormal, true));
   }
   return out;
+}
+
+std::vector<ParamSpec> block_param_specs(const ModelConfig& cfg, const std::string& p, bool moe) {
+  return block_param_specs(cfg, p, 'T', moe);
 }
 
 std::vector<ParamSpec> layer_param_specs(const ModelConfig& cfg, int layer) {
   WEFT_CHECK(layer >= 0 && layer < cfg.num_layers, "layer {} outside [0, {})", layer,
              cfg.num_layers);
-  return block_param_specs(cfg, layer_prefix(layer), cfg.is_moe_layer(layer));
+  return block_param_specs(cfg, layer_prefix(layer), cfg.layer_symbol(layer),
+                           cfg.is_moe_layer(layer));
 }
 
 std::vector<ParamSpec> expert_param_specs(const ModelConfig& cfg, const std::string& p, int first,
@@ -212,8 +273,11 @@ std::vector<ParamSpec> mtp_param_specs(const ModelConfig& cfg, int k) {
       spec(p + "eh_proj.weight", {h, 2 * h}, InitKind::kNormal, true),
       spec(p + "final_layernorm.weight", {h}, InitKind::kOnes, false),
   };
-  for (auto& s : block_param_specs(cfg, mtp_block_prefix(k), cfg.mtp_layer_is_moe()))
-    out.push_back(std::move(s));
+  const std::string symbols = cfg.mtp_symbols();
+  for (size_t j = 0; j < symbols.size(); ++j)
+    for (auto& s : block_param_specs(cfg, mtp_layer_prefix(cfg, k, static_cast<int>(j)),
+                                     symbols[j], cfg.mtp_layer_is_moe(j)))
+      out.push_back(std::move(s));
   return out;
 }
 
@@ -230,42 +294,70 @@ std::vector<ParamSpec> all_param_specs(const ModelConfig& cfg) {
   if (!cfg.tied()) out.push_back(output_param_spec(cfg));
   for (int k = 0; k < cfg.mtp_num_layers; ++k) {
     append(mtp_param_specs(cfg, k));
-    if (cfg.mtp_layer_is_moe())
-      append(expert_param_specs(cfg, mtp_block_prefix(k), 0, cfg.num_experts));
+    const std::string symbols = cfg.mtp_symbols();
+    for (size_t j = 0; j < symbols.size(); ++j)
+      if (cfg.mtp_layer_is_moe(j))
+        append(expert_param_specs(cfg, mtp_layer_prefix(cfg, k, static_cast<int>(j)), 0,
+                                  cfg.num_experts));
   }
   return out;
 }
 
-LayerHandles layer_handles(ParamSource* src, int first, const ModelConfig& cfg, bool moe,
-                           MoeExperts* experts) {
-  auto at = [&](int i) { return ParamHandle{src, first + i}; };
+LayerHandles layer_handles(ParamSource* src, int first, const std::vector<ParamSpec>& specs,
+                           const std::string& prefix, MoeExperts* experts) {
   LayerHandles h;
-  h.input_layernorm = at(0);
-  h.linear_qkv = at(1);
-  h.linear_proj = at(2);
-  h.pre_mlp_layernorm = at(3);
-  if (!moe) {
-    h.linear_fc1 = at(4);
-    h.linear_fc2 = at(5);
-    return h;
+  const std::pair<const char*, ParamHandle*> slots[] = {
+      {"input_layernorm.weight", &h.input_layernorm},
+      {"self_attention.linear_qkv.weight", &h.linear_qkv},
+      {"self_attention.linear_proj.weight", &h.linear_proj},
+      {"pre_mlp_layernorm.weight", &h.pre_mlp_layernorm},
+      {"mlp.linear_fc1.weight", &h.linear_fc1},
+      {"mlp.linear_fc2.weight", &h.linear_fc2},
+      {"mlp.router.weight", &h.router},
+      {"mlp.shared_experts.linear_fc1.weight", &h.shared_fc1},
+      {"mlp.shared_experts.linear_fc2.weight", &h.shared_fc2},
+      {"mixer.in_proj.layer_norm_weight", &h.mamba.in_proj_norm},
+      {"mixer.in_proj.weight", &h.mamba.in_proj},
+      {"mixer.conv1d.weight", &h.mamba.conv_weight},
+      {"mixer.conv1d.bias", &h.mamba.conv_bias},
+      {"mixer.dt_bias", &h.mamba.dt_bias},
+      {"mixer.A_log", &h.mamba.A_log},
+      {"mixer.D", &h.mamba.D},
+      {"mixer.norm.weight", &h.mamba.norm},
+      {"mixer.out_proj.weight", &h.mamba.out_proj},
+  };
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const std::string& n = specs[i].name;
+    if (n.compare(0, prefix.size(), prefix) != 0) continue;
+    for (const auto& [suffix, slot] : slots)
+      if (n.compare(prefix.size(), std::string::npos, suffix) == 0)
+        *slot = ParamHandle{src, first + static_cast<int>(i)};
   }
-  WEFT_CHECK(experts != nullptr, "an MoE layer needs its experts");
-  h.router = at(4);
-  if (cfg.moe_shared_expert_intermediate_size > 0) {
-    h.shared_fc1 = at(5);
-    h.shared_fc2 = at(6);
+  if (h.router.source) {
+    WEFT_CHECK(experts != nullptr, "MoE layer {} needs its experts", prefix);
+    h.experts = experts;
   }
-  h.experts = experts;
   return h;
 }
 
-MtpHandles mtp_handles(ParamSource* src, int first, const ModelConfig& cfg, MoeExperts* experts) {
+LayerHandles layer_handles(ParamSource* src, int first, const ModelConfig& cfg, bool moe,
+                           MoeExperts* experts) {
+  return layer_handles(src, first, block_param_specs(cfg, "", moe), "", experts);
+}
+
+MtpHandles mtp_handles(ParamSource* src, int first, const ModelConfig& cfg, int k,
+                       const std::vector<MoeExperts*>& experts) {
+  const std::vector<ParamSpec> specs = mtp_param_specs(cfg, k);
   MtpHandles h;
   h.enorm = ParamHandle{src, first};
   h.hnorm = ParamHandle{src, first + 1};
   h.eh_proj = ParamHandle{src, first + 2};
   h.final_layernorm = ParamHandle{src, first + 3};
-  h.layer = layer_handles(src, first + 4, cfg, cfg.mtp_layer_is_moe(), experts);
+  const std::string symbols = cfg.mtp_symbols();
+  for (size_t j = 0; j < symbols.size(); ++j)
+    h.layers.push_back(layer_handles(src, first, specs,
+                                     mtp_layer_prefix(cfg, k, static_cast<int>(j)),
+                                     j < experts.size() ? experts[j] : nullptr));
   return h;
 }
 
@@ -280,9 +372,25 @@ ParamSpec output_param_spec(const ModelConfig& cfg) {
 at::Tensor init_param(const ParamSpec& spec, const ModelConfig& cfg, uint64_t seed) {
   at::Tensor t = at::empty(spec.shape, at::TensorOptions().dtype(at::kFloat));
   if (spec.init == InitKind::kOnes) return t.fill_(1.0);
-  double std = cfg.init_method_std;
-  if (spec.init == InitKind::kScaledNormal) std /= std::sqrt(2.0 * cfg.num_layers);
   at::Generator gen = compat::make_cpu_generator(param_generator_seed(seed, spec.name));
+  switch (spec.init) {
+    case InitKind::kConvUniform:  // PyTorch's Conv1d default: U(+-1/sqrt(taps)), 4 taps
+      return t.uniform_(-0.5, 0.5, gen);
+    case InitKind::kALog:  // A ~ U[1, 16], stored as log(A) (Megatron's A_init_range)
+      return t.uniform_(1.0, 16.0, gen).log_();
+    case InitKind::kDtBias: {  // dt log-uniform in [1e-3, 1e-1], floored at 1e-4, inverse softplus
+      const double lo = std::log(1e-3), hi = std::log(1e-1);
+      at::Tensor dt = t.uniform_(0.0, 1.0, gen).mul_(hi - lo).add_(lo).exp_().clamp_min_(1e-4);
+      return dt + at::log(-at::expm1(-dt));
+    }
+    default:
+      break;
+  }
+  double std = cfg.init_method_std;
+  // Projections into the residual: Megatron divides by sqrt(2 L), by sqrt(L) in hybrid models
+  // (each symbol is its own layer there).
+  if (spec.init == InitKind::kScaledNormal)
+    std /= std::sqrt((cfg.hybrid() ? 1.0 : 2.0) * cfg.num_layers);
   t.normal_(0.0, std, gen);
   return t;
 }
@@ -315,16 +423,17 @@ at::Tensor swiglu_mlp(const at::Tensor& x, ParamHandle fc1, ParamHandle fc2, int
   return ops::linear(act, fc2);
 }
 
-at::Tensor decoder_layer(const at::Tensor& x, const LayerHandles& w, const RotaryTables& rope,
-                         const ModelConfig& cfg, at::Tensor* aux_loss) {
-  const int64_t h = cfg.hidden_size, nh = cfg.num_attention_heads, ng = cfg.num_query_groups;
-  const int64_t hd = cfg.head_dim(), ffn = cfg.ffn_hidden_size, r = nh / ng;
-  WEFT_CHECK(x.dim() == 3 && x.size(2) == h, "decoder_layer: input must be [b, s, {}]", h);
+namespace {
+
+// x + attention(input_layernorm(x)).
+at::Tensor attention_block(const at::Tensor& x, const LayerHandles& w, const RotaryTables& rope,
+                           const ModelConfig& cfg) {
+  const int64_t nh = cfg.num_attention_heads, ng = cfg.num_query_groups;
+  const int64_t hd = cfg.head_dim(), r = nh / ng;
   const int64_t b = x.size(0), s = x.size(1);
   WEFT_CHECK(rope.cos.defined() && s <= rope.cos.size(0) && rope.cos.size(1) == hd,
              "decoder_layer: sequence {} needs rotary tables of at least [{}, {}]", s, s, hd);
-
-  // Attention. Fused rows per group g: r query heads, then g's key head, then its value head.
+  // Fused rows per group g: r query heads, then g's key head, then its value head.
   const at::Tensor qkv =
       ops::linear(ops::rms_norm(x, w.input_layernorm, cfg.norm_epsilon), w.linear_qkv)
           .view({b, s, ng, r + 2, hd});
@@ -344,22 +453,33 @@ at::Tensor decoder_layer(const at::Tensor& x, const LayerHandles& w, const Rotar
   const at::Tensor attn = compat::causal_attention_gqa(q, k, v)
                               .transpose(1, 2)
                               .reshape({b, s, nh * hd});
-  const at::Tensor hidden = x + ops::linear(attn, w.linear_proj);
+  return x + ops::linear(attn, w.linear_proj);
+}
 
+}  // namespace
+
+at::Tensor decoder_layer(const at::Tensor& x, const LayerHandles& w, const RotaryTables& rope,
+                         const ModelConfig& cfg, at::Tensor* aux_loss) {
+  const int64_t h = cfg.hidden_size;
+  WEFT_CHECK(x.dim() == 3 && x.size(2) == h, "decoder_layer: input must be [b, s, {}]", h);
+  at::Tensor hidden = x;
+  if (w.linear_qkv.source) hidden = attention_block(hidden, w, rope, cfg);
+  if (w.mamba.in_proj.source) hidden = hidden + mamba_mixer(hidden, w.mamba, cfg);
   // MLP: SwiGLU (fc1 rows [0, ffn) are the gate, [ffn, 2*ffn) the up projection) or MoE.
+  if (!w.pre_mlp_layernorm.source) return hidden;
   const at::Tensor xn = ops::rms_norm(hidden, w.pre_mlp_layernorm, cfg.norm_epsilon);
   if (w.experts)
     return hidden + moe_mlp(xn, w.router, w.shared_fc1, w.shared_fc2, *w.experts, cfg, aux_loss);
-  return hidden + swiglu_mlp(xn, w.linear_fc1, w.linear_fc2, ffn);
+  return hidden + swiglu_mlp(xn, w.linear_fc1, w.linear_fc2, cfg.ffn_hidden_size);
 }
 
 at::Tensor mtp_layer(const at::Tensor& h_prev, const at::Tensor& emb, const MtpHandles& w,
                      const RotaryTables& rope, const ModelConfig& cfg, at::Tensor* aux_loss) {
   const at::Tensor e = ops::rms_norm(emb, w.enorm, cfg.norm_epsilon);
   const at::Tensor h = ops::rms_norm(h_prev, w.hnorm, cfg.norm_epsilon);
-  const at::Tensor x = ops::linear(at::cat({e, h}, -1), w.eh_proj);
-  return ops::rms_norm(decoder_layer(x, w.layer, rope, cfg, aux_loss), w.final_layernorm,
-                       cfg.norm_epsilon);
+  at::Tensor x = ops::linear(at::cat({e, h}, -1), w.eh_proj);
+  for (const LayerHandles& layer : w.layers) x = decoder_layer(x, layer, rope, cfg, aux_loss);
+  return ops::rms_norm(x, w.final_layernorm, cfg.norm_epsilon);
 }
 
 at::Tensor mtp_input_tokens(const at::Tensor& labels, int k) {

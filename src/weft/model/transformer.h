@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "weft/model/config.h"
+#include "weft/model/mamba.h"
 #include "weft/model/param_source.h"
 
 namespace weft {
@@ -31,14 +32,20 @@ void check_moe_config(const ModelConfig& cfg);
 
 // Parameter declarations, with global names. `layer` is the global layer number.
 ParamSpec embedding_param_spec(const ModelConfig& cfg);      // embedding.word_embeddings.weight
-// One transformer layer's own parameters under `prefix` (e.g. "decoder.layers.3."), in
-// LayerHandles order: input_layernorm, linear_qkv, linear_proj, pre_mlp_layernorm, then for a
-// dense layer mlp.linear_fc1, mlp.linear_fc2, for an MoE layer mlp.router and, with shared
-// experts, mlp.shared_experts.linear_fc1, mlp.shared_experts.linear_fc2. The routed experts'
-// weights are declared apart (expert_param_specs): they are sharded over other groups.
+// One layer's own parameters under `prefix` (e.g. "decoder.layers.3."). `symbol` is the layer's
+// kind: 'T' a transformer layer (attention, then an MLP, or MoE when `moe`), or a hybrid
+// model's '*' attention, '-' MLP, 'E' MoE, 'M' Mamba-2. Order: input_layernorm,
+// self_attention.linear_qkv, self_attention.linear_proj; pre_mlp_layernorm, mlp.linear_fc1,
+// mlp.linear_fc2 | mlp.router, mlp.shared_experts.linear_fc1/fc2 (with shared experts);
+// mixer.{in_proj.layer_norm_weight, in_proj, conv1d.weight, conv1d.bias, dt_bias, A_log, D,
+// norm, out_proj}. Routed experts' weights are declared apart (expert_param_specs): they are
+// sharded over other groups.
+std::vector<ParamSpec> block_param_specs(const ModelConfig& cfg, const std::string& prefix,
+                                         char symbol, bool moe);
+// A transformer layer ('T').
 std::vector<ParamSpec> block_param_specs(const ModelConfig& cfg, const std::string& prefix,
                                          bool moe);
-// block_param_specs of decoder layer `layer`, MoE or dense per cfg.is_moe_layer(layer).
+// block_param_specs of decoder layer `layer` (its symbol; MoE per cfg.is_moe_layer(layer)).
 std::vector<ParamSpec> layer_param_specs(const ModelConfig& cfg, int layer);
 // Routed experts first..first+count-1 (global indices) of the MoE layer under `prefix`: the
 // mlp.experts.{E}.linear_fc1.weight [2*moe_ffn, h] of each, then the linear_fc2.weight
@@ -48,11 +55,12 @@ std::vector<ParamSpec> expert_param_specs(const ModelConfig& cfg, const std::str
 ParamSpec final_norm_param_spec(const ModelConfig& cfg);     // decoder.final_layernorm.weight
 ParamSpec output_param_spec(const ModelConfig& cfg);         // output_layer.weight (untied only)
 // MTP depth k (0-based) under "mtp.layers.{k}.": enorm, hnorm, eh_proj [h, 2h],
-// final_layernorm, then block_param_specs under "mtp.layers.{k}.transformer_layer." (MoE when
-// cfg.mtp_layer_is_moe()).
+// final_layernorm, then its layers (cfg.mtp_symbols()) under mtp_layer_prefix(cfg, k, j).
 std::vector<ParamSpec> mtp_param_specs(const ModelConfig& cfg, int k);
-std::string layer_prefix(int layer);     // "decoder.layers.{L}."
-std::string mtp_block_prefix(int k);     // "mtp.layers.{k}.transformer_layer."
+std::string layer_prefix(int layer);  // "decoder.layers.{L}."
+// Layer j of MTP depth k: "mtp.layers.{k}.transformer_layer." (one transformer layer), or in
+// hybrid models "mtp.layers.{k}.mtp_model_layer.layers.{j}." (Megatron's names).
+std::string mtp_layer_prefix(const ModelConfig& cfg, int k, int j);
 // Every parameter of the model (all experts, MTP included), in a fixed order.
 std::vector<ParamSpec> all_param_specs(const ModelConfig& cfg);
 
@@ -62,7 +70,7 @@ at::Tensor init_param(const ParamSpec& spec, const ModelConfig& cfg, uint64_t se
 
 class MoeExperts;
 
-// Handles of one transformer layer, in block_param_specs order.
+// Handles of one layer; the parts a layer does not have stay unset.
 struct LayerHandles {
   ParamHandle input_layernorm;    // input_layernorm.weight        [h]
   ParamHandle linear_qkv;         // self_attention.linear_qkv.weight
@@ -73,19 +81,25 @@ struct LayerHandles {
   ParamHandle router;             // mlp.router.weight [E, h]           (MoE layers)
   ParamHandle shared_fc1;         // mlp.shared_experts.linear_fc1.weight (MoE, optional)
   ParamHandle shared_fc2;         // mlp.shared_experts.linear_fc2.weight (MoE, optional)
+  MambaHandles mamba;             // mixer.* (Mamba layers)
   MoeExperts* experts = nullptr;  // MoE layers: runs the routed experts; not owned
 };
-// Handles for block_param_specs(cfg, ., moe) registered at indices first.. of `source`.
+// Handles of the layer under `prefix` among `specs`, registered at indices first.. of `source`
+// (specs[i] at first + i); matched by name.
+LayerHandles layer_handles(ParamSource* source, int first, const std::vector<ParamSpec>& specs,
+                           const std::string& prefix, MoeExperts* experts);
+// A transformer layer's block_param_specs(cfg, "", moe) registered at first.. of `source`.
 LayerHandles layer_handles(ParamSource* source, int first, const ModelConfig& cfg, bool moe,
                            MoeExperts* experts);
 
-// Handles of one MTP depth, in mtp_param_specs order.
+// Handles of one MTP depth: mtp_param_specs(cfg, k) registered at first.. of `source`;
+// experts[j] runs layer j's routed experts (MoE layers).
 struct MtpHandles {
   ParamHandle enorm, hnorm, eh_proj, final_layernorm;
-  LayerHandles layer;
+  std::vector<LayerHandles> layers;
 };
-MtpHandles mtp_handles(ParamSource* source, int first, const ModelConfig& cfg,
-                       MoeExperts* experts);
+MtpHandles mtp_handles(ParamSource* source, int first, const ModelConfig& cfg, int k,
+                       const std::vector<MoeExperts*>& experts);
 
 // cos/sin tables for positions [0, seq_length), shape [seq, head_dim], in `dtype` on `device`.
 struct RotaryTables {

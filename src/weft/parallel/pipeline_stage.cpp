@@ -55,8 +55,12 @@ PipelineStage::PipelineStage(const ModelConfig& cfg, const ProcessGroups& groups
   const Mesh& mesh = groups.mesh();
   stage_ = mesh.coord(groups.rank(), "pp");
   num_stages_ = mesh.pp();
-  auto split = split_layers(cfg.num_layers, num_stages_, opt.first_stage_layers,
-                            opt.last_stage_layers);
+  auto split = cfg.hybrid_stage_layers.empty()
+                   ? split_layers(cfg.num_layers, num_stages_, opt.first_stage_layers,
+                                  opt.last_stage_layers)
+                   : cfg.hybrid_stage_layers;
+  WEFT_CHECK(static_cast<int>(split.size()) == num_stages_, "{} stage sizes for pp {}",
+             split.size(), num_stages_);
   for (int s = 0; s < stage_; ++s) first_layer_ += split[s];
   num_layers_ = split[stage_];
 
@@ -69,9 +73,15 @@ PipelineStage::PipelineStage(const ModelConfig& cfg, const ProcessGroups& groups
     return units_.back().get();
   };
   if (is_first()) embedding_ = add("embedding", {embedding_param_spec(cfg)});
-  for (int l = first_layer_; l < first_layer_ + num_layers_; ++l)
-    layers_.push_back(make_block("decoder.layers." + std::to_string(l), layer_param_specs(cfg, l),
-                                 cfg.is_moe_layer(l), layer_prefix(l)));
+  for (int l = first_layer_; l < first_layer_ + num_layers_; ++l) {
+    const std::vector<ParamSpec> specs = layer_param_specs(cfg, l);
+    std::vector<std::string> moe;
+    if (cfg.is_moe_layer(l)) moe.push_back(layer_prefix(l));
+    layers_.push_back(make_block("decoder.layers." + std::to_string(l), specs, moe));
+    Block& b = layers_.back();
+    b.layer = layer_handles(b.dense, 0, specs, layer_prefix(l),
+                            b.dispatch.empty() ? nullptr : b.dispatch[0].get());
+  }
   if (is_last()) {
     final_norm_ = add("decoder.final_layernorm", {final_norm_param_spec(cfg)});
     if (has_embedding_copy())
@@ -79,9 +89,18 @@ PipelineStage::PipelineStage(const ModelConfig& cfg, const ProcessGroups& groups
     FsdpUnit* embedding = num_stages_ == 1 ? embedding_ : embedding_copy_;
     output_ = cfg.tied() ? embedding : add("output_layer", {output_param_spec(cfg)});
     mtp_embedding_ = embedding;
-    for (int k = 0; k < cfg.mtp_num_layers; ++k)
-      mtp_.push_back(make_block("mtp.layers." + std::to_string(k), mtp_param_specs(cfg, k),
-                                cfg.mtp_layer_is_moe(), mtp_block_prefix(k)));
+    const std::string symbols = cfg.mtp_symbols();
+    for (int k = 0; k < cfg.mtp_num_layers; ++k) {
+      std::vector<std::string> moe;
+      for (size_t j = 0; j < symbols.size(); ++j)
+        if (cfg.mtp_layer_is_moe(j)) moe.push_back(mtp_layer_prefix(cfg, k, static_cast<int>(j)));
+      mtp_.push_back(make_block("mtp.layers." + std::to_string(k), mtp_param_specs(cfg, k), moe));
+      Block& b = mtp_.back();
+      std::vector<MoeExperts*> experts;
+      for (size_t j = 0, e = 0; j < symbols.size(); ++j)
+        experts.push_back(cfg.mtp_layer_is_moe(j) ? b.dispatch[e++].get() : nullptr);
+      b.mtp = mtp_handles(b.dense, 0, cfg, k, experts);
+    }
   }
   rope_ = make_rotary_tables(cfg, opt.device, opt.dtype);
   losses_ = at::zeros({3}, at::TensorOptions().dtype(at::kDouble).device(opt.device));
@@ -95,25 +114,26 @@ PipelineStage::PipelineStage(const ModelConfig& cfg, const ProcessGroups& groups
 }
 
 PipelineStage::Block PipelineStage::make_block(const std::string& name,
-                                               std::vector<ParamSpec> specs, bool moe,
-                                               const std::string& prefix) {
+                                               const std::vector<ParamSpec>& specs,
+                                               const std::vector<std::string>& moe_prefixes) {
   Block b;
-  units_.push_back(std::make_unique<FsdpUnit>(name, std::move(specs), groups_.get("fsdp_shard"),
-                                              opt_.dtype, opt_.device,
-                                              groups_.get("fsdp_replicate")));
+  units_.push_back(std::make_unique<FsdpUnit>(name, specs, groups_.get("fsdp_shard"), opt_.dtype,
+                                              opt_.device, groups_.get("fsdp_replicate")));
   b.dense = units_.back().get();
   forward_order_.push_back(b.dense);
-  if (!moe) return b;
-  Communicator* ep = groups_.get("ep");
-  const int local = cfg_.num_experts / ep->size();
-  units_.push_back(std::make_unique<FsdpUnit>(
-      name + ".mlp.experts", expert_param_specs(cfg_, prefix, ep->rank() * local, local),
-      groups_.get("expert_fsdp_shard"), opt_.dtype, opt_.device,
-      groups_.get("expert_fsdp_replicate")));
-  b.experts = units_.back().get();
-  forward_order_.push_back(b.experts);
-  b.dispatch = std::make_unique<ExpertParallel>(b.experts, ep, cfg_.num_experts, cfg_.expert_ffn(),
-                                                cfg_.moe_grouped_gemm);
+  for (const std::string& prefix : moe_prefixes) {
+    Communicator* ep = groups_.get("ep");
+    const int local = cfg_.num_experts / ep->size();
+    std::string unit = prefix + "mlp.experts";  // e.g. decoder.layers.3.mlp.experts
+    units_.push_back(std::make_unique<FsdpUnit>(
+        unit, expert_param_specs(cfg_, prefix, ep->rank() * local, local),
+        groups_.get("expert_fsdp_shard"), opt_.dtype, opt_.device,
+        groups_.get("expert_fsdp_replicate")));
+    b.experts.push_back(units_.back().get());
+    forward_order_.push_back(units_.back().get());
+    b.dispatch.push_back(std::make_unique<ExpertParallel>(
+        units_.back().get(), ep, cfg_.num_experts, cfg_.expert_ffn(), cfg_.moe_grouped_gemm));
+  }
   return b;
 }
 
@@ -122,7 +142,8 @@ PipelineStage::~PipelineStage() = default;
 bool PipelineStage::is_expert_unit(const FsdpUnit* u) const {
   for (const auto* blocks : {&layers_, &mtp_})
     for (const Block& b : *blocks)
-      if (b.experts == u) return true;
+      for (const FsdpUnit* e : b.experts)
+        if (e == u) return true;
   return false;
 }
 
@@ -158,12 +179,12 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
     if (opt_.prefetch && k < forward_order_.size()) forward_order_[k]->unshard();
   };
   if (opt_.prefetch && !forward_order_.empty()) forward_order_[0]->unshard();
-  auto handles = [&](const Block& b) {
-    return layer_handles(b.dense, 0, cfg_, b.experts != nullptr, b.dispatch.get());
+  auto start = [&](const Block& b) {
+    for (size_t i = 0; i <= b.experts.size(); ++i) next();
   };
   auto done = [](const Block& b) {
     b.dense->reshard();
-    if (b.experts) b.experts->reshard();
+    for (FsdpUnit* e : b.experts) e->reshard();
   };
   at::Tensor x = input;
   at::Tensor aux;  // this microbatch's unweighted aux losses, summed over MoE layers
@@ -173,9 +194,8 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
     embedding_->reshard();
   }
   for (const Block& b : layers_) {
-    next();
-    if (b.experts) next();
-    x = decoder_layer(x, handles(b), rope_, cfg_, &aux);
+    start(b);
+    x = decoder_layer(x, b.layer, rope_, cfg_, &aux);
     done(b);
   }
   // This microbatch's share of the step: micro batch / global batch.
@@ -200,10 +220,8 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
     const Block& b = mtp_[d - 1];
     at::Tensor emb = embed_tokens(mtp_input_tokens(labels, d), mtp_embedding_->handle(0));
     mtp_embedding_->reshard();
-    next();
-    if (b.experts) next();
-    MtpHandles w = mtp_handles(b.dense, 0, cfg_, b.dispatch.get());
-    h = mtp_layer(h, emb, w, rope_, cfg_, &aux);
+    start(b);
+    h = mtp_layer(h, emb, b.mtp, rope_, cfg_, &aux);
     done(b);
     // Position t predicts label t+d; the last d positions have none. Mean over the step's
     // valid positions, averaged over depths.

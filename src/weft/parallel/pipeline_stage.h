@@ -105,15 +105,19 @@ class PipelineStage {
   void reset_losses();
 
  private:
-  // One transformer layer's units: its own parameters, and for MoE its routed experts.
+  // A decoder layer's or an MTP depth's units: its own parameters, and the routed experts of
+  // each of its MoE layers, with their handles (fixed at construction).
   struct Block {
     FsdpUnit* dense = nullptr;
-    FsdpUnit* experts = nullptr;
-    std::unique_ptr<ExpertParallel> dispatch;
+    std::vector<FsdpUnit*> experts;                        // one per MoE layer
+    std::vector<std::unique_ptr<ExpertParallel>> dispatch;  // same order
+    LayerHandles layer;                                     // decoder layers
+    MtpHandles mtp;                                         // MTP depths
   };
   void set_microbatch(int mb);
-  Block make_block(const std::string& name, std::vector<ParamSpec> specs, bool moe,
-                   const std::string& prefix);
+  // A unit over `specs`, and one expert unit per prefix in `moe_prefixes`.
+  Block make_block(const std::string& name, const std::vector<ParamSpec>& specs,
+                   const std::vector<std::string>& moe_prefixes);
   // Adds the unweighted aux loss of one microbatch to losses() and returns its weighted
   // objective (undefined when no aux loss applies).
   at::Tensor account_aux(const at::Tensor& aux, double weight);

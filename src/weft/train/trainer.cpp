@@ -55,7 +55,11 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
         {"moe_router_score_function", m.moe_router_score_function},
         {"moe_router_load_balancing_type", m.moe_router_load_balancing_type},
         {"moe_layer_pattern", m.moe_layer_pattern}, {"moe_grouped_gemm", m.moe_grouped_gemm},
-        {"mtp_num_layers", m.mtp_num_layers},
+        {"mtp_num_layers", m.mtp_num_layers}, {"layer_symbols", m.layer_symbols},
+        {"hybrid_stage_layers", m.hybrid_stage_layers},
+        {"mtp_layer_symbols", m.mtp_layer_symbols}, {"mamba_state_dim", m.mamba_state_dim},
+        {"mamba_head_dim", m.mamba_head_dim}, {"mamba_num_groups", m.mamba_num_groups},
+        {"mamba_num_heads", m.mamba_heads()},
         {"mtp_loss_scaling_factor", m.mtp_loss_scaling_factor}}},
       {"optimizer",
        {{"weight_decay", c.adam.weight_decay}, {"adam_beta1", c.adam.beta1},
@@ -114,7 +118,13 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   if (m.seq_length < 1) fail_usage("--seq-length must be >= 1");
   if (m.vocab_size < 2) fail_usage("--vocab-size must be >= 2");
   check_model_config(m);
-  split_layers(m.num_layers, mesh.pp(), c.first_stage_layers, c.last_stage_layers);
+  if (!m.hybrid_stage_layers.empty()) {
+    if (static_cast<int>(m.hybrid_stage_layers.size()) != mesh.pp())
+      fail_usage("--hybrid-layer-pattern has {} pipeline stage(s) between '|', but "
+                 "--pipeline-model-parallel-size is {}", m.hybrid_stage_layers.size(), mesh.pp());
+  } else {
+    split_layers(m.num_layers, mesh.pp(), c.first_stage_layers, c.last_stage_layers);
+  }
   if (c.micro_batch_size < 1) fail_usage("--micro-batch-size must be >= 1");
   const int per_step = c.micro_batch_size * mesh.dp();
   if (c.global_batch_size < 1 || c.global_batch_size % per_step)

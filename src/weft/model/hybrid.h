@@ -1,0 +1,19 @@
+// Megatron's hybrid layer pattern (--hybrid-layer-pattern, deprecated alias
+// --hybrid-override-pattern): one symbol per layer, M Mamba-2, * attention, - MLP, E MoE; '|'
+// separates pipeline stages; '/' starts the MTP patterns, one per depth, all the same, e.g.
+// "M-M*-E|M-ME*-/*E/*E" (2 stages of 6 layers, MTP depth 2 of an attention and an MoE layer).
+// When the pattern is given it alone defines the layer count, as in Megatron.
+#pragma once
+
+#include <string>
+
+#include "weft/model/config.h"
+
+namespace weft {
+
+// Fills cfg->layer_symbols, num_layers, hybrid_stage_layers ('|' present), and with '/'
+// mtp_layer_symbols and mtp_num_layers (which must then agree with a --mtp-num-layers > 0 the
+// user gave). Throws UsageError naming --hybrid-layer-pattern.
+void apply_hybrid_layer_pattern(const std::string& pattern, ModelConfig* cfg);
+
+}  // namespace weft

@@ -1,0 +1,54 @@
+// The Mamba-2 mixer of hybrid models (Megatron's MambaMixer, `M` in --hybrid-layer-pattern):
+//
+//   xn            = rmsnorm(x) * in_proj.layer_norm_weight          (the fused pre-norm)
+//   z, xBC, dt    = in_proj(xn), rows [z (di), x (di), B (ng*ds), C (ng*ds), dt (nh)]
+//   x, B, C       = silu(causal depthwise conv1d(xBC)), kernel 4, with bias
+//   dt            = softplus(dt + dt_bias),  A = -exp(A_log)
+//   y             = SSD(x, dt, A, B, C) + D * x                       (per head; B, C per group)
+//   out           = out_proj(rmsnorm_per_group(y * silu(z)) * norm.weight)
+//
+// with di = nh * hd inner width, nh heads of hd channels, ng groups of ds state size; head h
+// reads B and C of group h / (nh / ng). The SSD scan is h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T,
+// y_t = h_t C_t ([hd, ds] state per head), computed chunk-wise with matmuls (ssd_chunked): within
+// a chunk as a masked, decay-weighted attention-like product, across chunks through the chunks'
+// final states. Everything from the conv on runs in float32 (float64 for float64 inputs), as
+// Megatron's kernels do, and is cast back before out_proj.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "weft/model/config.h"
+#include "weft/model/param_source.h"
+
+namespace weft {
+
+// The SSD scan. x [b, s, nh, hd], dt [b, s, nh] (positive), A [nh] (negative), B and C
+// [b, s, ng, ds]. Returns y [b, s, nh, hd] (without the D skip) in x's dtype, for any s (the
+// last chunk is padded). With autograd.
+at::Tensor ssd_chunked(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
+                       const at::Tensor& B, const at::Tensor& C, int64_t chunk);
+
+struct MambaHandles {
+  ParamHandle in_proj_norm;  // mixer.in_proj.layer_norm_weight [h]
+  ParamHandle in_proj;       // mixer.in_proj.weight [2 di + 2 ng ds + nh, h]
+  ParamHandle conv_weight;   // mixer.conv1d.weight [di + 2 ng ds, 1, 4]
+  ParamHandle conv_bias;     // mixer.conv1d.bias [di + 2 ng ds]
+  ParamHandle dt_bias;       // mixer.dt_bias [nh]
+  ParamHandle A_log;         // mixer.A_log [nh]
+  ParamHandle D;             // mixer.D [nh]
+  ParamHandle norm;          // mixer.norm.weight [di]
+  ParamHandle out_proj;      // mixer.out_proj.weight [h, di]
+};
+
+// The mixer on x [b, s, h] (the layer's input: the pre-norm is inside). Returns [b, s, h].
+at::Tensor mamba_mixer(const at::Tensor& x, const MambaHandles& w, const ModelConfig& cfg);
+
+// Causal depthwise conv over time of x [b, s, c] with taps w [c, 1, k] and bias [c]:
+// y_t = bias + sum_j w[:, 0, j] * x_{t-k+1+j} (zeros before the start). Written as k shifted
+// products so that it is deterministic on every device.
+at::Tensor causal_conv1d(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias);
+
+}  // namespace weft
