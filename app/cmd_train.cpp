@@ -31,6 +31,7 @@ struct TrainArgs {
   std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32", backend = "auto";
   std::string moe_layer_freq = "1";
   std::string hybrid_pattern, hybrid_override_pattern;
+  CLI::Option* moe_layer_freq_opt = nullptr;
   int threads = 0;
 };
 
@@ -71,6 +72,7 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--moe-router-load-balancing-type", m.moe_router_load_balancing_type, "aux_loss | none");
   opt("--moe-layer-freq", a->moe_layer_freq,
       "MoE layer pattern: an int N (layer i is MoE when i % N == 0) or a list like [0,1,1,1]");
+  a->moe_layer_freq_opt = c->get_option("--moe-layer-freq");
   opt("--moe-token-dispatcher-type", t.moe_token_dispatcher_type, "alltoall");
   c->add_flag("--moe-grouped-gemm", m.moe_grouped_gemm,
               "run all experts of a layer through grouped GEMMs (CUDA, bf16, torch >= 2.8)");
@@ -163,7 +165,8 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
         if (!t.model.hybrid_stage_layers.empty())
           fail_usage("--decoder-first/last-pipeline-num-layers and '|' in --hybrid-layer-pattern "
                      "both split the stages; give one");
-    } else if (t.model.num_experts > 0) {
+    } else if (t.model.num_experts > 0 || a->moe_layer_freq_opt->count() > 0) {
+      if (t.model.num_layers < 1) fail_usage("--num-layers must be >= 1 (got {})", t.model.num_layers);
       t.model.moe_layer_pattern = parse_moe_layer_freq(a->moe_layer_freq, t.model.num_layers);
     }
     fused::set_enabled(!a->no_fused);

@@ -108,7 +108,11 @@ void ShardedAdamW::step(double lr, double grad_multiplier) {
   for (size_t k = 0; k < units_.size(); ++k) {
     FsdpUnit& u = *units_[k];
     UnitOptimState& st = states_[k];
-    for (const Range& r : ranges_[k]) {
+    // Pieces of at most kPiece elements: the float32 temporaries of bf16 moments stay small.
+    constexpr int64_t kPiece = int64_t{16} << 20;
+    for (const Range& range : ranges_[k])
+    for (int64_t off = range.offset; off < range.offset + range.numel; off += kPiece) {
+      const Range r{range.group, off, std::min(kPiece, range.offset + range.numel - off)};
       const ParamGroupSettings& g = groups_.at(r.group);
       at::Tensor p = st.master.narrow(0, r.offset, r.numel);
       at::Tensor grad = grad_shard(u).narrow(0, r.offset, r.numel);

@@ -4,6 +4,7 @@
 #include <ATen/Functions.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <functional>
 #include <numeric>
 
 #include "weft/core/error.h"
@@ -29,7 +30,9 @@ std::vector<int64_t> elements(const std::vector<int64_t>& rows, int64_t row_nume
 at::Tensor exchange(Communicator& comm, const at::Tensor& x, const std::vector<int64_t>& send,
                     const std::vector<int64_t>& recv) {
   std::vector<int64_t> shape = x.sizes().vec();
-  const int64_t row_numel = shape.size() > 1 ? x[0].numel() : 1;
+  // From the sizes, not x[0]: a rank may have no rows to send.
+  const int64_t row_numel =
+      std::accumulate(shape.begin() + 1, shape.end(), int64_t{1}, std::multiplies<int64_t>());
   WEFT_CHECK(sum_of(send) == x.size(0), "all_to_all_rows: send counts sum to {}, rows {}",
              sum_of(send), x.size(0));
   shape[0] = sum_of(recv);

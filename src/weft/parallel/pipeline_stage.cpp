@@ -210,7 +210,7 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
   if (embedding_copy_) next();
   if (!cfg_.tied()) next();
   at::Tensor lm = lm_loss_sum(output_logits(h, output_->handle(0)), labels).mul(loss_scale);
-  output_->reshard();
+  if (cfg_.mtp_num_layers == 0) output_->reshard();  // MTP reuses it below
   losses_.select(0, 0).add_(lm.detach().to(at::kDouble));
   at::Tensor objective = lm;
 
@@ -218,20 +218,23 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
   const int depths = cfg_.mtp_num_layers;
   for (int d = 1; d <= depths; ++d) {
     const Block& b = mtp_[d - 1];
+    // The embedding and the output layer stay gathered through the depths (one gather each).
     at::Tensor emb = embed_tokens(mtp_input_tokens(labels, d), mtp_embedding_->handle(0));
-    mtp_embedding_->reshard();
     start(b);
     h = mtp_layer(h, emb, b.mtp, rope_, cfg_, &aux);
     done(b);
     // Position t predicts label t+d; the last d positions have none. Mean over the step's
     // valid positions, averaged over depths.
     const at::Tensor logits = output_logits(h, output_->handle(0));
-    output_->reshard();
     const at::Tensor ce =
         lm_loss_sum(logits.narrow(1, 0, s - d), labels.narrow(1, d, s - d))
             .mul(loss_scale * static_cast<double>(s) / static_cast<double>(s - d) / depths);
     losses_.select(0, 2).add_(ce.detach().to(at::kDouble));
     objective = objective + ce * cfg_.mtp_loss_scaling_factor;
+  }
+  if (depths > 0) {
+    mtp_embedding_->reshard();
+    output_->reshard();
   }
   if (at::Tensor obj = account_aux(aux, share); obj.defined()) objective = objective + obj;
   return objective;
