@@ -59,7 +59,7 @@ at::Tensor ssd_chunked(const at::Tensor& x, const at::Tensor& dt, const at::Tens
   auto padded = [&](const at::Tensor& t) {
     at::Tensor f = t.to(acc);
     if (pad == 0) return f;
-    std::vector<int64_t> p(2 * (t.dim() - 1), 0);
+    std::vector<int64_t> p(2 * (t.dim() - 2), 0);  // pairs from the last dim back to dim 1
     p.push_back(0);
     p.push_back(pad);
     return at::constant_pad_nd(f, p);  // pads dim 1 at its end

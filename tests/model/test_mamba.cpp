@@ -1,0 +1,198 @@
+// The Mamba-2 mixer against an independent reference: plain libtorch autograd over leaf tensors,
+// the conv as torch::conv1d with one group per channel, and the SSD as the per-time-step
+// recurrence h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T, y_t = h_t C_t, with no chunking. Output
+// and every gradient (input and all nine parameters) agree to 1e-10 in float64 and 1e-5 in
+// float32, for chunk sizes that divide the sequence, that do not, that exceed it, and for 1, 2
+// and 4 groups. Also the hybrid layer pattern parser and its refusals.
+//
+// With WEFT_MAMBA_DUMP=FILE, MixerDumpForTransformers writes one float32 case (one group) as
+// safetensors for tests/gpu/hf_mamba2_check.py, which compares it with transformers' Mamba-2.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <map>
+
+#include "weft/checkpoint/safetensors.h"
+#include "weft/core/error.h"
+#include "weft/model/full_params.h"
+#include "weft/model/hybrid.h"
+#include "weft/model/mamba.h"
+#include "weft/model/transformer.h"
+
+namespace weft {
+namespace {
+
+ModelConfig mamba_config(int groups, int chunk) {
+  ModelConfig c;
+  c.num_layers = 1;
+  c.hidden_size = 16;
+  c.num_attention_heads = 2;
+  c.num_query_groups = 1;
+  c.layer_symbols = "M";
+  c.mamba_state_dim = 6;
+  c.mamba_head_dim = 4;
+  c.mamba_num_groups = groups;
+  c.mamba_chunk_size = chunk;  // heads: 2 * 16 / 4 = 8
+  return c;
+}
+
+double rel_err(const torch::Tensor& got, const torch::Tensor& want) {
+  const double scale = std::max(want.abs().max().item<double>(), 1e-30);
+  return (got.to(torch::kDouble) - want.to(torch::kDouble)).abs().max().item<double>() / scale;
+}
+
+// The reference mixer over leaves named by their suffix ("in_proj.weight", ...).
+torch::Tensor reference_mixer(const torch::Tensor& x, std::map<std::string, torch::Tensor>& w,
+                              const ModelConfig& cfg) {
+  const int64_t b = x.size(0), s = x.size(1);
+  const int64_t nh = cfg.mamba_heads(), hd = cfg.mamba_head_dim, di = nh * hd;
+  const int64_t ng = cfg.mamba_num_groups, ds = cfg.mamba_state_dim, conv = di + 2 * ng * ds;
+  auto rms = [](const torch::Tensor& t, double eps) {
+    return t * torch::rsqrt(t.pow(2).mean(-1, true) + eps);
+  };
+  const torch::Tensor xn = rms(x, cfg.norm_epsilon) * w["in_proj.layer_norm_weight"];
+  const torch::Tensor proj = torch::matmul(xn, w["in_proj.weight"].t());
+  const torch::Tensor z = proj.narrow(-1, 0, di);
+  torch::Tensor xbc = proj.narrow(-1, di, conv).transpose(1, 2);  // [b, conv, s]
+  xbc = torch::conv1d(xbc, w["conv1d.weight"], w["conv1d.bias"], 1, 3, 1, conv)
+            .narrow(-1, 0, s)
+            .transpose(1, 2);
+  xbc = torch::silu(xbc);
+  const torch::Tensor xs = xbc.narrow(-1, 0, di).reshape({b, s, nh, hd});
+  const torch::Tensor B = xbc.narrow(-1, di, ng * ds).reshape({b, s, ng, ds});
+  const torch::Tensor C = xbc.narrow(-1, di + ng * ds, ng * ds).reshape({b, s, ng, ds});
+  const torch::Tensor dt =
+      torch::softplus(proj.narrow(-1, 2 * di + 2 * ng * ds, nh) + w["dt_bias"]);  // [b, s, nh]
+  const torch::Tensor A = -torch::exp(w["A_log"]);
+  std::vector<torch::Tensor> heads;
+  for (int64_t h = 0; h < nh; ++h) {
+    const int64_t g = h / (nh / ng);
+    torch::Tensor state = torch::zeros({b, hd, ds}, x.options());
+    std::vector<torch::Tensor> ys;
+    for (int64_t t = 0; t < s; ++t) {
+      const torch::Tensor dth = dt.select(1, t).select(1, h);                  // [b]
+      const torch::Tensor xt = xs.select(1, t).select(1, h);                   // [b, hd]
+      const torch::Tensor Bt = B.select(1, t).select(1, g), Ct = C.select(1, t).select(1, g);
+      state = state * torch::exp(dth * A[h]).view({b, 1, 1}) +
+              dth.view({b, 1, 1}) * xt.unsqueeze(2) * Bt.unsqueeze(1);
+      ys.push_back(torch::matmul(state, Ct.unsqueeze(2)).squeeze(2) + w["D"][h] * xt);
+    }
+    heads.push_back(torch::stack(ys, 1));  // [b, s, hd]
+  }
+  const torch::Tensor y = torch::stack(heads, 2).reshape({b, s, di});
+  const torch::Tensor gated = (y * torch::silu(z)).reshape({b, s, ng, di / ng});
+  const torch::Tensor normed = rms(gated, 1e-5).reshape({b, s, di}) * w["norm.weight"];
+  return torch::matmul(normed, w["out_proj.weight"].t());
+}
+
+struct Case {
+  int groups, chunk;
+};
+
+void check_mixer(torch::ScalarType dtype, double tol) {
+  for (const Case cs : {Case{1, 4}, Case{2, 5}, Case{4, 13}, Case{2, 32}, Case{1, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "groups " << cs.groups << " chunk " << cs.chunk);
+    const ModelConfig cfg = mamba_config(cs.groups, cs.chunk);
+    const auto opt = torch::TensorOptions().dtype(dtype);
+    FullParams p;
+    const auto specs = block_param_specs(cfg, "l.", 'M', false);
+    std::map<std::string, torch::Tensor> leaves;
+    for (const auto& sp : specs) {
+      torch::Tensor v = init_param(sp, cfg, 21).to(dtype);
+      if (sp.init == InitKind::kOnes) v = v + 0.3 * torch::rand_like(v);  // norms, D that matter
+      if (sp.name.find("in_proj.weight") != std::string::npos) v = v * 8;  // dt of order one
+      p.add(sp, v.clone());
+      leaves[sp.name.substr(std::string("l.mixer.").size())] = v.clone().requires_grad_(true);
+    }
+    const LayerHandles h = layer_handles(&p, 0, specs, "l.", nullptr);
+    torch::manual_seed(5);
+    const torch::Tensor x0 = torch::randn({2, 13, cfg.hidden_size}, opt);
+    const torch::Tensor R = torch::randn({2, 13, cfg.hidden_size}, opt);
+    torch::Tensor x = x0.clone().requires_grad_(true), xr = x0.clone().requires_grad_(true);
+    const torch::Tensor y = mamba_mixer(x, h.mamba, cfg);
+    (y * R).sum().backward();
+    const torch::Tensor yr = reference_mixer(xr, leaves, cfg);
+    (yr * R).sum().backward();
+    EXPECT_LT(rel_err(y, yr), tol) << "output";
+    EXPECT_LT(rel_err(x.grad(), xr.grad()), tol) << "input gradient";
+    for (int i = 0; i < p.size(); ++i) {
+      const std::string n = p.spec(i).name.substr(std::string("l.mixer.").size());
+      EXPECT_LT(rel_err(p.grad(i), leaves[n].grad()), tol) << n;
+      EXPECT_EQ(p.pending_uses(i), 0) << n;
+    }
+  }
+}
+
+TEST(Mamba, MixerMatchesRecurrenceFloat64) { check_mixer(torch::kDouble, 1e-10); }
+TEST(Mamba, MixerMatchesRecurrenceFloat32) { check_mixer(torch::kFloat, 1e-5); }
+
+TEST(Mamba, CausalConvMatchesConv1d) {
+  const torch::Tensor x = torch::randn({2, 9, 5}, torch::kDouble);
+  const torch::Tensor w = torch::randn({5, 1, 4}, torch::kDouble);
+  const torch::Tensor b = torch::randn({5}, torch::kDouble);
+  const torch::Tensor want =
+      torch::conv1d(x.transpose(1, 2), w, b, 1, 3, 1, 5).narrow(-1, 0, 9).transpose(1, 2);
+  EXPECT_LT(rel_err(causal_conv1d(x, w, b), want), 1e-14);
+}
+
+TEST(Mamba, DumpForTransformers) {
+  const char* path = std::getenv("WEFT_MAMBA_DUMP");
+  if (!path) GTEST_SKIP() << "set WEFT_MAMBA_DUMP=FILE to write the transformers check's input";
+  ModelConfig cfg = mamba_config(1, 8);
+  cfg.hidden_size = 64;
+  cfg.mamba_state_dim = 16;
+  cfg.mamba_head_dim = 16;  // 8 heads, inner 128
+  FullParams p;
+  const auto specs = block_param_specs(cfg, "l.", 'M', false);
+  for (const auto& sp : specs) {
+    torch::Tensor v = init_param(sp, cfg, 8);
+    if (sp.init == InitKind::kOnes) v = v + 0.3 * torch::rand_like(v);
+    p.add(sp, v);
+  }
+  const LayerHandles h = layer_handles(&p, 0, specs, "l.", nullptr);
+  torch::manual_seed(2);
+  const torch::Tensor x = torch::randn({2, 37, cfg.hidden_size});
+  torch::NoGradGuard no_grad;
+  const torch::Tensor y = mamba_mixer(x, h.mamba, cfg).contiguous();
+  std::vector<torch::Tensor> keep = {x, y};
+  std::vector<SafetensorsWriteEntry> entries;
+  auto add = [&](const std::string& name, const torch::Tensor& t) {
+    keep.push_back(t.contiguous());
+    entries.push_back({name, "F32", t.sizes().vec(), keep.back().data_ptr(),
+                       static_cast<size_t>(t.numel()) * 4});
+  };
+  add("x", x);
+  add("y", y);
+  for (int i = 0; i < p.size(); ++i)
+    add(p.spec(i).name.substr(std::string("l.mixer.").size()), p.value(i));
+  const std::map<std::string, std::string> meta = {
+      {"hidden", std::to_string(cfg.hidden_size)}, {"state", std::to_string(cfg.mamba_state_dim)},
+      {"head_dim", std::to_string(cfg.mamba_head_dim)},
+      {"groups", std::to_string(cfg.mamba_num_groups)},
+      {"heads", std::to_string(cfg.mamba_heads())}, {"chunk", std::to_string(cfg.mamba_chunk_size)},
+      {"eps", std::to_string(cfg.norm_epsilon)}};
+  Status s = write_safetensors(path, entries, meta);
+  ASSERT_TRUE(static_cast<bool>(s)) << s.message();
+}
+
+TEST(HybridPattern, ParsesStagesAndMtp) {
+  ModelConfig c;
+  apply_hybrid_layer_pattern("M-M*-E|M-ME*-/*E/*E", &c);
+  EXPECT_EQ(c.layer_symbols, "M-M*-EM-ME*-");
+  EXPECT_EQ(c.num_layers, 12);
+  EXPECT_EQ(c.hybrid_stage_layers, (std::vector<int>{6, 6}));
+  EXPECT_EQ(c.mtp_num_layers, 2);
+  EXPECT_EQ(c.mtp_layer_symbols, "*E");
+  ModelConfig d;
+  apply_hybrid_layer_pattern("MM*-", &d);
+  EXPECT_TRUE(d.hybrid_stage_layers.empty());
+  EXPECT_EQ(d.mtp_num_layers, 0);
+  for (const char* bad : {"MX*", "M||*", "M*/*E/*", "M*/*E/E*", "", "M*/"}) {
+    ModelConfig e;
+    EXPECT_THROW(apply_hybrid_layer_pattern(bad, &e), UsageError) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace weft
