@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bad MoE/MTP input to `weft train` ends with exit code 2 and one line naming the flag, before
+# Bad MoE/MTP/hybrid input to `weft train` ends with exit code 2 and one line naming the flag, before
 # any collective. Usage: bad_input.sh WEFT MPIRUN...
 set -u
 weft=$1
@@ -39,4 +39,15 @@ expect 1 "--moe-router-score-function must be softmax or sigmoid" --moe-router-s
 expect 1 "--moe-token-dispatcher-type must be alltoall" --moe-token-dispatcher-type allgather
 expect 2 "--expert-model-parallel-size 2 needs a mixture-of-experts model" --num-experts 0 \
   --expert-model-parallel-size 2 --global-batch-size 4
+mamba=(--mamba-state-dim 8 --mamba-head-dim 8 --mamba-num-groups 2)
+expect 1 "unknown symbol 'X' in the decoder pattern" --hybrid-layer-pattern "M*X" "${mamba[@]}"
+expect 2 "has 3 pipeline stage(s) between '|', but --pipeline-model-parallel-size is 2" \
+  --hybrid-layer-pattern "M*|M*|M*" --pipeline-model-parallel-size 2 "${mamba[@]}"
+expect 1 "the MTP patterns differ ('*E' vs '*')" --hybrid-layer-pattern "M*/*E/*" "${mamba[@]}"
+expect 1 "has MoE layers (E) but --num-experts is 0" --num-experts 0 --hybrid-layer-pattern "M*E" \
+  "${mamba[@]}"
+expect 1 "2 * --hidden-size 32 is not a multiple of --mamba-head-dim 12" \
+  --hybrid-layer-pattern "M*" --mamba-head-dim 12
+expect 1 "--hidden-size 32 must be a positive multiple of --num-attention-heads 5" \
+  --hybrid-layer-pattern "M*" "${mamba[@]}" --num-attention-heads 5 --num-query-groups 5
 [ "$fails" -eq 0 ] || { echo "$fails case(s) failed"; exit 1; }

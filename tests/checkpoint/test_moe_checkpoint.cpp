@@ -21,6 +21,7 @@
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/checkpoint/format.h"
 #include "weft/core/remove_tree.h"
+#include "weft/model/hybrid.h"
 
 namespace weft {
 namespace {
@@ -28,7 +29,9 @@ namespace {
 using test::diff_checkpoints;
 using test::run_job;
 
-TrainConfig scenario_config() {
+// The scenario's model: MoE transformer layers (moe), or the hybrid pattern of Mamba-2,
+// attention, MLP and MoE layers with two MTP depths of an attention and an MoE layer (hybrid).
+TrainConfig scenario_config(bool hybrid = false) {
   TrainConfig c;
   ModelConfig& m = c.model;
   m.num_layers = 8;
@@ -55,8 +58,18 @@ TrainConfig scenario_config() {
   c.lr.warmup_iters = 1;
   c.seed = 23;
   c.device = test::test_device();
+  if (hybrid) {
+    m.moe_layer_pattern.clear();
+    m.mtp_num_layers = 0;
+    m.mamba_state_dim = 8;
+    m.mamba_head_dim = 8;
+    m.mamba_num_groups = 2;  // 2 * 32 / 8 = 8 heads
+    apply_hybrid_layer_pattern("M*ME|-ME*/*E/*E", &m);
+  }
   return c;
 }
+
+const char* model_name(bool hybrid) { return hybrid ? "hybrid" : "moe"; }
 
 void expect_bitwise(const IterationStats& a, const IterationStats& b) {
   EXPECT_EQ(a.iteration, b.iteration);
@@ -66,12 +79,13 @@ void expect_bitwise(const IterationStats& a, const IterationStats& b) {
   EXPECT_EQ(a.grad_norm, b.grad_norm) << "grad norm not bitwise equal";
 }
 
-class MoeScenario : public ::testing::TestWithParam<bool> {};
+// (hybrid model, bf16 moments with the precision-aware optimizer)
+class MoeScenario : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
 // The scenario on 8 ranks (pp 2 x ep 2), and the same model on one rank (the CUDA path runs
 // both on one GPU).
 TEST_P(MoeScenario, BitwiseRestartPp2Ep2Mtp2) {
-  const bool bf16_state = GetParam();
+  const auto [hybrid, bf16_state] = GetParam();
   struct Layout {
     int world, pp, ep;
   };
@@ -79,8 +93,9 @@ TEST_P(MoeScenario, BitwiseRestartPp2Ep2Mtp2) {
     if (l.world > test::world_size()) continue;
     SCOPED_TRACE(::testing::Message() << "world " << l.world << " pp " << l.pp << " ep " << l.ep);
     const std::string dir = test::shared_temp_dir("moe-scenario");
-    TrainConfig c = scenario_config();
+    TrainConfig c = scenario_config(hybrid);
     c.layout.pp = l.pp;
+    if (l.pp == 1) c.model.hybrid_stage_layers.clear();  // one stage: no '|' split
     c.layout.ep = l.ep;
     c.model.bf16 = true;
     if (bf16_state) {
@@ -126,9 +141,13 @@ TEST_P(MoeScenario, BitwiseRestartPp2Ep2Mtp2) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(State, MoeScenario, ::testing::Bool(), [](const auto& info) {
-  return std::string(info.param ? "bf16_moments_precision_aware" : "fp32_moments");
-});
+INSTANTIATE_TEST_SUITE_P(State, MoeScenario,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(model_name(std::get<0>(info.param))) + "_" +
+                                  (std::get<1>(info.param) ? "bf16_moments_precision_aware"
+                                                           : "fp32_moments");
+                         });
 
 std::set<std::string> checkpoint_keys(const std::string& dir) {
   nlohmann::json meta;
@@ -141,10 +160,13 @@ std::set<std::string> checkpoint_keys(const std::string& dir) {
   return keys;
 }
 
-TEST(MoeReshard, Pp2Ep2LoadsAtPp1Ep4AndOneRank) {
+class MoeReshard : public ::testing::TestWithParam<bool> {};
+
+TEST_P(MoeReshard, Pp2Ep2LoadsAtPp1Ep4AndOneRank) {
   if (test::world_size() < 8) GTEST_SKIP() << "needs 8 ranks";
+  const bool hybrid = GetParam();
   const std::string dir = test::shared_temp_dir("moe-reshard");
-  TrainConfig c = scenario_config();  // fp32
+  TrainConfig c = scenario_config(hybrid);  // fp32
   const auto ref = run_job(c, 8);
   TrainConfig b = c;
   b.save = dir + "/ep2";
@@ -159,6 +181,7 @@ TEST(MoeReshard, Pp2Ep2LoadsAtPp1Ep4AndOneRank) {
     TrainConfig r = c;
     r.layout.pp = t.pp;
     r.layout.ep = t.ep;
+    if (t.pp == 1) r.model.hybrid_stage_layers.clear();
     r.load = dir + "/ep2";
     if (t.ep == 4) r.save = dir + "/ep4";
     auto got = run_job(r, t.world);
@@ -176,7 +199,14 @@ TEST(MoeReshard, Pp2Ep2LoadsAtPp1Ep4AndOneRank) {
   const auto k2 = checkpoint_keys(dir + "/ep2/iter_0000002");
   const auto k4 = checkpoint_keys(dir + "/ep4/iter_0000003");
   EXPECT_EQ(k2, k4);
-  if (test::world_rank() == 0) {
+  if (test::world_rank() == 0 && hybrid) {
+    EXPECT_TRUE(k2.count("decoder.layers.0.mixer.A_log"));
+    EXPECT_TRUE(k2.count("optimizer.exp_avg_sq.decoder.layers.4.mlp.linear_fc1.weight"));
+    EXPECT_TRUE(k2.count("decoder.layers.6.mlp.experts.3.linear_fc1.weight"));
+    EXPECT_TRUE(k2.count("mtp.layers.1.mtp_model_layer.layers.1.mlp.experts.0.linear_fc2.weight"));
+    EXPECT_TRUE(k2.count("mtp.layers.0.mtp_model_layer.layers.0.self_attention.linear_qkv.weight"));
+  }
+  if (test::world_rank() == 0 && !hybrid) {
     EXPECT_TRUE(k2.count("decoder.layers.7.mlp.experts.3.linear_fc2.weight"));
     EXPECT_TRUE(k2.count("optimizer.exp_avg.mtp.layers.1.transformer_layer.mlp.experts.2.linear_fc1.weight"));
     EXPECT_TRUE(k2.count("mtp.layers.0.eh_proj.weight"));
@@ -185,6 +215,9 @@ TEST(MoeReshard, Pp2Ep2LoadsAtPp1Ep4AndOneRank) {
   }
   if (test::world_rank() == 0) (void)weft::remove_tree(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(Model, MoeReshard, ::testing::Bool(),
+                         [](const auto& info) { return std::string(model_name(info.param)); });
 
 }  // namespace
 }  // namespace weft

@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "job.h"
+#include "weft/model/hybrid.h"
 #include "weft/parallel/grad_access.h"
 
 namespace weft {
@@ -117,6 +118,32 @@ TEST(MoeParity, ExpertParallelLayoutsMatchOneRank) {
         if (test::world_rank() < l.world) expect_close(got, ref, 1e-5, mode + " " + l.name);
       }
     }
+  }
+}
+
+// The hybrid model (Mamba-2, attention, MLP and MoE layers, two MTP depths of an attention and a Mamba layer) on
+// the same layouts: the '|' split applies at pp 2, an even split elsewhere.
+TEST(MoeParity, HybridLayoutsMatchOneRank) {
+  if (test::world_size() < 8) GTEST_SKIP() << "needs 8 ranks";
+  TrainConfig c = moe_config();
+  ModelConfig& m = c.model;
+  m.moe_layer_pattern.clear();
+  m.mtp_num_layers = 0;
+  m.mamba_state_dim = 8;
+  m.mamba_head_dim = 8;
+  m.mamba_num_groups = 2;
+  apply_hybrid_layer_pattern("M*ME|-ME*/*M/*M", &m);
+  c.train_iters = 3;
+  TrainConfig one = c;
+  one.model.hybrid_stage_layers.clear();
+  const auto ref = run_job(one, 1, /*self_only=*/true);
+  ASSERT_EQ(ref.size(), 3u);
+  EXPECT_LT(ref.back().lm_loss, ref.front().lm_loss) << "reference does not learn";
+  for (const Layout& l : kLayouts) {
+    TrainConfig t = with_layout(c, l);
+    if (l.pp != 2) t.model.hybrid_stage_layers.clear();
+    auto got = run_job(t, l.world, false, check_embedding_copies);
+    if (test::world_rank() < l.world) expect_close(got, ref, 1e-5, std::string("hybrid ") + l.name);
   }
 }
 
