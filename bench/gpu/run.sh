@@ -12,6 +12,9 @@
 #   bash bench/gpu/run.sh moe         weft on the ~1B MoE model (8 experts, top-2), then PyTorch
 #                                     with a loop over experts and with torch._grouped_mm
 #   bash bench/gpu/run.sh moetests    the MoE/EP/MTP tests on CUDA: world 1 and 8 ranks
+#   bash bench/gpu/run.sh hybrid      weft on the ~1B hybrid Mamba-2 model, then PyTorch eager
+#                                     (the chunked SSD in torch ops) and torch.compile
+#   bash bench/gpu/run.sh hfmamba     weft's Mamba-2 mixer against transformers' Mamba2Mixer
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PATH=/opt/torch/.venv/bin:$PATH
@@ -25,6 +28,11 @@ MOE=(--num-layers 14 --hidden-size 1024 --num-attention-heads 16 --num-query-gro
      --moe-aux-loss-coeff 0.01 --vocab-size 32000 --seq-length 4096)
 MOE_MFU=(--layers 14 --hidden 1024 --heads 16 --groups 8 --num-experts 8 --topk 2 --moe-ffn 2816
          --vocab 32000 --seq 4096)
+HYB_PATTERN="M-M-M*-M-M-M*-M-M-M*-M-M-M*-M-M-M*-"
+HYB=(--hybrid-layer-pattern "$HYB_PATTERN" --hidden-size 2048 --num-attention-heads 16
+     --num-query-groups 8 --ffn-hidden-size 5632 --vocab-size 32000 --seq-length 4096)
+HYB_MFU=(--pattern "$HYB_PATTERN" --hidden 2048 --heads 16 --groups 8 --ffn 5632 --vocab 32000
+         --seq 4096 --state 128 --head-dim 64 --mamba-groups 8 --chunk 128)
 MODEL=(--num-layers 16 --hidden-size 2048 --num-attention-heads 16 --num-query-groups 8
        --ffn-hidden-size 5632 --vocab-size 32000 --seq-length 4096)
 
@@ -35,7 +43,7 @@ build)
     -DCMAKE_PREFIX_PATH=$P/torch/share/cmake \
     -DNCCL_INCLUDE_DIR=$P/nvidia/nccl/include -DNCCL_LIBRARY=$P/nvidia/nccl/lib/libnccl.so.2 \
     > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-  cmake --build $B -j 16 --target weft test_parity test_checkpoint test_model test_communicator bench_checkpoint test_moe test_moe_parity test_moe_checkpoint ${WEFT_EXTRA_TARGETS:-} > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
+  cmake --build $B -j 16 --target weft test_parity test_checkpoint test_model test_communicator bench_checkpoint test_moe test_moe_parity test_moe_checkpoint test_mamba ${WEFT_EXTRA_TARGETS:-} > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
   ./$B/app/weft --version
   ;;
 tests)
@@ -77,8 +85,28 @@ moe)
       && python3 bench/gpu/mfu.py "$TPS" "${MOE_MFU[@]}"
   done
   ;;
+hybrid)
+  rm -f "$OUT/weft_hyb.jsonl"
+  ./$B/app/weft train --device cuda --bf16 "${HYB[@]}" --micro-batch-size 2 --global-batch-size 2 \
+    --train-iters 12 --lr 3e-4 --lr-warmup-iters 2 --log-jsonl "$OUT/weft_hyb.jsonl" > "$OUT/weft_hyb.log" 2>&1
+  echo "weft hybrid rc=$?"; grep -E "parameters|bytes on" "$OUT/weft_hyb.log"; tail -1 "$OUT/weft_hyb.log" | cut -c1-400
+  python3 bench/gpu/mfu.py --weft-jsonl "$OUT/weft_hyb.jsonl" "${HYB_MFU[@]}"
+  for mode in "" --compile; do
+    timeout 300 python3 bench/gpu/pytorch_hybrid.py --pattern "$HYB_PATTERN" $mode > "$OUT/pth$mode.json" 2> "$OUT/pth$mode.err"
+    echo "pytorch hybrid $mode rc=$?: $(cat "$OUT/pth$mode.json")"; tail -2 "$OUT/pth$mode.err"
+    TPS=$(python3 -c "import json;print(json.load(open('$OUT/pth$mode.json'))['tokens_per_sec'])" 2>/dev/null) \
+      && python3 bench/gpu/mfu.py "$TPS" "${HYB_MFU[@]}"
+  done
+  ;;
+hfmamba)
+  WEFT_MAMBA_DUMP="$OUT/mamba_case.safetensors" ./$B/tests/model/test_mamba --gtest_filter='*Dump*' > "$OUT/dump.log" 2>&1
+  echo "dump rc=$?"
+  python3 tests/gpu/hf_mamba2_check.py "$OUT/mamba_case.safetensors"; echo "hf_mamba2_check rc=$?"
+  ;;
 moetests)
   export WEFT_TEST_DEVICE=cuda
+  ./$B/tests/model/test_mamba > "$OUT/test_mamba.log" 2>&1
+  echo "test_mamba rc=$? $(grep -E 'PASSED|FAILED|SKIPPED' "$OUT/test_mamba.log" | sort | uniq -c | tr '\n' ' ')"
   ./$B/tests/model/test_moe > "$OUT/test_moe.log" 2>&1
   echo "test_moe rc=$? $(grep -E 'PASSED|FAILED|SKIPPED' "$OUT/test_moe.log" | sort | uniq -c | tr '\n' ' ')"
   for t in tests/checkpoint/test_moe_checkpoint tests/train/test_moe_parity; do
