@@ -91,10 +91,11 @@ hybrid)
     --train-iters 12 --lr 3e-4 --lr-warmup-iters 2 --log-jsonl "$OUT/weft_hyb.jsonl" > "$OUT/weft_hyb.log" 2>&1
   echo "weft hybrid rc=$?"; grep -E "parameters|bytes on" "$OUT/weft_hyb.log"; tail -1 "$OUT/weft_hyb.log" | cut -c1-400
   python3 bench/gpu/mfu.py --weft-jsonl "$OUT/weft_hyb.jsonl" "${HYB_MFU[@]}"
-  for mode in ${HYB_MODES:-"" --compile}; do
-    timeout ${HYB_PT_TIMEOUT:-300} python3 bench/gpu/pytorch_hybrid.py --pattern "$HYB_PATTERN" $mode > "$OUT/pth$mode.json" 2> "$OUT/pth$mode.err"
-    echo "pytorch hybrid $mode rc=$?: $(cat "$OUT/pth$mode.json")"; tail -2 "$OUT/pth$mode.err"
-    TPS=$(python3 -c "import json;print(json.load(open('$OUT/pth$mode.json'))['tokens_per_sec'])" 2>/dev/null) \
+  for m in ${HYB_MODES:-eager compile}; do
+    mode=""; [ "$m" = compile ] && mode=--compile
+    timeout ${HYB_PT_TIMEOUT:-300} python3 bench/gpu/pytorch_hybrid.py --pattern "$HYB_PATTERN" $mode > "$OUT/pth_$m.json" 2> "$OUT/pth_$m.err"
+    echo "pytorch hybrid $m rc=$?: $(cat "$OUT/pth_$m.json")"; tail -2 "$OUT/pth_$m.err"
+    TPS=$(python3 -c "import json;print(json.load(open('$OUT/pth_$m.json'))['tokens_per_sec'])" 2>/dev/null) \
       && python3 bench/gpu/mfu.py "$TPS" "${HYB_MFU[@]}"
   done
   ;;
