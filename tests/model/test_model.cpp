@@ -57,8 +57,9 @@ Handles register_model(FullParams& p, const ModelConfig& cfg, uint64_t seed,
   h.emb = add(embedding_param_spec(cfg));
   for (int l = 0; l < cfg.num_layers; ++l) {
     const auto s = layer_param_specs(cfg, l);
-    h.layers.push_back(
-        LayerHandles{add(s[0]), add(s[1]), add(s[2]), add(s[3]), add(s[4]), add(s[5])});
+    const int first = p.size();
+    for (const auto& sp : s) add(sp);
+    h.layers.push_back(layer_handles(&p, first, s, layer_prefix(l), nullptr));
   }
   h.final_norm = add(final_norm_param_spec(cfg));
   if (!cfg.tied()) h.output = add(output_param_spec(cfg));
