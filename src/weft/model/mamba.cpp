@@ -52,6 +52,7 @@ at::Tensor ssd_chunked(const at::Tensor& x, const at::Tensor& dt, const at::Tens
   const int64_t b = x.size(0), s = x.size(1), H = x.size(2), P = x.size(3);
   const int64_t G = B.size(2), N = B.size(3);
   WEFT_CHECK(H % G == 0, "ssd_chunked: {} heads in {} groups", H, G);
+  const int64_t R = H / G;  // heads per group: they share B and C
   const auto acc = ops::accum_dtype(x.scalar_type());
   const int64_t Q = std::min<int64_t>(chunk, s), nc = (s + Q - 1) / Q, T = nc * Q, pad = T - s;
 
@@ -62,49 +63,47 @@ at::Tensor ssd_chunked(const at::Tensor& x, const at::Tensor& dt, const at::Tens
     std::vector<int64_t> p(2 * (t.dim() - 2), 0);  // pairs from the last dim back to dim 1
     p.push_back(0);
     p.push_back(pad);
-    return at::constant_pad_nd(f, p);  // pads dim 1 at its end
+    return at::constant_pad_nd(f, p);
   };
-  // Heads read their group's B and C: expand over the heads of a group (backward: a sum).
+  // [b, T, H, ...] -> [b, nc, G, R, Q, ...] and [b, T, G, N] -> [b, nc, G, 1, Q, N]: chunks,
+  // then groups, then the heads of a group, then steps.
   auto per_head = [&](const at::Tensor& t) {
-    return t.unsqueeze(3).expand({b, t.size(1), G, H / G, N}).reshape({b, t.size(1), H, N});
+    std::vector<int64_t> shape = {b, nc, Q, G, R};
+    if (t.dim() == 4) shape.push_back(t.size(3));
+    at::Tensor v = t.reshape(shape);
+    return t.dim() == 4 ? v.permute({0, 1, 3, 4, 2, 5}) : v.permute({0, 1, 3, 4, 2});
   };
-  const at::Tensor dtp = padded(dt);                                        // [b, T, H]
-  const at::Tensor u = padded(x) * dtp.unsqueeze(-1);                       // [b, T, H, P]
-  const at::Tensor Bh = per_head(padded(B)), Ch = per_head(padded(C));      // [b, T, H, N]
-  const at::Tensor a = dtp * A.to(acc);                                     // [b, T, H]
-
-  // To chunks, heads before steps: [b, nc, H, Q, ...].
-  auto chunks = [&](const at::Tensor& t) {
-    std::vector<int64_t> shape = {b, nc, Q, H};
-    for (int64_t d = 3; d < t.dim(); ++d) shape.push_back(t.size(d));
-    return t.reshape(shape).transpose(2, 3);
+  auto per_group = [&](const at::Tensor& t) {
+    return t.reshape({b, nc, Q, G, N}).permute({0, 1, 3, 2, 4}).unsqueeze(3);
   };
-  const at::Tensor uc = chunks(u), Bc = chunks(Bh), Cc = chunks(Ch);       // [b, nc, H, Q, .]
-  const at::Tensor cs = chunks(a).cumsum(-1);                               // [b, nc, H, Q]
+  const at::Tensor dtp = padded(dt);                                  // [b, T, H]
+  const at::Tensor uc = per_head(padded(x) * dtp.unsqueeze(-1));      // [b, nc, G, R, Q, P]
+  const at::Tensor cs = per_head(dtp * A.to(acc)).cumsum(-1);         // [b, nc, G, R, Q]
+  const at::Tensor Bc = per_group(padded(B)), Cc = per_group(padded(C));  // [b, nc, G, 1, Q, N]
 
-  // 1. inside each chunk
-  const at::Tensor decay = causal_differences(cs).exp();                    // [b, nc, H, Q, Q]
-  at::Tensor y = at::matmul(at::matmul(Cc, Bc.transpose(-1, -2)) * decay, uc);  // [b, nc, H, Q, P]
+  // 1. inside each chunk: C.B once per group, the decay per head.
+  const at::Tensor decay = causal_differences(cs).exp();              // [b, nc, G, R, Q, Q]
+  at::Tensor y = at::matmul(at::matmul(Cc, Bc.transpose(-1, -2)) * decay, uc);  // [.., Q, P]
 
   // 2. each chunk's final state
-  const at::Tensor last = cs.narrow(-1, Q - 1, 1);                          // [b, nc, H, 1]
+  const at::Tensor last = cs.narrow(-1, Q - 1, 1);                    // [b, nc, G, R, 1]
   const at::Tensor states =
-      at::matmul((uc * (last - cs).exp().unsqueeze(-1)).transpose(-1, -2), Bc);  // [b, nc, H, P, N]
+      at::matmul((uc * (last - cs).exp().unsqueeze(-1)).transpose(-1, -2), Bc);  // [.., P, N]
 
   // 3. the state entering each chunk
   if (nc > 1) {
-    const at::Tensor total = last.squeeze(-1).transpose(1, 2);              // [b, H, nc]
-    const at::Tensor ct = total.cumsum(-1);
+    const at::Tensor ct = last.squeeze(-1).permute({0, 2, 3, 1}).cumsum(-1);  // [b, G, R, nc]
     // entering chunk c from chunk c' < c: exp(ct[c-1] - ct[c']); shift by one chunk.
-    at::Tensor m = causal_differences(ct).narrow(-2, 0, nc - 1).exp();      // [b, H, nc-1, nc]
-    m = at::constant_pad_nd(m, {0, 0, 1, 0});                               // row 0: no state
-    const at::Tensor flat = states.transpose(1, 2).reshape({b, H, nc, P * N});
-    const at::Tensor entering =
-        at::matmul(m, flat).reshape({b, H, nc, P, N}).transpose(1, 2);      // [b, nc, H, P, N]
+    at::Tensor m = causal_differences(ct).narrow(-2, 0, nc - 1).exp();  // [b, G, R, nc-1, nc]
+    m = at::constant_pad_nd(m, {0, 0, 1, 0});                           // row 0: no state
+    const at::Tensor flat = states.permute({0, 2, 3, 1, 4, 5}).reshape({b, G, R, nc, P * N});
+    const at::Tensor entering = at::matmul(m, flat)
+                                    .reshape({b, G, R, nc, P, N})
+                                    .permute({0, 3, 1, 2, 4, 5});       // [b, nc, G, R, P, N]
     // 4. its contribution inside the chunk
     y = y + at::matmul(Cc, entering.transpose(-1, -2)) * cs.exp().unsqueeze(-1);
   }
-  return y.transpose(2, 3).reshape({b, T, H, P}).narrow(1, 0, s).to(x.scalar_type());
+  return y.permute({0, 1, 4, 2, 3, 5}).reshape({b, T, H, P}).narrow(1, 0, s).to(x.scalar_type());
 }
 
 at::Tensor mamba_mixer(const at::Tensor& x, const MambaHandles& w, const ModelConfig& cfg) {
