@@ -8,6 +8,8 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -35,10 +37,31 @@ ModelConfig small_config(bool tied, int heads = 4, int groups = 2) {
 }
 
 // max |got - want| / max |want|
+// How far a bf16 gradient's norm may drift from the fp32 one: bf16 rounds each of the model's
+// products to 8 bits of mantissa (relative 2^-9 = 0.2% per rounding); on CPU the measured norm
+// ratios of this model stay within 0.23% and the cosines above 0.99996
+// (WEFT_PRINT_GRAD_RATIOS=1 prints them), so 1% leaves 4x room while a gradient off by 1% or more,
+// or by a constant factor, fails.
+constexpr double kBf16NormDev = 0.01;
+
 double rel_err(const torch::Tensor& got, const torch::Tensor& want) {
   const torch::Tensor g = got.to(torch::kDouble), w = want.to(torch::kDouble);
   const double scale = std::max(w.abs().max().item<double>(), 1e-30);
   return (g - w).abs().max().item<double>() / scale;
+}
+
+// A bf16 gradient against its fp32 (or fused/unfused) counterpart: the same direction (cosine
+// above min_cos) AND the same size (norm ratio within 1 +- max_ratio_dev), so that a gradient off
+// by a constant factor fails too.
+void expect_same_gradient(const torch::Tensor& got, const torch::Tensor& want, double min_cos,
+                          double max_ratio_dev, const std::string& what) {
+  const torch::Tensor g = got.to(torch::kDouble).flatten(), w = want.to(torch::kDouble).flatten();
+  const double cos = torch::cosine_similarity(g, w, 0).item<double>();
+  const double ratio = g.norm().item<double>() / std::max(w.norm().item<double>(), 1e-30);
+  EXPECT_GT(cos, min_cos) << what;
+  EXPECT_NEAR(ratio, 1.0, max_ratio_dev) << what << " (norm ratio)";
+  if (std::getenv("WEFT_PRINT_GRAD_RATIOS"))
+    std::printf("%s cos %.6f ratio %.6f\n", what.c_str(), cos, ratio);
 }
 
 // --- the model under test, over a FullParams -------------------------------------------------
@@ -470,8 +493,7 @@ TEST(ModelNumerics, Bf16CloseToFp32) {
   for (int i = 0; i < p16.size(); ++i) {
     const torch::Tensor g16 = p16.grad(i), g32 = p32.grad(i);
     EXPECT_EQ(g16.scalar_type(), torch::kFloat);
-    const double cos = torch::cosine_similarity(g16.flatten(), g32.flatten(), 0).item<double>();
-    EXPECT_GT(cos, 0.99) << p16.spec(i).name;
+    expect_same_gradient(g16, g32, 0.9995, kBf16NormDev, p16.spec(i).name);
   }
 }
 
@@ -580,10 +602,7 @@ TEST(ModelCuda, MatchesCpuAndIsDeterministic) {
         if (dtype == torch::kFloat) {
           EXPECT_LE(rel_err(g, cpu.grad(i)), tol) << gpu.spec(i).name;
         } else {
-          const double c =
-              torch::cosine_similarity(g.flatten(), cpu.grad(i).to(torch::kFloat).flatten(), 0)
-                  .item<double>();
-          EXPECT_GT(c, 0.99) << gpu.spec(i).name;
+          expect_same_gradient(g, cpu.grad(i), 0.99, kBf16NormDev, gpu.spec(i).name);
         }
         if (run == 0)
           first.push_back(g);
@@ -622,9 +641,7 @@ TEST(ModelCuda, FusedKernelsMatchReference) {
       if (dtype == torch::kFloat) {
         EXPECT_LE(rel_err(grads[1][i], grads[0][i]), tol) << i;
       } else {
-        const double c = torch::cosine_similarity(grads[1][i].flatten(), grads[0][i].flatten(), 0)
-                             .item<double>();
-        EXPECT_GT(c, 0.999) << i;
+        expect_same_gradient(grads[1][i], grads[0][i], 0.999, kBf16NormDev, std::to_string(i));
       }
     }
   }
