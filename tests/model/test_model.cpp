@@ -43,6 +43,9 @@ ModelConfig small_config(bool tied, int heads = 4, int groups = 2) {
 // (WEFT_PRINT_GRAD_RATIOS=1 prints them), so 1% leaves 4x room while a gradient off by 1% or more,
 // or by a constant factor, fails.
 constexpr double kBf16NormDev = 0.01;
+// The CUDA tests compare bf16 across devices or kernels, where the norms have not been measured
+// yet: 3%, still failing a constant-factor error of that size.
+constexpr double kBf16DeviceNormDev = 0.03;
 
 double rel_err(const torch::Tensor& got, const torch::Tensor& want) {
   const torch::Tensor g = got.to(torch::kDouble), w = want.to(torch::kDouble);
@@ -602,7 +605,7 @@ TEST(ModelCuda, MatchesCpuAndIsDeterministic) {
         if (dtype == torch::kFloat) {
           EXPECT_LE(rel_err(g, cpu.grad(i)), tol) << gpu.spec(i).name;
         } else {
-          expect_same_gradient(g, cpu.grad(i), 0.99, kBf16NormDev, gpu.spec(i).name);
+          expect_same_gradient(g, cpu.grad(i), 0.99, kBf16DeviceNormDev, gpu.spec(i).name);
         }
         if (run == 0)
           first.push_back(g);
@@ -641,7 +644,8 @@ TEST(ModelCuda, FusedKernelsMatchReference) {
       if (dtype == torch::kFloat) {
         EXPECT_LE(rel_err(grads[1][i], grads[0][i]), tol) << i;
       } else {
-        expect_same_gradient(grads[1][i], grads[0][i], 0.999, kBf16NormDev, std::to_string(i));
+        expect_same_gradient(grads[1][i], grads[0][i], 0.999, kBf16DeviceNormDev,
+                             std::to_string(i));
       }
     }
   }
