@@ -1,6 +1,8 @@
-// Test helper: bitwise comparison of two committed checkpoints, key by key. Rank 0 reads both
-// (every chunk checksum-verified by the reader); other ranks return "". Any failure to read is a
-// difference, never a silent match.
+// Test helper: bitwise comparison of two committed checkpoints, key by key, and of the metadata
+// that decides a resume (iteration, consumed samples and tokens, optimizer steps and parameter
+// groups, LR scheduler, data position, RNG streams). Rank 0 reads both (every chunk
+// checksum-verified by the reader); other ranks return "". Any failure to read is a difference,
+// never a silent match.
 #pragma once
 
 #include <string>
@@ -43,6 +45,11 @@ inline std::string diff_checkpoints(const std::string& a, const std::string& b) 
   }
   for (const auto& [key, t] : ib)
     if (!ia.count(key)) out += "missing in A: " + key + "\n";
+  for (const char* k : {"iteration", "consumed_samples", "consumed_tokens", "optimizer",
+                        "lr_scheduler", "data", "rng", "skipped_iterations", "nan_iterations"}) {
+    const nlohmann::json va = ma.value(k, nlohmann::json()), vb = mb.value(k, nlohmann::json());
+    if (va != vb) out += std::string("metadata differs: ") + k + "\n";
+  }
   return out;
 }
 

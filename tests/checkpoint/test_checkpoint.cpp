@@ -107,6 +107,7 @@ TEST_P(Restart, BitwiseOnSameLayout) {
     r.ckpt_step = 2;
     r.save = dir + "/c";
     r.train_iters = 2;
+    r.lr.decay_iters = c.train_iters;  // the schedule of the runs that saved (from --train-iters)
     run_job(r, l.world, false, nullptr, nullptr,
             [](Trainer& t, const ProcessGroups&) { t.save(); });
     EXPECT_EQ(diff_checkpoints(dir + "/b/iter_0000002", dir + "/c/iter_0000002"), "");
@@ -147,6 +148,51 @@ TEST(Reshard, AnyLayoutResume) {
       }
     }
   }
+  if (test::world_rank() == 0) (void)weft::remove_tree(dir);
+}
+
+// diff_checkpoints itself can fail: a flipped byte (the chunk no longer reads), a changed
+// optimizer step count in the metadata, a missing key, and a checkpoint compared with itself.
+TEST(DiffCheckpoints, FailsOnPlantedDifferences) {
+  if (test::world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string dir = test::shared_temp_dir("diff");
+  TrainConfig c = small_config();
+  c.train_iters = 1;
+  c.save = dir + "/a";
+  run_job(c, 2);
+  const std::string a = dir + "/a/iter_0000001";
+  if (test::world_rank() == 0) {
+    EXPECT_EQ(diff_checkpoints(a, a), "");
+    fs::copy(dir + "/a", dir + "/flip", fs::copy_options::recursive);
+    const std::string f = dir + "/flip/iter_0000001/shard_00001.safetensors";
+    std::fstream s(f, std::ios::in | std::ios::out | std::ios::binary);
+    s.seekg(-3, std::ios::end);
+    char ch;
+    s.read(&ch, 1);
+    ch ^= 0x10;
+    s.seekp(-3, std::ios::end);
+    s.write(&ch, 1);
+    s.close();
+    EXPECT_NE(diff_checkpoints(a, dir + "/flip/iter_0000001").find("unreadable in B"),
+              std::string::npos);
+
+    fs::copy(dir + "/a", dir + "/meta", fs::copy_options::recursive);
+    const std::string m = dir + "/meta/iter_0000001/metadata.json";
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(m));
+    j["optimizer"]["steps"] = 7;
+    std::ofstream(m) << j.dump();
+    EXPECT_NE(diff_checkpoints(a, dir + "/meta/iter_0000001").find("metadata differs: optimizer"),
+              std::string::npos);
+
+    nlohmann::json k = nlohmann::json::parse(std::ifstream(m));
+    k["optimizer"]["steps"] = 1;
+    k["tensors"].erase("decoder.final_layernorm.weight");
+    std::ofstream(m) << k.dump();
+    EXPECT_NE(diff_checkpoints(a, dir + "/meta/iter_0000001")
+                  .find("missing in B: decoder.final_layernorm.weight"),
+              std::string::npos);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
   if (test::world_rank() == 0) (void)weft::remove_tree(dir);
 }
 

@@ -131,6 +131,7 @@ TEST_P(MoeScenario, BitwiseRestartPp2Ep2Mtp2) {
     r.ckpt_step = 2;
     r.save = dir + "/c";
     r.train_iters = 2;
+    r.lr.decay_iters = c.train_iters;  // the schedule of the runs that saved (from --train-iters)
     run_job(r, l.world, false, nullptr, nullptr,
             [](Trainer& t, const ProcessGroups&) { t.save(); });
     EXPECT_EQ(diff_checkpoints(dir + "/b/iter_0000002", dir + "/c/iter_0000002"), "");
