@@ -151,6 +151,17 @@ TEST(Reshard, AnyLayoutResume) {
   if (test::world_rank() == 0) (void)weft::remove_tree(dir);
 }
 
+// Flips one bit of the byte 3 from the end of `file` (inside the last tensor's data).
+void flip_byte_near_end(const std::string& file) {
+  std::fstream s(file, std::ios::in | std::ios::out | std::ios::binary);
+  s.seekg(-3, std::ios::end);
+  char ch;
+  s.read(&ch, 1);
+  ch ^= 0x10;
+  s.seekp(-3, std::ios::end);
+  s.write(&ch, 1);
+}
+
 // diff_checkpoints itself can fail: a flipped byte (the chunk no longer reads), a changed
 // optimizer step count in the metadata, a missing key, and a checkpoint compared with itself.
 TEST(DiffCheckpoints, FailsOnPlantedDifferences) {
@@ -164,15 +175,7 @@ TEST(DiffCheckpoints, FailsOnPlantedDifferences) {
   if (test::world_rank() == 0) {
     EXPECT_EQ(diff_checkpoints(a, a), "");
     fs::copy(dir + "/a", dir + "/flip", fs::copy_options::recursive);
-    const std::string f = dir + "/flip/iter_0000001/shard_00001.safetensors";
-    std::fstream s(f, std::ios::in | std::ios::out | std::ios::binary);
-    s.seekg(-3, std::ios::end);
-    char ch;
-    s.read(&ch, 1);
-    ch ^= 0x10;
-    s.seekp(-3, std::ios::end);
-    s.write(&ch, 1);
-    s.close();
+    flip_byte_near_end(dir + "/flip/iter_0000001/shard_00001.safetensors");
     EXPECT_NE(diff_checkpoints(a, dir + "/flip/iter_0000001").find("unreadable in B"),
               std::string::npos);
 
@@ -257,15 +260,7 @@ TEST(Refusals, EachWithItsOwnMessage) {
   if (test::world_rank() == 0) {
     fs::copy(good, dir + "/flip", fs::copy_options::recursive);
     fs::copy(good, dir + "/trunc", fs::copy_options::recursive);
-    const std::string f = dir + "/flip/iter_0000001/shard_00001.safetensors";
-    std::fstream s(f, std::ios::in | std::ios::out | std::ios::binary);
-    s.seekg(-3, std::ios::end);
-    char ch;
-    s.read(&ch, 1);
-    ch ^= 0x10;
-    s.seekp(-3, std::ios::end);
-    s.write(&ch, 1);
-    s.close();
+    flip_byte_near_end(dir + "/flip/iter_0000001/shard_00001.safetensors");
     const std::string t = dir + "/trunc/iter_0000001/shard_00000.safetensors";
     fs::resize_file(t, fs::file_size(t) / 2);
   }
