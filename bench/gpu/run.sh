@@ -15,6 +15,7 @@
 #   bash bench/gpu/run.sh hybrid      weft on the ~1B hybrid Mamba-2 model, then PyTorch eager
 #                                     (the chunked SSD in torch ops) and torch.compile
 #   bash bench/gpu/run.sh hfmamba     weft's Mamba-2 mixer against transformers' Mamba2Mixer
+#   bash bench/gpu/run.sh profhyb     a Kineto trace of weft's hybrid step, summarised
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PATH=/opt/torch/.venv/bin:$PATH
@@ -143,6 +144,13 @@ profile)
   echo "profile 125m rc=$?"; tail -2 "$OUT/prof125m.log" | cut -c1-300
   python3 bench/gpu/trace_summary.py "$OUT/prof125m/trace_rank0.json" --iters 2 --top 15
   gzip -f "$OUT"/prof*/trace_rank0.json
+  ;;
+profhyb)
+  ./$B/app/weft train --device cuda --bf16 "${HYB[@]}" --micro-batch-size 2 --global-batch-size 2 \
+    --train-iters 7 --profile --profile-step-start 5 --profile-step-end 6 --profile-dir "$OUT/profhyb" > "$OUT/profhyb.log" 2>&1
+  echo "profile hybrid rc=$?"; tail -2 "$OUT/profhyb.log" | cut -c1-300
+  python3 bench/gpu/trace_summary.py "$OUT/profhyb/trace_rank0.json" --iters 2 --top 30
+  gzip -f "$OUT"/profhyb/trace_rank0.json
   ;;
 ckpt)
   D=${WEFT_CKPT_DIR:-/tmp/weft-ckpt-bench}
