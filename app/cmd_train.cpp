@@ -12,6 +12,7 @@
 #include "weft/comm/communicator.h"
 #include "weft/comm/device.h"
 #include "weft/core/error.h"
+#include "weft/data/tokenizer.h"
 #include "weft/model/fused.h"
 #include "weft/model/hybrid.h"
 #include "weft/model/moe.h"
@@ -32,6 +33,9 @@ struct TrainArgs {
   std::string moe_layer_freq = "1";
   std::string hybrid_pattern, hybrid_override_pattern;
   CLI::Option* moe_layer_freq_opt = nullptr;
+  std::string tokenizer_type, tokenizer_model;
+  int vocab_divisible_by = 128;  // Megatron's --make-vocab-size-divisible-by
+  CLI::Option* vocab_size_opt = nullptr;
   int threads = 0;
 };
 
@@ -96,7 +100,7 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--micro-batch-size", t.micro_batch_size, "samples per microbatch");
   opt("--global-batch-size", t.global_batch_size, "samples per step over all replicas");
   opt("--train-iters", t.train_iters, "iterations to train");
-  opt("--seed", t.seed, "seed for initialisation and mock data");
+  opt("--seed", t.seed, "seed for initialisation and the data order");
   opt("--lr", t.lr.lr, "peak learning rate");
   opt("--min-lr", t.lr.min_lr, "final learning rate");
   opt("--lr-warmup-iters", t.lr.warmup_iters, "linear warmup iterations");
@@ -139,14 +143,53 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   c->add_flag("--no-fused-kernels", a->no_fused,
               "run RMSNorm, SwiGLU and RoPE as ATen op chains instead of weft's fused CUDA kernels");
   opt("--threads", a->threads, "intra-op threads per rank (0: cores / ranks on this host)");
+  c->add_flag("--mock-data", t.mock_data, "train on mock data (the default without --data-path)");
+  c->add_option("--data-path", t.data_path,
+                "dataset prefixes (P.bin/P.idx), optionally weighted: [W1] P1 [W2 P2 ...]")
+      ->expected(1, -1);
+  opt("--split", t.split, "train,valid,test weights over each dataset's documents");
+  opt("--data-cache-path", t.data_cache_path, "where the sample index caches go (default: beside the data)");
+  opt("--eval-interval", t.eval_interval, "evaluate on the valid split every N iterations (0: never)");
+  opt("--eval-iters", t.eval_iters, "global batches per evaluation");
+  opt("--tokenizer-type", a->tokenizer_type, "SentencePieceTokenizer");
+  opt("--tokenizer-model", a->tokenizer_model, "the tokenizer's model file");
+  opt("--make-vocab-size-divisible-by", a->vocab_divisible_by,
+      "without --vocab-size, pad the tokenizer's vocabulary to a multiple of this");
+  a->vocab_size_opt = c->get_option("--vocab-size");
+  c->add_flag("--override-tokenizer", t.override_tokenizer,
+              "load a checkpoint trained with another tokenizer");
   add_layout_flags(c, &t.layout);
+}
+
+// --tokenizer-type/--tokenizer-model: loads the tokenizer, records its identity, and sizes the
+// vocabulary from it unless --vocab-size was given (then the tokenizer must fit in it).
+void resolve_tokenizer(TrainArgs* a) {
+  TrainConfig& t = a->cfg;
+  if (a->tokenizer_model.empty()) {
+    if (!a->tokenizer_type.empty() && a->tokenizer_type != "NullTokenizer")
+      fail_usage("--tokenizer-type {} needs --tokenizer-model", a->tokenizer_type);
+    return;
+  }
+  if (a->tokenizer_type.empty()) a->tokenizer_type = "SentencePieceTokenizer";
+  if (a->vocab_divisible_by < 1)
+    fail_usage("--make-vocab-size-divisible-by must be >= 1 (got {})", a->vocab_divisible_by);
+  const std::unique_ptr<Tokenizer> tok = make_tokenizer(a->tokenizer_type, a->tokenizer_model);
+  t.tokenizer_identity = tok->identity();
+  const int64_t n = tok->vocab_size();
+  if (a->vocab_size_opt->count() == 0) {
+    t.model.vocab_size = static_cast<int>((n + a->vocab_divisible_by - 1) / a->vocab_divisible_by *
+                                          a->vocab_divisible_by);
+  } else if (n > t.model.vocab_size) {
+    fail_usage("--tokenizer-model {} has {} tokens, more than --vocab-size {}", a->tokenizer_model,
+               n, t.model.vocab_size);
+  }
 }
 
 }  // namespace
 
 void add_train_command(CLI::App* app, int* argc, char*** argv) {
   auto a = std::make_shared<TrainArgs>();
-  CLI::App* c = app->add_subcommand("train", "pretrain a Llama-style model (mock data)");
+  CLI::App* c = app->add_subcommand("train", "pretrain a model on Megatron indexed datasets or mock data");
   add_flags(c, a.get());
   c->callback([a, argc, argv] {
     TrainConfig& t = a->cfg;
@@ -169,6 +212,7 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
       if (t.model.num_layers < 1) fail_usage("--num-layers must be >= 1 (got {})", t.model.num_layers);
       t.model.moe_layer_pattern = parse_moe_layer_freq(a->moe_layer_freq, t.model.num_layers);
     }
+    resolve_tokenizer(a.get());
     fused::set_enabled(!a->no_fused);
     MpiRuntime mpi(argc, argv);
     set_error_rank(mpi.world_rank());

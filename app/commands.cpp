@@ -2,6 +2,8 @@
 #include "commands.h"
 
 #include "cmd_ckpt.h"
+#include "cmd_data.h"
+#include "cmd_generate.h"
 #include "cmd_train.h"
 
 namespace weft::app {
@@ -13,6 +15,8 @@ void add_more_commands(CLI::App* app, int argc, char** argv) {
   s_argv = argv;
   add_train_command(app, &s_argc, &s_argv);
   add_ckpt_command(app);
+  add_data_command(app);
+  add_generate_command(app);
 }
 
 }  // namespace weft::app

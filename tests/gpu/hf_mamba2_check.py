@@ -12,7 +12,8 @@ and string metadata hidden, state, head_dim, groups, heads, chunk, eps (the pre-
 
 transformers' Mamba2Mixer has no pre-norm (Mamba2Block applies it outside), so the pre-norm is
 computed here, in float32: x * rsqrt(mean(x^2) + eps) * in_proj.layer_norm_weight. Then
-Mamba2Mixer.torch_forward (not the CUDA-kernel path) with weft's weights, in float32 with TF32 off.
+Mamba2Mixer's plain-torch path (torch_forward in transformers 4.x; forward in eval mode, without
+a cache and with the hub kernels unreachable, in 5.x) with weft's weights, in float32 with TF32 off.
 Its gated norm (MambaRMSNormGated: multiply by silu(gate), then RMS-normalise over the whole
 inner width with eps = config.layer_norm_epsilon, then the weight) equals weft's per-group norm
 (eps 1e-5) only with one group, so groups must be 1. dt = softplus(dt + dt_bias) is clamped to
@@ -91,8 +92,6 @@ def build_mixer(meta, device):
     except Exception as e:  # noqa: BLE001
         fail(f"Mamba2Mixer(config, layer_idx=0) failed: {type(e).__name__}: {e}")
     mixer = mixer.to(device=device, dtype=torch.float32).eval()
-    if not hasattr(mixer, "torch_forward"):
-        fail("Mamba2Mixer has no torch_forward")
     # The mixer reads these from the config; check they came out as weft's.
     want = {"intermediate_size": nh * hd, "num_heads": nh, "head_dim": hd,
             "n_groups": meta["groups"], "ssm_state_size": meta["state"],
@@ -154,10 +153,14 @@ def main():
         x = tensors["x"].to(device=device, dtype=torch.float32)
         w = tensors["in_proj.layer_norm_weight"].to(device=device, dtype=torch.float32)
         xn = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+        # transformers 4.x: torch_forward is the plain-torch path. 5.x: forward in eval mode with
+        # no cache runs the torch chunk scan (the fused kernel is only tried when training, and
+        # the hub kernels are not reachable offline, so the torch fallbacks run).
+        run = getattr(mixer, "torch_forward", None) or mixer.forward
         try:
-            out = mixer.torch_forward(xn)
+            out = run(xn)
         except Exception as e:  # noqa: BLE001
-            fail(f"Mamba2Mixer.torch_forward(hidden_states) failed: {type(e).__name__}: {e}")
+            fail(f"Mamba2Mixer {run.__name__}(hidden_states) failed: {type(e).__name__}: {e}")
         if isinstance(out, (tuple, list)):
             out = out[0]
         y = tensors["y"].to(device=device, dtype=torch.float32)

@@ -10,14 +10,17 @@
 
 #include <cstdint>
 
+#include "weft/data/token_dataset.h"
+
 namespace weft {
 
-class MockDataset {
+class MockDataset : public TokenDataset {
  public:
   MockDataset(uint64_t seed, int vocab_size, int seq_length);
   // `count` consecutive samples starting at `first`: tokens [count, seq] and labels [count, seq]
   // (labels are the tokens shifted by one), int64 on the CPU.
-  void batch(int64_t first, int count, at::Tensor* tokens, at::Tensor* labels) const;
+  void batch(int64_t first, int count, at::Tensor* tokens, at::Tensor* labels) const override;
+  int64_t size() const override { return -1; }  // unbounded
 
  private:
   uint64_t seed_;

@@ -27,9 +27,17 @@ namespace weft {
 
 // The SSD scan. x [b, s, nh, hd], dt [b, s, nh] (positive), A [nh] (negative), B and C
 // [b, s, ng, ds]. Returns y [b, s, nh, hd] (without the D skip) in x's dtype, for any s (the
-// last chunk is padded). With autograd.
+// last chunk is padded). With autograd. The decays (cumulative sums of dt A and their
+// exponentials) are computed in x's accumulation dtype; the matmul operands (dt x, B, C, the
+// decay-weighted C.B, the chunk states) in `io_dtype` (Undefined: the accumulation dtype).
+// bf16 models pass bf16, as Mamba-2's fused kernels do: tensor-core matmuls with float32
+// accumulation, half the memory traffic.
 at::Tensor ssd_chunked(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
-                       const at::Tensor& B, const at::Tensor& C, int64_t chunk);
+                       const at::Tensor& B, const at::Tensor& C, int64_t chunk,
+                       c10::ScalarType io_dtype = c10::ScalarType::Undefined);
+
+// The io_dtype mamba_mixer gives ssd_chunked for a model of `model_dtype`.
+c10::ScalarType mamba_ssd_io_dtype(c10::ScalarType model_dtype);
 
 struct MambaHandles {
   ParamHandle in_proj_norm;  // mixer.in_proj.layer_norm_weight [h]
@@ -45,6 +53,34 @@ struct MambaHandles {
 
 // The mixer on x [b, s, h] (the layer's input: the pre-norm is inside). Returns [b, s, h].
 at::Tensor mamba_mixer(const at::Tensor& x, const MambaHandles& w, const ModelConfig& cfg);
+
+// mamba_mixer's pieces, for incremental decoding (model/generate.h). mamba_mixer(x) is
+//   p = mamba_in_proj(x); xbc = silu(causal_conv1d(p.xbc in acc dtype, conv weight, bias));
+//   in = mamba_scan_inputs(xbc, p.dt); y = ssd_chunked(in...) + in.x * D;
+//   mamba_out_proj(y, p.z, .., x's dtype)
+// with acc = ops::accum_dtype(x's dtype).
+struct MambaProjections {
+  at::Tensor z;    // [b, s, di] the gate
+  at::Tensor xbc;  // [b, s, di + 2 ng ds] the conv's input (x, B, C before the conv)
+  at::Tensor dt;   // [b, s, nh] dt before softplus and dt_bias
+};
+// in_proj(rmsnorm(x) * in_proj.layer_norm_weight), split; in x's dtype.
+MambaProjections mamba_in_proj(const at::Tensor& x, const MambaHandles& w, const ModelConfig& cfg);
+struct MambaScanInputs {
+  at::Tensor x;     // [b, s, nh, hd]
+  at::Tensor B, C;  // [b, s, ng, ds]
+  at::Tensor dt;    // [b, s, nh] softplus(dt + dt_bias), positive
+  at::Tensor A;     // [nh] -exp(A_log), negative
+  at::Tensor D;     // [nh]
+};
+// The scan's inputs from the conv's (silu-activated) output xbc [b, s, di + 2 ng ds] in the
+// accumulation dtype and the raw dt [b, s, nh]; all in xbc's dtype.
+MambaScanInputs mamba_scan_inputs(const at::Tensor& xbc, const at::Tensor& dt_raw,
+                                  const MambaHandles& w, const ModelConfig& cfg);
+// out_proj(rmsnorm_per_group(y * silu(z)) * norm.weight) for y [b, s, nh, hd] (with the D skip)
+// in the accumulation dtype, cast to `dtype` before out_proj. Returns [b, s, h].
+at::Tensor mamba_out_proj(const at::Tensor& y, const at::Tensor& z, const MambaHandles& w,
+                          const ModelConfig& cfg, c10::ScalarType dtype);
 
 // Causal depthwise conv over time of x [b, s, c] with taps w [c, 1, k] and bias [c]:
 // y_t = bias + sum_j w[:, 0, j] * x_{t-k+1+j} (zeros before the start). Written as k shifted

@@ -68,11 +68,11 @@ ParamSpec spec(std::string name, std::vector<int64_t> shape, InitKind init, bool
   return s;
 }
 
-// Rotate-half RoPE on x [b, heads, s, hd]; cos/sin [>= s, hd].
-at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& rope) {
+// Rotate-half RoPE on x [b, heads, s, hd] at positions [pos, pos + s); cos/sin [>= pos + s, hd].
+at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& rope, int64_t pos) {
   const int64_t s = x.size(2), half = x.size(3) / 2;
-  const at::Tensor cos = rope.cos.narrow(0, 0, s);
-  const at::Tensor sin = rope.sin.narrow(0, 0, s);
+  const at::Tensor cos = rope.cos.narrow(0, pos, s);
+  const at::Tensor sin = rope.sin.narrow(0, pos, s);
   const at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * cos + rotated * sin;
 }
@@ -423,54 +423,63 @@ at::Tensor swiglu_mlp(const at::Tensor& x, ParamHandle fc1, ParamHandle fc2, int
   return ops::linear(act, fc2);
 }
 
-namespace {
-
-// x + attention(input_layernorm(x)).
-at::Tensor attention_block(const at::Tensor& x, const LayerHandles& w, const RotaryTables& rope,
-                           const ModelConfig& cfg) {
+AttentionQkv attention_qkv(const at::Tensor& x, const LayerHandles& w, const RotaryTables& rope,
+                           const ModelConfig& cfg, int64_t pos) {
   const int64_t nh = cfg.num_attention_heads, ng = cfg.num_query_groups;
   const int64_t hd = cfg.head_dim(), r = nh / ng;
   const int64_t b = x.size(0), s = x.size(1);
-  WEFT_CHECK(rope.cos.defined() && s <= rope.cos.size(0) && rope.cos.size(1) == hd,
-             "decoder_layer: sequence {} needs rotary tables of at least [{}, {}]", s, s, hd);
+  WEFT_CHECK(rope.cos.defined() && pos >= 0 && pos + s <= rope.cos.size(0) &&
+                 rope.cos.size(1) == hd,
+             "decoder_layer: positions [{}, {}) need rotary tables of at least [{}, {}]", pos,
+             pos + s, pos + s, hd);
   // Fused rows per group g: r query heads, then g's key head, then its value head.
   const at::Tensor qkv =
       ops::linear(ops::rms_norm(x, w.input_layernorm, cfg.norm_epsilon), w.linear_qkv)
           .view({b, s, ng, r + 2, hd});
-  at::Tensor q, k, v;  // [b, nh, s, hd], [b, ng, s, hd], [b, ng, s, hd]
+  AttentionQkv out;
   if (fused::usable(qkv) && rope.cos.scalar_type() == qkv.scalar_type()) {
     // One kernel: rotated q and k and a copy of v, each [b, s, heads, hd] contiguous.
     auto [qr, kr, vr] =
-        fused::rope_qkv(qkv, rope.cos.narrow(0, 0, s), rope.sin.narrow(0, 0, s));
-    q = qr.transpose(1, 2);
-    k = kr.transpose(1, 2);
-    v = vr.transpose(1, 2);
+        fused::rope_qkv(qkv, rope.cos.narrow(0, pos, s), rope.sin.narrow(0, pos, s));
+    out.q = qr.transpose(1, 2);
+    out.k = kr.transpose(1, 2);
+    out.v = vr.transpose(1, 2);
   } else {
-    q = apply_rotary(qkv.narrow(3, 0, r).reshape({b, s, nh, hd}).transpose(1, 2), rope);
-    k = apply_rotary(qkv.select(3, r).transpose(1, 2), rope);
-    v = qkv.select(3, r + 1).transpose(1, 2);
+    out.q = apply_rotary(qkv.narrow(3, 0, r).reshape({b, s, nh, hd}).transpose(1, 2), rope, pos);
+    out.k = apply_rotary(qkv.select(3, r).transpose(1, 2), rope, pos);
+    out.v = qkv.select(3, r + 1).transpose(1, 2);
   }
-  const at::Tensor attn = compat::causal_attention_gqa(q, k, v)
-                              .transpose(1, 2)
-                              .reshape({b, s, nh * hd});
-  return x + ops::linear(attn, w.linear_proj);
+  return out;
 }
 
-}  // namespace
+at::Tensor attention_residual(const at::Tensor& x, const at::Tensor& attn, const LayerHandles& w,
+                              const ModelConfig& cfg) {
+  const int64_t nh = cfg.num_attention_heads, hd = cfg.head_dim();
+  return x + ops::linear(attn.transpose(1, 2).reshape({x.size(0), x.size(1), nh * hd}),
+                         w.linear_proj);
+}
+
+at::Tensor mlp_block(const at::Tensor& x, const LayerHandles& w, const ModelConfig& cfg,
+                     at::Tensor* aux_loss) {
+  // MLP: SwiGLU (fc1 rows [0, ffn) are the gate, [ffn, 2*ffn) the up projection) or MoE.
+  if (!w.pre_mlp_layernorm.source) return x;
+  const at::Tensor xn = ops::rms_norm(x, w.pre_mlp_layernorm, cfg.norm_epsilon);
+  if (w.experts)
+    return x + moe_mlp(xn, w.router, w.shared_fc1, w.shared_fc2, *w.experts, cfg, aux_loss);
+  return x + swiglu_mlp(xn, w.linear_fc1, w.linear_fc2, cfg.ffn_hidden_size);
+}
 
 at::Tensor decoder_layer(const at::Tensor& x, const LayerHandles& w, const RotaryTables& rope,
                          const ModelConfig& cfg, at::Tensor* aux_loss) {
   const int64_t h = cfg.hidden_size;
   WEFT_CHECK(x.dim() == 3 && x.size(2) == h, "decoder_layer: input must be [b, s, {}]", h);
   at::Tensor hidden = x;
-  if (w.linear_qkv.source) hidden = attention_block(hidden, w, rope, cfg);
+  if (w.linear_qkv.source) {  // x + attention(input_layernorm(x))
+    const AttentionQkv a = attention_qkv(hidden, w, rope, cfg, 0);
+    hidden = attention_residual(hidden, compat::causal_attention_gqa(a.q, a.k, a.v), w, cfg);
+  }
   if (w.mamba.in_proj.source) hidden = hidden + mamba_mixer(hidden, w.mamba, cfg);
-  // MLP: SwiGLU (fc1 rows [0, ffn) are the gate, [ffn, 2*ffn) the up projection) or MoE.
-  if (!w.pre_mlp_layernorm.source) return hidden;
-  const at::Tensor xn = ops::rms_norm(hidden, w.pre_mlp_layernorm, cfg.norm_epsilon);
-  if (w.experts)
-    return hidden + moe_mlp(xn, w.router, w.shared_fc1, w.shared_fc2, *w.experts, cfg, aux_loss);
-  return hidden + swiglu_mlp(xn, w.linear_fc1, w.linear_fc2, cfg.ffn_hidden_size);
+  return mlp_block(hidden, w, cfg, aux_loss);
 }
 
 at::Tensor mtp_layer(const at::Tensor& h_prev, const at::Tensor& emb, const MtpHandles& w,

@@ -102,6 +102,8 @@ MtpHandles mtp_handles(ParamSource* source, int first, const ModelConfig& cfg, i
                        const std::vector<MoeExperts*>& experts);
 
 // cos/sin tables for positions [0, seq_length), shape [seq, head_dim], in `dtype` on `device`.
+// Row p is cos/sin of p * base^(-2i/hd) whatever seq_length: tables for a longer
+// cfg.seq_length cover later positions (model/generate.h does so past seq_length).
 struct RotaryTables {
   at::Tensor cos, sin;
 };
@@ -115,6 +117,24 @@ at::Tensor swiglu_mlp(const at::Tensor& x, ParamHandle fc1, ParamHandle fc2, int
 // *aux_loss when given (see moe.h).
 at::Tensor decoder_layer(const at::Tensor& x, const LayerHandles& w, const RotaryTables& rope,
                          const ModelConfig& cfg, at::Tensor* aux_loss = nullptr);
+// decoder_layer's pieces, for callers that run attention over cached keys and values
+// (model/generate.h). decoder_layer(x) is, for a layer with attention:
+//   a = attention_qkv(x, .., 0); h = attention_residual(x, causal_attention_gqa(a.q, a.k, a.v))
+// then h + mamba_mixer(h) for a Mamba layer, then mlp_block(h).
+// q [b, nh, s, hd], k and v [b, ng, s, hd] of the layer's attention on x [b, s, h] (the
+// input_layernorm is inside), q and k rotated for the absolute positions [pos, pos + s).
+struct AttentionQkv {
+  at::Tensor q, k, v;
+};
+AttentionQkv attention_qkv(const at::Tensor& x, const LayerHandles& w, const RotaryTables& rope,
+                           const ModelConfig& cfg, int64_t pos = 0);
+// x + linear_proj(attn), attn [b, nh, s, hd] the attention's output per head.
+at::Tensor attention_residual(const at::Tensor& x, const at::Tensor& attn, const LayerHandles& w,
+                              const ModelConfig& cfg);
+// x + mlp(pre_mlp_layernorm(x)) with the layer's SwiGLU MLP or MoE (aux loss as in
+// decoder_layer); x itself for a layer without an MLP.
+at::Tensor mlp_block(const at::Tensor& x, const LayerHandles& w, const ModelConfig& cfg,
+                     at::Tensor* aux_loss = nullptr);
 // One MTP depth (Megatron's MultiTokenPredictionLayer): h_prev [b, s, h] is the previous
 // depth's normalised output (the decoder's after final_layernorm for the first depth), emb
 // [b, s, h] the embedding of the input tokens rolled left by this depth. Computes

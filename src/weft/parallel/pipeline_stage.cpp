@@ -201,7 +201,8 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
   // This microbatch's share of the step: micro batch / global batch.
   const double share = loss_scale * static_cast<double>(input.size(0)) * cfg_.seq_length;
   if (!is_last()) {
-    if (at::Tensor obj = account_aux(aux, share); obj.defined()) aux_objective_[mb] = obj;
+    at::Tensor obj = account_aux(aux, share);
+    if (obj.defined() && at::GradMode::is_enabled()) aux_objective_[mb] = obj;
     return x;
   }
   next();

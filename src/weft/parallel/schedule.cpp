@@ -3,6 +3,7 @@
 #include "weft/parallel/schedule.h"
 
 #include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
 
 #include <deque>
 
@@ -33,7 +34,7 @@ class Runner {
     if (stage_.is_first() || stage_.is_last()) b = batch_(mb);
     at::Tensor in = input;
     if (!stage_.is_first()) {
-      in.requires_grad_(true);
+      if (at::GradMode::is_enabled()) in.requires_grad_(true);
     } else {
       in = b.tokens;
     }
@@ -141,6 +142,21 @@ at::Tensor run_1f1b(PipelineStage& stage, Communicator& pp, int num_microbatches
     r.send_backward(grad_in);
   }
   WEFT_CHECK(inflight.empty(), "1F1B left {} microbatches in flight", inflight.size());
+  return stage.losses();
+}
+
+at::Tensor run_forward_only(PipelineStage& stage, Communicator& pp, int num_microbatches,
+                            int micro_batch_size, const std::function<Microbatch(int)>& batch,
+                            double loss_scale) {
+  WEFT_CHECK(pp.size() == stage.num_stages(), "pp communicator has {} members, stages {}",
+             pp.size(), stage.num_stages());
+  at::NoGradGuard no_grad;
+  Runner r(stage, pp, micro_batch_size, batch, loss_scale);
+  stage.reset_losses();
+  for (int m = 0; m < num_microbatches; ++m) {
+    at::Tensor in = r.recv_forward();
+    r.send_forward(r.forward(m, in).output);
+  }
   return stage.losses();
 }
 

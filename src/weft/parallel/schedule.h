@@ -32,4 +32,11 @@ at::Tensor run_1f1b(PipelineStage& stage, Communicator& pp, int num_microbatches
                 int micro_batch_size, const std::function<Microbatch(int)>& batch,
                 double loss_scale);
 
+// Forward only (evaluation): every microbatch through the stages in order, under no-grad, with
+// the same transfers as 1F1B's forwards; no gradient state is touched. Returns the stage's
+// losses() as run_1f1b does.
+at::Tensor run_forward_only(PipelineStage& stage, Communicator& pp, int num_microbatches,
+                            int micro_batch_size, const std::function<Microbatch(int)>& batch,
+                            double loss_scale);
+
 }  // namespace weft

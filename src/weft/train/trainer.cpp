@@ -15,6 +15,7 @@
 #include <fmt/ranges.h>
 
 #include "weft/checkpoint/checkpoint.h"
+#include "weft/data/tokenizer.h"
 #include "weft/comm/device.h"
 #include "weft/core/error.h"
 #include "weft/parallel/grad_access.h"
@@ -71,7 +72,9 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
       {"micro_batch_size", c.micro_batch_size}, {"global_batch_size", c.global_batch_size},
       {"train_iters", c.train_iters}, {"overlap_param_gather", c.overlap_param_gather},
       {"overlap_grad_reduce", c.overlap_grad_reduce}, {"seed", c.seed}, {"device", c.device},
-      {"save_interval", c.save_interval}};
+      {"save_interval", c.save_interval},
+      {"data", {{"mock_data", c.data_path.empty()}, {"data_path", c.data_path}, {"split", c.split},
+                {"eval_interval", c.eval_interval}, {"eval_iters", c.eval_iters}}}};
 }
 
 nlohmann::json layout_to_json(const Mesh& mesh, const TrainConfig& c) {
@@ -142,14 +145,16 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   if (c.exit_interval < 0) fail_usage("--exit-interval must be >= 0");
   if (c.exit_duration_mins < 0) fail_usage("--exit-duration-in-mins must be >= 0");
   validate_profile_config(c.profile);
+  validate_data_config(c);
   for (int r : c.profile.ranks)
     if (c.profile.enabled && r >= world_size)
       fail_usage("--profile-ranks: rank {} is outside the world of {} ranks", r, world_size);
 }
 
 Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
-    : cfg_(cfg), groups_(groups), data_(cfg.seed, cfg.model.vocab_size, cfg.model.seq_length) {
+    : cfg_(cfg), groups_(groups) {
   validate_train_config(cfg_, groups.mesh().world_size());
+  data_ = std::make_unique<TrainData>(cfg_, groups.control(), groups.rank());
   if (cfg_.lr.decay_iters < 0) cfg_.lr.decay_iters = cfg_.train_iters;
   const Mesh& mesh = groups.mesh();
   StageOptions so;
@@ -174,6 +179,7 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
     req.layout = layout_to_json(mesh, cfg_);
     nlohmann::json meta = load_checkpoint(req, *stage_, *optimizer_, groups);
     if (!meta.is_null()) {
+      check_tokenizer(meta);
       iteration_ = meta.value("iteration", 0);
       consumed_samples_ = meta.value("consumed_samples", int64_t{0});
       skipped_iters_ = meta.value("skipped_iterations", 0);
@@ -202,7 +208,9 @@ void Trainer::save() {
                        {"warmup_iters", cfg_.lr.warmup_iters},
                        {"decay_iters", cfg_.lr.decay_iters}, {"style", cfg_.lr.style},
                        {"iteration", iteration_}};
-  m["data"] = {{"kind", "mock"}, {"seed", cfg_.seed}, {"consumed_samples", consumed_samples_}};
+  m["data"] = data_->identity();
+  m["data"]["consumed_samples"] = consumed_samples_;
+  if (!cfg_.tokenizer_identity.is_null()) m["tokenizer"] = cfg_.tokenizer_identity;
   nlohmann::json groups = nlohmann::json::object();
   for (const FsdpUnit* u : optimizer_->units())
     for (int i = 0; i < u->num_params(); ++i) {
@@ -226,12 +234,47 @@ Microbatch Trainer::microbatch(int m) const {
   const int64_t first = consumed_samples_ + dp_rank_ * per_rank +
                         static_cast<int64_t>(m) * cfg_.micro_batch_size;
   Microbatch b;
-  data_.batch(first, cfg_.micro_batch_size, &b.tokens, &b.labels);
-  if (stage_->options().device.is_cuda()) {
-    b.tokens = b.tokens.to(stage_->options().device);
-    b.labels = b.labels.to(stage_->options().device);
-  }
+  data_->fetch(false, first, cfg_.micro_batch_size, stage_->options().device, &b.tokens,
+               &b.labels);
   return b;
+}
+
+void Trainer::check_tokenizer(const nlohmann::json& meta) const {
+  const nlohmann::json saved = meta.value("tokenizer", nlohmann::json());
+  const nlohmann::json& mine = cfg_.tokenizer_identity;
+  if (saved.is_null() || mine.is_null() || same_tokenizer(saved, mine)) return;
+  if (cfg_.override_tokenizer) {
+    if (groups_.rank() == 0 && !cfg_.quiet)
+      fmt::print("weft train: warning: --override-tokenizer: the checkpoint was trained with "
+                 "tokenizer {}, this run uses {}\n", saved.dump(), mine.dump());
+    return;
+  }
+  fail_usage("--tokenizer-model: {} differs from the tokenizer the checkpoint {} was trained "
+             "with ({}); pass --override-tokenizer to load it anyway",
+             mine.dump(), cfg_.load, saved.dump());
+}
+
+double Trainer::evaluate() {
+  WEFT_CHECK(data_->has_valid(), "evaluate() without a valid split (--eval-iters/--eval-interval)");
+  at::NoGradGuard no_grad;
+  const int64_t per_rank = static_cast<int64_t>(cfg_.micro_batch_size) * num_microbatches_;
+  const double loss_scale = 1.0 / (static_cast<double>(cfg_.global_batch_size) *
+                                   cfg_.model.seq_length * cfg_.eval_iters);
+  const c10::Device dev = stage_->options().device;
+  at::Tensor sum = at::zeros({3}, at::TensorOptions().dtype(at::kDouble).device(dev));
+  for (int k = 0; k < cfg_.eval_iters; ++k) {
+    auto batch = [&](int m) {
+      const int64_t first = static_cast<int64_t>(k) * cfg_.global_batch_size +
+                            dp_rank_ * per_rank + static_cast<int64_t>(m) * cfg_.micro_batch_size;
+      Microbatch b;
+      data_->fetch(true, first, cfg_.micro_batch_size, dev, &b.tokens, &b.labels);
+      return b;
+    };
+    sum.add_(run_forward_only(*stage_, *groups_.get("pp"), num_microbatches_,
+                              cfg_.micro_batch_size, batch, loss_scale));
+  }
+  groups_.world().all_reduce(sum, ReduceOp::kSum);
+  return sum[0].item<double>();
 }
 
 IterationStats Trainer::train_step() {
@@ -352,6 +395,25 @@ Trainer::StateBytes Trainer::state_bytes(bool experts) const {
   return b;
 }
 
+void Trainer::report_validation(const std::string& when, FILE* jsonl) {
+  const double loss = evaluate();
+  const double ppl = std::exp(std::min(20.0, loss));  // as Megatron: capped at exp(20)
+  last_valid_loss_ = loss;
+  if (groups_.rank() != 0) return;
+  if (!cfg_.quiet) {
+    const std::string line = fmt::format(" validation loss at {} | lm loss value: {:.6E} | lm "
+                                         "loss PPL: {:.6E} | ", when, loss, ppl);
+    const std::string rule(line.size() + 1, '-');
+    fmt::print("{}\n{}\n{}\n", rule, line, rule);
+    std::fflush(stdout);
+  }
+  if (jsonl) {
+    std::fprintf(jsonl, "{\"iteration\": %d, \"valid_lm_loss\": %.17g, \"valid_lm_loss_ppl\": %.17g}\n",
+                 iteration_, loss, ppl);
+    std::fflush(jsonl);
+  }
+}
+
 std::vector<IterationStats> Trainer::train() {
   const bool rank0 = groups_.rank() == 0;
   FILE* jsonl = nullptr;
@@ -408,6 +470,8 @@ std::vector<IterationStats> Trainer::train() {
                    s.aux_loss, s.mtp_loss, s.grad_norm, s.lr, s.tokens_per_sec, s.ms, s.skipped ? "true" : "false");
       std::fflush(jsonl);
     }
+    if (data_->has_valid() && iteration_ % cfg_.eval_interval == 0)
+      report_validation(fmt::format("iteration {}", iteration_), jsonl);
     if (!cfg_.save.empty() && cfg_.save_interval > 0 && iteration_ % cfg_.save_interval == 0)
       save();
     // Every rank takes the same exit decision: one all-reduce of the local reasons.
@@ -428,6 +492,8 @@ std::vector<IterationStats> Trainer::train() {
                                                               : "--exit-interval");
     }
   }
+  if (data_->has_valid() && iteration_ > 0 && iteration_ % cfg_.eval_interval != 0)
+    report_validation("the end of training", jsonl);
   if (!cfg_.save.empty() && last_saved_ != iteration_ && iteration_ > 0) save();
   std::signal(SIGTERM, old_term);
   std::signal(SIGINT, old_int);

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,13 +24,13 @@
 #include <nlohmann/json.hpp>
 
 #include "weft/comm/communicator.h"
-#include "weft/data/mock_dataset.h"
 #include "weft/model/config.h"
 #include "weft/optim/adamw.h"
 #include "weft/optim/lr_schedule.h"
 #include "weft/parallel/pipeline_stage.h"
 #include "weft/parallel/schedule.h"
 #include "weft/train/profiler.h"
+#include "weft/train/train_data.h"
 
 namespace weft {
 
@@ -61,6 +62,18 @@ struct TrainConfig {
   double exit_duration_mins = 0;  // --exit-duration-in-mins: save and exit after this long
   ProfileConfig profile;        // --profile, --profile-step-start/-end, --profile-ranks, --profile-dir
   std::string moe_token_dispatcher_type = "alltoall";  // --moe-token-dispatcher-type
+  // Data (docs/data-format.md, docs/data-sampling.md): Megatron indexed datasets through
+  // GPTDataset sampling when --data-path is given, else mock data.
+  bool mock_data = false;              // --mock-data
+  std::vector<std::string> data_path;  // --data-path [W1] P1 [W2 P2 ...]
+  std::string split = "969,30,1";      // --split
+  std::string data_cache_path;         // --data-cache-path ("": beside the data)
+  int eval_interval = 1000;            // --eval-interval (0: never)
+  int eval_iters = 100;                // --eval-iters (global batches per evaluation)
+  // The tokenizer's identity (Tokenizer::identity(); null without --tokenizer-model), stored
+  // in checkpoints; a load with another tokenizer is refused unless override_tokenizer.
+  nlohmann::json tokenizer_identity;
+  bool override_tokenizer = false;     // --override-tokenizer
 };
 
 // The whole config as JSON (stored in checkpoints) and the layout part of it.
@@ -93,6 +106,11 @@ class Trainer {
   // Runs until cfg.train_iters (or an exit condition: SIGTERM/SIGINT, --exit-interval,
   // --exit-duration-in-mins), printing, logging and saving; returns every iteration's stats.
   std::vector<IterationStats> train();
+  // The mean lm loss over --eval-iters global batches of the valid split (collective; no
+  // training state changes). Requires has_validation().
+  double evaluate();
+  bool has_validation() const { return data_->has_valid(); }
+  double last_validation_loss() const { return last_valid_loss_; }  // 0 before the first
   // Saves the current state to cfg.save as this iteration (collective).
   void save();
   int64_t consumed_samples() const { return consumed_samples_; }
@@ -110,12 +128,16 @@ class Trainer {
 
  private:
   Microbatch microbatch(int m) const;
+  // Refuses a checkpoint trained with another tokenizer (unless --override-tokenizer).
+  void check_tokenizer(const nlohmann::json& meta) const;
+  // Evaluates, prints Megatron's validation block on rank 0 and appends it to the JSONL.
+  void report_validation(const std::string& when, FILE* jsonl);
 
   TrainConfig cfg_;
   const ProcessGroups& groups_;
   std::unique_ptr<PipelineStage> stage_;
   std::unique_ptr<ShardedAdamW> optimizer_;
-  MockDataset data_;
+  std::unique_ptr<TrainData> data_;
   int num_microbatches_ = 1;
   int dp_rank_ = 0;
   int iteration_ = 0;
@@ -123,6 +145,7 @@ class Trainer {
   int skipped_iters_ = 0;
   int nan_iters_ = 0;
   int last_saved_ = -1;
+  double last_valid_loss_ = 0;
 };
 
 // Set by SIGTERM/SIGINT while Trainer::train runs; checked once per iteration by every rank.

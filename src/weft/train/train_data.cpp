@@ -1,0 +1,116 @@
+// TrainData (see train_data.h).
+#include "weft/train/train_data.h"
+
+#include <ATen/Functions.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include "weft/core/error.h"
+#include "weft/data/gpt_dataset.h"
+#include "weft/data/indexed_dataset.h"
+#include "weft/data/mock_dataset.h"
+#include "weft/train/trainer.h"
+
+namespace weft {
+namespace {
+
+// Mock data's valid stream: another seed, so it never repeats a training sample's rule.
+constexpr uint64_t kMockValidSeedOffset = 0x5EED5EEDull;
+
+GptDataConfig gpt_config(const TrainConfig& c) {
+  GptDataConfig g;
+  g.blend = parse_data_path(c.data_path);
+  g.split = parse_split(c.split);
+  g.seq_length = c.model.seq_length;
+  g.seed = c.seed;
+  g.cache_path = c.data_cache_path;
+  return g;
+}
+
+bool wants_eval(const TrainConfig& c) { return c.eval_interval > 0 && c.eval_iters > 0; }
+
+}  // namespace
+
+void validate_data_config(const TrainConfig& c) {
+  if (c.eval_interval < 0) fail_usage("--eval-interval must be >= 0 (got {})", c.eval_interval);
+  if (c.eval_iters < 0) fail_usage("--eval-iters must be >= 0 (got {})", c.eval_iters);
+  if (c.data_path.empty()) {
+    if (!c.data_cache_path.empty()) fail_usage("--data-cache-path needs --data-path");
+    return;
+  }
+  if (c.mock_data) fail_usage("--mock-data and --data-path both given; choose one");
+  const GptDataConfig g = gpt_config(c);  // parses --data-path and --split
+  for (const auto& [w, prefix] : g.blend)
+    for (const std::string& f : {idx_path(prefix), bin_path(prefix)})
+      if (!std::filesystem::is_regular_file(f))
+        fail_usage("--data-path: {} does not exist (a dataset prefix P needs P.idx and P.bin, "
+                   "written by `weft data preprocess`)", f);
+  if (!c.data_cache_path.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(c.data_cache_path, ec);
+    if (!std::filesystem::is_directory(c.data_cache_path))
+      fail_usage("--data-cache-path {}: not a directory and cannot be created", c.data_cache_path);
+  }
+}
+
+TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank)
+    : vocab_(c.model.vocab_size) {
+  const int64_t train_samples = static_cast<int64_t>(c.train_iters) * c.global_batch_size;
+  const int64_t valid_samples =
+      wants_eval(c) ? static_cast<int64_t>(c.eval_iters) * c.global_batch_size : 0;
+  if (c.data_path.empty()) {
+    train_ = std::make_unique<MockDataset>(c.seed, c.model.vocab_size, c.model.seq_length);
+    if (valid_samples > 0)
+      valid_ = std::make_unique<MockDataset>(c.seed + kMockValidSeedOffset, c.model.vocab_size,
+                                             c.model.seq_length);
+    identity_ = {{"kind", "mock"}, {"seed", c.seed}};
+    return;
+  }
+  const GptDataConfig g = gpt_config(c);
+  check_ids_ = true;
+  auto build = [&] {
+    train_ = make_gpt_dataset(g, DataSplit::kTrain, train_samples);
+    if (valid_samples > 0) valid_ = make_gpt_dataset(g, DataSplit::kValid, valid_samples);
+  };
+  // Rank 0 builds the caches; one all-reduce tells the others whether it succeeded.
+  std::string error;
+  if (rank == 0) {
+    try {
+      build();
+    } catch (const UsageError& e) {
+      error = e.what();
+    }
+  }
+  at::Tensor failed = at::full({1}, error.empty() ? 0.0f : 1.0f, at::kFloat);
+  if (control.size() > 1) control.all_reduce(failed, ReduceOp::kMax);
+  if (rank == 0 && !error.empty()) throw UsageError(error);
+  if (rank != 0) {
+    build();  // loads the caches rank 0 wrote (or raises rank 0's error again)
+    if (failed.item<float>() > 0)
+      throw UsageError("building the datasets failed on rank 0 (see its message)");
+  }
+  identity_ = gpt_data_identity(g);
+  identity_["kind"] = "gpt";
+}
+
+void TrainData::fetch(bool valid, int64_t first, int count, c10::Device device,
+                      at::Tensor* tokens, at::Tensor* labels) const {
+  const TokenDataset& d = valid ? *valid_ : *train_;
+  d.batch(first, count, tokens, labels);
+  if (check_ids_) {
+    const int64_t lo = std::min(tokens->min().item<int64_t>(), labels->min().item<int64_t>());
+    const int64_t hi = std::max(tokens->max().item<int64_t>(), labels->max().item<int64_t>());
+    if (lo < 0 || hi >= vocab_)
+      fail_usage("--data-path: {} sample {} holds token id {}, outside the model's vocabulary "
+                 "of {} (--vocab-size); the data was tokenized with another tokenizer",
+                 valid ? "valid" : "train", first, lo < 0 ? lo : hi, vocab_);
+  }
+  if (device.is_cuda()) {
+    *tokens = tokens->to(device, /*non_blocking=*/true);
+    *labels = labels->to(device, /*non_blocking=*/true);
+  }
+}
+
+}  // namespace weft

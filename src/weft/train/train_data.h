@@ -1,0 +1,54 @@
+// The trainer's data: the train and valid sample streams and the rule by which a rank picks
+// its samples. Sample indices are global (consumed samples), so the stream is the same on every
+// layout and continues exactly after a resume on any layout.
+//
+// Sources: Megatron indexed datasets through GPTDataset sampling (--data-path, --split,
+// --data-cache-path) or mock data (--mock-data, or no --data-path). The train split is asked
+// for train_iters x global_batch samples; the valid split for eval_iters x global_batch, and
+// every evaluation reads those same samples, so validation losses are comparable across
+// evaluations and a resumed run evaluates exactly what the uninterrupted one did.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "weft/comm/communicator.h"
+#include "weft/data/token_dataset.h"
+
+namespace weft {
+
+struct TrainConfig;
+
+// Checks the data flags of `cfg` (parses --data-path and --split, checks every prefix's .idx
+// and .bin exist, --mock-data vs --data-path, eval counts). Local: no collectives. Throws
+// UsageError naming the flag or the file.
+void validate_data_config(const TrainConfig& cfg);
+
+class TrainData {
+ public:
+  // Collective over `control` (the world's host-side communicator): rank 0 builds the index caches first, the others then load them
+  // (an error on rank 0 is reproduced by every rank building the same dataset, so each one
+  // throws the same UsageError).
+  TrainData(const TrainConfig& cfg, Communicator& control, int rank);
+
+  // Samples [first, first + count) of the train (or valid) stream, moved to `device`; tokens
+  // outside [0, vocab) are an error naming --data-path.
+  void fetch(bool valid, int64_t first, int count, c10::Device device, at::Tensor* tokens,
+             at::Tensor* labels) const;
+  bool has_valid() const { return valid_ != nullptr; }
+  // What the checkpoint records under "data" (besides the consumed samples).
+  const nlohmann::json& identity() const { return identity_; }
+
+ private:
+  std::unique_ptr<TokenDataset> train_, valid_;
+  nlohmann::json identity_;
+  int64_t vocab_ = 0;
+  bool check_ids_ = false;
+};
+
+}  // namespace weft
