@@ -4,6 +4,7 @@
 #include <ATen/Functions.h>
 
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <string>
 
@@ -75,17 +76,17 @@ TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank)
     if (valid_samples > 0) valid_ = make_gpt_dataset(g, DataSplit::kValid, valid_samples);
   };
   // Rank 0 builds the caches; one all-reduce tells the others whether it succeeded.
-  std::string error;
+  std::exception_ptr error;  // rank 0's UsageError, rethrown as it is after the all-reduce
   if (rank == 0) {
     try {
       build();
-    } catch (const UsageError& e) {
-      error = e.what();
+    } catch (const UsageError&) {
+      error = std::current_exception();
     }
   }
-  at::Tensor failed = at::full({1}, error.empty() ? 0.0f : 1.0f, at::kFloat);
+  at::Tensor failed = at::full({1}, error ? 1.0f : 0.0f, at::kFloat);
   if (control.size() > 1) control.all_reduce(failed, ReduceOp::kMax);
-  if (rank == 0 && !error.empty()) throw UsageError(error);
+  if (rank == 0 && error) std::rethrow_exception(error);
   if (rank != 0) {
     build();  // loads the caches rank 0 wrote (or raises rank 0's error again)
     if (failed.item<float>() > 0)
