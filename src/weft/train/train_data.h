@@ -31,9 +31,9 @@ void validate_data_config(const TrainConfig& cfg);
 
 class TrainData {
  public:
-  // Collective over `control` (the world's host-side communicator): rank 0 builds the index caches first, the others then load them
-  // (an error on rank 0 is reproduced by every rank building the same dataset, so each one
-  // throws the same UsageError).
+  // Collective over `control` (the world's host-side communicator): rank 0 builds the index
+  // caches first, the others then load them (an error on rank 0 is reproduced by every rank
+  // building the same dataset, so each one throws the same UsageError).
   TrainData(const TrainConfig& cfg, Communicator& control, int rank);
 
   // Samples [first, first + count) of the train (or valid) stream, moved to `device`; tokens
