@@ -1,7 +1,8 @@
 // `weft ckpt`: inspect (keys, shapes, dtypes, bytes, the saving layout, the iteration), verify
 // (every checksum and the coverage of every key) and diff (per key, bitwise or with
 // --rtol/--atol). A DIR is either a save directory (its tracker's latest is used) or one
-// iter_NNNNNNN directory. Exit codes: 0 ok/identical, 1 differences or corruption, 2 bad input.
+// iter_NNNNNNN directory. export/import convert to and from the Hugging Face layout
+// (docs/hf-interop.md). Exit codes: 0 ok/identical, 1 differences or corruption, 2 bad input.
 #include "cmd_ckpt.h"
 
 #include <ATen/Functions.h>
@@ -14,6 +15,7 @@
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/checkpoint/format.h"
 #include "weft/core/error.h"
+#include "weft/train/hf_convert.h"
 
 namespace weft::app {
 namespace {
@@ -127,7 +129,7 @@ int diff(const std::string& a, const std::string& b, double rtol, double atol) {
 }  // namespace
 
 void add_ckpt_command(CLI::App* app) {
-  CLI::App* ck = app->add_subcommand("ckpt", "inspect, verify and compare checkpoints");
+  CLI::App* ck = app->add_subcommand("ckpt", "inspect, verify, compare, export and import checkpoints");
   ck->require_subcommand(1);
   auto dir = std::make_shared<std::string>();
   auto other = std::make_shared<std::string>();
@@ -148,6 +150,39 @@ void add_ckpt_command(CLI::App* app) {
   di->add_option("--atol", *atol, "absolute tolerance")->capture_default_str();
   di->callback([=] {
     if (int r = diff(*dir, *other, *rtol, *atol)) throw CLI::RuntimeError(r);
+  });
+  auto format = std::make_shared<std::string>("hf");
+  auto dtype = std::make_shared<std::string>("fp32");
+  auto shard = std::make_shared<std::string>("5GB");
+  auto check_format = [format] {
+    if (*format != "hf") fail_usage("--format must be hf (got '{}')", *format);
+  };
+  CLI::App* ex = ck->add_subcommand("export", "write a checkpoint in the Hugging Face layout "
+                                              "(LlamaForCausalLM / MixtralForCausalLM)");
+  ex->add_option("CKPT", *dir, "save directory or iter_NNNNNNN directory")->required();
+  ex->add_option("OUT", *other, "new output directory")->required();
+  ex->add_option("--format", *format, "hf")->capture_default_str();
+  ex->add_option("--dtype", *dtype, "fp32 | bf16 (from the fp32 master)")->capture_default_str();
+  ex->add_option("--max-shard-size", *shard, "largest safetensors file (5GB, 500MB, 2GiB, ...)")
+      ->capture_default_str();
+  ex->callback([=] {
+    check_format();
+    HfExportOptions o;
+    o.dtype = *dtype;
+    o.max_shard_bytes = hf_parse_shard_size(*shard);
+    hf_export_checkpoint(*dir, *other, o);
+    fmt::print("exported {} to {}\n", *dir, *other);
+  });
+  CLI::App* im = ck->add_subcommand("import", "turn a Hugging Face model directory into a "
+                                              "weights-only weft checkpoint (iteration 0)");
+  im->add_option("HFDIR", *dir, "directory with config.json and safetensors")->required();
+  im->add_option("OUT", *other, "new checkpoint directory (weft train --load OUT --finetune)")
+      ->required();
+  im->add_option("--format", *format, "hf")->capture_default_str();
+  im->callback([=] {
+    check_format();
+    hf_import_checkpoint(*dir, *other);
+    fmt::print("imported {} to {}\n", *dir, *other);
   });
 }
 

@@ -126,6 +126,12 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--save-interval", t.save_interval, "save every K iterations (0: only at the end and on exit)");
   opt("--load", t.load, "directory to load the latest checkpoint from");
   opt("--ckpt-step", t.ckpt_step, "load this iteration instead of the latest (-1: latest)");
+  c->add_flag("--finetune", t.finetune,
+              "with --load: model weights only (any layout); iteration 0, fresh optimizer, no "
+              "data position (e.g. a checkpoint from `weft ckpt import`)");
+  c->add_option("--dump-first-batch", t.dump_first_batch,
+                "write the first global batch's tokens and labels as .npy int64 [2, batch, seq]")
+      ->group("");  // hidden: for reference checks (tests/gpu/hf_llama_check.py)
   opt("--dist-ckpt-strictness", t.strictness,
       "raise_all | raise_unexpected | log_all | log_unexpected | assume_ok_unexpected | ignore_all");
   opt("--exit-interval", t.exit_interval, "save and exit when iteration % N == 0 (0: off)");

@@ -16,6 +16,8 @@
 #                                     (the chunked SSD in torch ops) and torch.compile
 #   bash bench/gpu/run.sh hfmamba     weft's Mamba-2 mixer against transformers' Mamba2Mixer
 #   bash bench/gpu/run.sh profhyb     a Kineto trace of weft's hybrid step, summarised
+#   bash bench/gpu/run.sh hfcheck     Hugging Face export/import against transformers'
+#                                     LlamaForCausalLM (docs/hf-interop.md)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PATH=/opt/torch/.venv/bin:$PATH
@@ -105,6 +107,37 @@ hfmamba)
   echo "dump rc=$?"
   python3 tests/gpu/hf_mamba2_check.py "$OUT/mamba_case.safetensors"; echo "hf_mamba2_check rc=$?"
   ;;
+hfcheck)
+  # Tiny Llama shapes, fp32 on CUDA. (1) weft's iteration-3 loss against transformers on the
+  # export of the iteration-2 checkpoint; (2) a random LlamaForCausalLM imported and fine-tuned
+  # one iteration on 1 rank and on pp2 x dp2 (4 ranks sharing the GPU over MPI).
+  H="$OUT/hf"; rm -rf "$H"; mkdir -p "$H"
+  HFT=(--num-layers 4 --hidden-size 256 --num-attention-heads 8 --num-query-groups 4
+       --ffn-hidden-size 704 --vocab-size 1024 --seq-length 128 --micro-batch-size 2
+       --global-batch-size 8 --lr 1e-3 --device cuda --deterministic --mock-data)
+  ./$B/app/weft train "${HFT[@]}" --train-iters 2 --save "$H/ck" > "$H/train.log" 2>&1
+  echo "train rc=$?"
+  ./$B/app/weft train "${HFT[@]}" --train-iters 3 --load "$H/ck" --dump-first-batch "$H/b3.npy" \
+    --log-jsonl "$H/resume.jsonl" > "$H/resume.log" 2>&1
+  echo "resume rc=$?"
+  ./$B/app/weft ckpt export --format hf "$H/ck" "$H/export"; echo "export rc=$?"
+  python3 tests/gpu/hf_llama_check.py loss "$H/export" "$H/b3.npy" "$H/resume.jsonl" 3
+  echo "hf_llama_check export rc=$?"
+  python3 tests/gpu/hf_llama_check.py make "$H/random" --hidden 256 --ffn 704 --layers 4 \
+    --heads 8 --groups 4 --vocab 1024 --seq 128; echo "make rc=$?"
+  ./$B/app/weft ckpt import --format hf "$H/random" "$H/imported"; echo "import rc=$?"
+  ./$B/app/weft train "${HFT[@]}" --train-iters 1 --load "$H/imported" --finetune \
+    --dump-first-batch "$H/b1.npy" --log-jsonl "$H/ft1.jsonl" > "$H/ft1.log" 2>&1
+  echo "finetune np1 rc=$?"
+  python3 tests/gpu/hf_llama_check.py loss "$H/random" "$H/b1.npy" "$H/ft1.jsonl" 1
+  echo "hf_llama_check import np1 rc=$?"
+  mpirun -np 4 --bind-to none ./$B/app/weft train "${HFT[@]}" --pipeline-model-parallel-size 2 \
+    --train-iters 1 --load "$H/imported" --finetune --dump-first-batch "$H/b1p.npy" \
+    --log-jsonl "$H/ft4.jsonl" > "$H/ft4.log" 2>&1
+  echo "finetune pp2xdp2 rc=$?"
+  python3 tests/gpu/hf_llama_check.py loss "$H/random" "$H/b1p.npy" "$H/ft4.jsonl" 1
+  echo "hf_llama_check import pp2xdp2 rc=$?"
+  ;;
 moetests)
   export WEFT_TEST_DEVICE=cuda
   ./$B/tests/model/test_mamba > "$OUT/test_mamba.log" 2>&1
@@ -144,6 +177,26 @@ profile)
   echo "profile 125m rc=$?"; tail -2 "$OUT/prof125m.log" | cut -c1-300
   python3 bench/gpu/trace_summary.py "$OUT/prof125m/trace_rank0.json" --iters 2 --top 15
   gzip -f "$OUT"/prof*/trace_rank0.json
+  ;;
+gencheck)
+  # weft generate on CUDA: a tiny model trained on CUDA, then greedy continuations on CUDA and on
+  # CPU from the same checkpoint (the KV cache on both devices; fp32, so they must agree), and a
+  # hybrid (Mamba-2 state cache) model the same way.
+  G=/tmp/weft-gencheck; rm -rf $G; mkdir -p $G
+  GEN=(--num-layers 4 --hidden-size 64 --ffn-hidden-size 172 --num-attention-heads 4 --num-query-groups 2
+       --seq-length 64 --vocab-size 128 --micro-batch-size 2 --global-batch-size 8 --train-iters 20 --lr 3e-3)
+  ./$B/app/weft train --device cuda "${GEN[@]}" --save $G/dense > $G/train_dense.log 2>&1; echo "train dense rc=$?"
+  HYBG=(--hybrid-layer-pattern "M*-M" --hidden-size 64 --ffn-hidden-size 172 --num-attention-heads 4
+        --num-query-groups 2 --mamba-state-dim 16 --mamba-head-dim 16 --mamba-num-groups 2 --seq-length 64
+        --vocab-size 128 --micro-batch-size 2 --global-batch-size 8 --train-iters 20 --lr 3e-3)
+  ./$B/app/weft train --device cuda "${HYBG[@]}" --save $G/hybrid > $G/train_hybrid.log 2>&1; echo "train hybrid rc=$?"
+  for m in dense hybrid; do
+    for d in cuda cpu; do
+      ./$B/app/weft generate --load $G/$m --prompt-ids "1 2 3 4 5" --greedy --max-new-tokens 40 --device $d \
+        > $G/gen_${m}_$d.txt 2> $G/gen_${m}_$d.err; echo "generate $m $d rc=$? $(cat $G/gen_${m}_$d.err | tail -1)"
+    done
+    cmp -s $G/gen_${m}_cuda.txt $G/gen_${m}_cpu.txt && echo "$m: cuda and cpu continuations equal" || { echo "$m: DIFFER"; cat $G/gen_${m}_*.txt; }
+  done
   ;;
 profhyb)
   ./$B/app/weft train --device cuda --bf16 "${HYB[@]}" --micro-batch-size 2 --global-batch-size 2 \

@@ -357,15 +357,17 @@ std::string first_keys(const std::vector<std::string>& keys) {
 }
 
 // Local checks every rank makes identically (no collective): key sets and shapes.
+// With `weights_only` (--finetune) the optimizer keys are neither expected nor unexpected.
 void check_keys(const std::string& dir, const CkptIndex& index, const ModelConfig& cfg,
-                Strictness strict, bool rank0) {
+                Strictness strict, bool rank0, bool weights_only) {
   const auto expected = expected_checkpoint_keys(cfg);
   std::vector<std::string> missing, unexpected;
   std::set<std::string> exp(expected.begin(), expected.end());
+  auto is_opt = [](const std::string& k) { return k.rfind("optimizer.", 0) == 0; };
   for (const auto& k : expected)
-    if (!index.count(k)) missing.push_back(k);
+    if (!index.count(k) && !(weights_only && is_opt(k))) missing.push_back(k);
   for (const auto& [k, t] : index)
-    if (!exp.count(k)) unexpected.push_back(k);
+    if (!exp.count(k) && !(weights_only && is_opt(k))) unexpected.push_back(k);
   const bool raise_missing = strict == Strictness::kRaiseAll ||
                              strict == Strictness::kLogUnexpected ||
                              strict == Strictness::kAssumeOkUnexpected;
@@ -437,7 +439,14 @@ nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, Sha
   if (Status s = ckpt_read_metadata(dir, &meta, &index); !s)
     fail_usage("--load {} (iteration {}): {}", req.dir, iteration, s.message());
   const ModelConfig& cfg = stage.model_config();
-  check_keys(dir, index, cfg, req.strictness, rank0);
+  if (!req.finetune) {
+    bool has_optimizer_state = false;
+    for (const auto& [k, t] : index) has_optimizer_state |= k.rfind("optimizer.", 0) == 0;
+    if (!has_optimizer_state)
+      fail_usage("--load {}: checkpoint {} holds model weights only (no optimizer state, e.g. "
+                 "written by `weft ckpt import`); load it with --finetune", req.dir, dir);
+  }
+  check_keys(dir, index, cfg, req.strictness, rank0, req.finetune);
 
   // Shapes of every key this model expects and the checkpoint has.
   auto check_shape = [&](const std::string& key, const std::vector<int64_t>& shape) {
@@ -489,6 +498,14 @@ nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, Sha
           }
           return true;
         };
+        if (req.finetune) {
+          // Weights only: the master from the stored master, else from the model tensor (any
+          // dtype, converted); the compute copy follows it as after an optimizer step.
+          if (!load(state_key("fp32_param", name), state.master) && st) load(name, state.master);
+          if (st && !u.param_shard().is_same(state.master))
+            view(u.param_shard()).copy_(view(state.master));
+          continue;
+        }
         const bool has_master = load(state_key("fp32_param", name), state.master);
         if (st && !u.param_shard().is_same(state.master)) {
           if (!load(name, u.param_shard()) && has_master) view(u.param_shard()).copy_(view(state.master));
@@ -506,6 +523,7 @@ nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, Sha
       !s)
     fail("--load {} failed: {}", req.dir, s.message());
 
+  if (req.finetune) return meta;  // fresh optimizer (step 0) and RNG streams
   if (meta.contains("optimizer")) opt.set_steps(meta["optimizer"].value("steps", int64_t{0}));
   // RNG streams belong to ranks; restore them only on the layout that saved them.
   if (!req.layout.is_null() && meta.value("layout", nlohmann::json()) == req.layout &&

@@ -59,6 +59,11 @@ struct LoadRequest {
   Strictness strictness = Strictness::kRaiseAll;
   nlohmann::json layout;    // the current layout, as saved in metadata["layout"]: per-rank RNG
                             // streams are restored only when it equals the saved one
+  // --finetune: model weights only (the float32 master when stored, else the model tensor),
+  // into both the weights and the master; optimizer keys are neither expected nor read,
+  // moments and step count stay fresh, no RNG stream is restored. Without it, a checkpoint
+  // holding no optimizer state (`weft ckpt import`) is refused naming --finetune.
+  bool finetune = false;
 };
 
 // Collective. Returns the checkpoint's metadata.json, or null JSON when `dir` has no tracker

@@ -163,6 +163,7 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   if (c.save_interval < 0) fail_usage("--save-interval must be >= 0");
   if (c.save_interval > 0 && c.save.empty()) fail_usage("--save-interval needs --save DIR");
   if (c.ckpt_step >= 0 && c.load.empty()) fail_usage("--ckpt-step needs --load DIR");
+  if (c.finetune && c.load.empty()) fail_usage("--finetune needs --load DIR");
   if (c.exit_interval < 0) fail_usage("--exit-interval must be >= 0");
   if (c.exit_duration_mins < 0) fail_usage("--exit-duration-in-mins must be >= 0");
   validate_profile_config(c.profile);
@@ -198,8 +199,17 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
     req.step = cfg_.ckpt_step;
     req.strictness = parse_strictness(cfg_.strictness);
     req.layout = layout_to_json(mesh, cfg_);
+    req.finetune = cfg_.finetune;
     nlohmann::json meta = load_checkpoint(req, *stage_, *optimizer_, groups);
-    if (!meta.is_null()) {
+    if (meta.is_null() && cfg_.finetune)
+      fail_usage("--finetune: --load {} holds no checkpoint (no tracker file)", cfg_.load);
+    if (!meta.is_null() && cfg_.finetune) {
+      check_tokenizer(meta);  // weights only: iteration, samples and counters start at 0
+      if (groups.rank() == 0 && !cfg_.quiet)
+        fmt::print("weft train: --finetune: loaded the model weights of {} (iteration {}); "
+                   "starting at iteration 0 with a fresh optimizer\n", cfg_.load,
+                   meta.value("iteration", 0));
+    } else if (!meta.is_null()) {
       check_tokenizer(meta);
       iteration_ = meta.value("iteration", 0);
       consumed_samples_ = meta.value("consumed_samples", int64_t{0});
@@ -258,6 +268,28 @@ Microbatch Trainer::microbatch(int m) const {
   data_->fetch(false, first, cfg_.micro_batch_size, stage_->options().device, &b.tokens,
                &b.labels);
   return b;
+}
+
+void Trainer::dump_first_batch() const {
+  // Samples [consumed, consumed + global batch): the batch the next train_step reads, in
+  // sample order (the dp ranks' microbatches are consecutive ranges of it).
+  at::Tensor tokens, labels;
+  data_->fetch(false, consumed_samples_, cfg_.global_batch_size, c10::Device(c10::kCPU), &tokens,
+               &labels);
+  const at::Tensor both = at::stack({tokens, labels}).to(at::kLong).contiguous();
+  std::string header = fmt::format("{{'descr': '<i8', 'fortran_order': False, 'shape': ({}, {}, {}), }}",
+                                   both.size(0), both.size(1), both.size(2));
+  while ((10 + header.size() + 1) % 64) header += ' ';
+  header += '\n';
+  FILE* f = std::fopen(cfg_.dump_first_batch.c_str(), "wb");
+  if (!f) fail_usage("--dump-first-batch {}: cannot open for writing", cfg_.dump_first_batch);
+  const unsigned char magic[8] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
+  const uint16_t hlen = static_cast<uint16_t>(header.size());  // little-endian host
+  const size_t bytes = static_cast<size_t>(both.numel()) * sizeof(int64_t);
+  const bool ok = std::fwrite(magic, 1, 8, f) == 8 && std::fwrite(&hlen, 2, 1, f) == 1 &&
+                  std::fwrite(header.data(), 1, header.size(), f) == header.size() &&
+                  std::fwrite(both.data_ptr(), 1, bytes, f) == bytes;
+  if (std::fclose(f) != 0 || !ok) fail("--dump-first-batch {}: write failed", cfg_.dump_first_batch);
 }
 
 void Trainer::check_tokenizer(const nlohmann::json& meta) const {
@@ -451,6 +483,7 @@ std::vector<IterationStats> Trainer::train() {
       fail_usage("--log-jsonl {}: cannot open for appending", cfg_.log_jsonl);
   }
   if (rank0 && !cfg_.quiet) fmt::print("{}", summary());
+  if (rank0 && !cfg_.dump_first_batch.empty()) dump_first_batch();
   g_exit_signal = 0;
   auto old_term = std::signal(SIGTERM, on_exit_signal);
   auto old_int = std::signal(SIGINT, on_exit_signal);

@@ -58,6 +58,10 @@ struct TrainConfig {
   std::string load;             // --load DIR
   int ckpt_step = -1;           // --ckpt-step N (-1: the tracker's latest)
   std::string strictness = "raise_all";  // --dist-ckpt-strictness
+  bool finetune = false;        // --finetune: load model weights only; iteration 0, fresh optimizer
+  // --dump-first-batch FILE (hidden, for reference checks): rank 0 writes the tokens and labels
+  // of this run's first global batch as an .npy of int64 [2, global batch, seq].
+  std::string dump_first_batch;
   int exit_interval = 0;        // --exit-interval N: save and exit when iteration % N == 0
   double exit_duration_mins = 0;  // --exit-duration-in-mins: save and exit after this long
   ProfileConfig profile;        // --profile, --profile-step-start/-end, --profile-ranks, --profile-dir
@@ -128,6 +132,8 @@ class Trainer {
 
  private:
   Microbatch microbatch(int m) const;
+  // --dump-first-batch: writes the next global batch's tokens and labels (rank 0 only).
+  void dump_first_batch() const;
   // Refuses a checkpoint trained with another tokenizer (unless --override-tokenizer).
   void check_tokenizer(const nlohmann::json& meta) const;
   // Evaluates, prints Megatron's validation block on rank 0 and appends it to the JSONL.

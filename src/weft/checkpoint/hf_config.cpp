@@ -1,0 +1,332 @@
+// weft <-> Hugging Face names, shapes and config.json (see hf_config.h, docs/hf-interop.md).
+//
+// The tensor table is built from the model's shape alone (hf_tensor_maps), in the order
+// Hugging Face checkpoints list tensors; export and import both walk it, so a name that one
+// direction produces the other accepts. The QKV split views the fused weight as
+// [groups, heads/groups + 2, head_dim, hidden] (the interleave attention_qkv reads) and selects
+// along dim 1; the merge concatenates the same pieces back, so both are exact.
+#include "weft/checkpoint/hf_config.h"
+
+#include <ATen/Functions.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "weft/checkpoint/format.h"
+#include "weft/core/error.h"
+#include "weft/model/transformer.h"
+
+namespace weft {
+namespace fs = std::filesystem;
+
+std::string hf_model_type(const ModelConfig& c) {
+  if (c.hybrid())
+    fail_usage("hf export: hybrid Mamba models (--hybrid-layer-pattern) have no standard Hugging "
+               "Face layout; export is refused");
+  if (!c.moe()) return "llama";
+  if (c.moe_shared_expert_intermediate_size > 0)
+    fail_usage("hf export: --moe-shared-expert-intermediate-size {} has no Mixtral equivalent "
+               "(Mixtral has no shared expert)", c.moe_shared_expert_intermediate_size);
+  if (c.moe_router_score_function != "softmax")
+    fail_usage("hf export: --moe-router-score-function {} has no Mixtral equivalent (Mixtral's "
+               "router is a softmax)", c.moe_router_score_function);
+  for (int l = 0; l < c.num_layers; ++l)
+    if (!c.is_moe_layer(l))
+      fail_usage("hf export: --moe-layer-freq makes layer {} dense; Mixtral has experts in every "
+                 "layer", l);
+  return "mixtral";
+}
+
+std::vector<HfTensorMap> hf_tensor_maps(const ModelConfig& c) {
+  const std::string type = hf_model_type(c);
+  const int64_t h = c.hidden_size, nh = c.num_attention_heads, ng = c.num_query_groups;
+  const int64_t hd = c.head_dim(), f = c.ffn_hidden_size, fe = c.expert_ffn(), V = c.vocab_size;
+  std::vector<HfTensorMap> out;
+  auto one = [&](std::string weft, std::vector<int64_t> shape, std::string hf) {
+    out.push_back({std::move(weft), shape, HfSplit::kNone, {std::move(hf)}, {shape}});
+  };
+  one("embedding.word_embeddings.weight", {V, h}, "model.embed_tokens.weight");
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = fmt::format("decoder.layers.{}.", l);
+    const std::string q = fmt::format("model.layers.{}.", l);
+    one(p + "input_layernorm.weight", {h}, q + "input_layernorm.weight");
+    out.push_back({p + "self_attention.linear_qkv.weight",
+                   {(nh + 2 * ng) * hd, h},
+                   HfSplit::kQkv,
+                   {q + "self_attn.q_proj.weight", q + "self_attn.k_proj.weight",
+                    q + "self_attn.v_proj.weight"},
+                   {{nh * hd, h}, {ng * hd, h}, {ng * hd, h}}});
+    one(p + "self_attention.linear_proj.weight", {h, nh * hd}, q + "self_attn.o_proj.weight");
+    one(p + "pre_mlp_layernorm.weight", {h}, q + "post_attention_layernorm.weight");
+    if (type == "llama") {
+      out.push_back({p + "mlp.linear_fc1.weight", {2 * f, h}, HfSplit::kGateUp,
+                     {q + "mlp.gate_proj.weight", q + "mlp.up_proj.weight"}, {{f, h}, {f, h}}});
+      one(p + "mlp.linear_fc2.weight", {h, f}, q + "mlp.down_proj.weight");
+    } else {
+      const std::string m = q + "block_sparse_moe.";
+      one(p + "mlp.router.weight", {c.num_experts, h}, m + "gate.weight");
+      for (int e = 0; e < c.num_experts; ++e) {
+        const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
+        const std::string y = fmt::format("{}experts.{}.", m, e);
+        out.push_back({x + "linear_fc1.weight", {2 * fe, h}, HfSplit::kGateUp,
+                       {y + "w1.weight", y + "w3.weight"}, {{fe, h}, {fe, h}}});
+        one(x + "linear_fc2.weight", {h, fe}, y + "w2.weight");
+      }
+    }
+  }
+  one("decoder.final_layernorm.weight", {h}, "model.norm.weight");
+  if (!c.tied()) one("output_layer.weight", {V, h}, "lm_head.weight");
+  return out;
+}
+
+std::vector<at::Tensor> hf_split(const HfTensorMap& m, const at::Tensor& w, const ModelConfig& c) {
+  WEFT_CHECK(w.sizes().vec() == m.shape, "hf_split: {} has shape {}, expected {}", m.weft,
+             fmt::join(w.sizes(), ","), fmt::join(m.shape, ","));
+  switch (m.split) {
+    case HfSplit::kNone:
+      return {w.contiguous()};
+    case HfSplit::kGateUp: {
+      const int64_t f = m.shape[0] / 2;
+      return {w.narrow(0, 0, f).contiguous(), w.narrow(0, f, f).contiguous()};
+    }
+    case HfSplit::kQkv: {
+      const int64_t ng = c.num_query_groups, r = c.num_attention_heads / ng, hd = c.head_dim();
+      const int64_t h = m.shape[1];
+      const at::Tensor g = w.view({ng, r + 2, hd, h});
+      return {g.narrow(1, 0, r).reshape({ng * r * hd, h}).contiguous(),
+              g.select(1, r).reshape({ng * hd, h}).contiguous(),
+              g.select(1, r + 1).reshape({ng * hd, h}).contiguous()};
+    }
+  }
+  fail("hf_split: unknown split");
+}
+
+at::Tensor hf_merge(const HfTensorMap& m, const std::vector<at::Tensor>& parts,
+                    const ModelConfig& c) {
+  WEFT_CHECK(parts.size() == m.hf.size(), "hf_merge: {} parts for {}", parts.size(), m.weft);
+  switch (m.split) {
+    case HfSplit::kNone:
+      return parts[0].contiguous();
+    case HfSplit::kGateUp:
+      return at::cat({parts[0], parts[1]}, 0);
+    case HfSplit::kQkv: {
+      const int64_t ng = c.num_query_groups, r = c.num_attention_heads / ng, hd = c.head_dim();
+      const int64_t h = m.shape[1];
+      return at::cat({parts[0].view({ng, r, hd, h}), parts[1].view({ng, 1, hd, h}),
+                      parts[2].view({ng, 1, hd, h})},
+                     1)
+          .reshape({m.shape[0], h});
+    }
+  }
+  fail("hf_merge: unknown split");
+}
+
+nlohmann::json hf_config_from_model(const ModelConfig& c, const std::string& torch_dtype,
+                                    const nlohmann::json& special_ids) {
+  const std::string type = hf_model_type(c);
+  nlohmann::json j = {
+      {"architectures", {type == "llama" ? "LlamaForCausalLM" : "MixtralForCausalLM"}},
+      {"model_type", type},
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", type == "llama" ? c.ffn_hidden_size : c.expert_ffn()},
+      {"num_hidden_layers", c.num_layers},
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_key_value_heads", c.num_query_groups},
+      {"head_dim", c.head_dim()},
+      {"rms_norm_eps", c.norm_epsilon},
+      {"rope_theta", c.rotary_base},
+      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", c.rotary_base}}},
+      {"rope_scaling", nullptr},
+      {"vocab_size", c.vocab_size},
+      {"max_position_embeddings", c.seq_length},
+      {"tie_word_embeddings", c.tied()},
+      {"torch_dtype", torch_dtype},
+      {"dtype", torch_dtype},
+      {"hidden_act", "silu"},
+      {"initializer_range", c.init_method_std},
+      {"attention_dropout", 0.0},
+      {"use_cache", true},
+  };
+  if (type == "llama") {
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+    j["pretraining_tp"] = 1;
+  } else {
+    j["num_local_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.moe_router_topk;
+    j["router_aux_loss_coef"] = c.moe_aux_loss_coeff;
+    j["output_router_logits"] = false;
+    j["router_jitter_noise"] = 0.0;
+    j["sliding_window"] = nullptr;
+  }
+  for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
+    if (special_ids.contains(k) && !special_ids[k].is_null()) j[k] = special_ids[k];
+  return j;
+}
+
+namespace {
+
+template <typename T>
+bool hf_get(const nlohmann::json& j, const char* key, T* out, bool required) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (required) fail_usage("hf import: config.json is missing '{}'", key);
+    return false;
+  }
+  bool ok = true;
+  if constexpr (std::is_same_v<T, int>) ok = it->is_number_integer();
+  if constexpr (std::is_same_v<T, double>) ok = it->is_number();
+  if constexpr (std::is_same_v<T, bool>) ok = it->is_boolean();
+  if constexpr (std::is_same_v<T, std::string>) ok = it->is_string();
+  if (!ok) fail_usage("hf import: config.json '{}' has the wrong type ({})", key, it->dump());
+  *out = it->get<T>();
+  return true;
+}
+
+// Refuses `key` when present, non-null and not equal to `allowed` (JSON equality).
+void hf_refuse_unless(const nlohmann::json& j, const char* key, const nlohmann::json& allowed,
+                      const char* why) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null() || *it == allowed) return;
+  if (allowed.is_number() && it->is_number() && it->get<double>() == allowed.get<double>()) return;
+  fail_usage("hf import: config.json {} is {}; {}", key, it->dump(), why);
+}
+
+}  // namespace
+
+ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) fail_usage("hf import: config.json is not a JSON object");
+  std::string type;
+  hf_get(j, "model_type", &type, true);
+  if (type != "llama" && type != "mixtral")
+    fail_usage("hf import: config.json model_type '{}' is not supported (llama or mixtral)", type);
+  ModelConfig m;
+  hf_get(j, "hidden_size", &m.hidden_size, true);
+  int inter = 0;
+  hf_get(j, "intermediate_size", &inter, true);
+  hf_get(j, "num_hidden_layers", &m.num_layers, true);
+  hf_get(j, "num_attention_heads", &m.num_attention_heads, true);
+  hf_get(j, "vocab_size", &m.vocab_size, true);
+  hf_get(j, "rms_norm_eps", &m.norm_epsilon, true);
+  if (m.hidden_size < 1 || m.num_attention_heads < 1 || m.hidden_size % m.num_attention_heads)
+    fail_usage("hf import: config.json hidden_size {} is not a positive multiple of "
+               "num_attention_heads {}", m.hidden_size, m.num_attention_heads);
+  m.num_query_groups = m.num_attention_heads;
+  hf_get(j, "num_key_value_heads", &m.num_query_groups, false);
+  if (m.num_query_groups < 1 || m.num_attention_heads % m.num_query_groups)
+    fail_usage("hf import: config.json num_key_value_heads {} does not divide num_attention_heads "
+               "{}", m.num_query_groups, m.num_attention_heads);
+  int head_dim = m.hidden_size / m.num_attention_heads;
+  hf_get(j, "head_dim", &head_dim, false);
+  if (head_dim != m.hidden_size / m.num_attention_heads)
+    fail_usage("hf import: config.json head_dim {} differs from hidden_size / num_attention_heads "
+               "= {}; weft derives the head size from them", head_dim,
+               m.hidden_size / m.num_attention_heads);
+  // RoPE: transformers 5 writes rope_parameters, earlier versions rope_theta + rope_scaling.
+  m.rotary_base = type == "mixtral" ? 1e6 : 10000.0;
+  hf_get(j, "rope_theta", &m.rotary_base, false);
+  hf_refuse_unless(j, "rope_scaling", nullptr, "weft has no RoPE scaling");
+  if (auto it = j.find("rope_parameters"); it != j.end() && !it->is_null()) {
+    if (!it->is_object())
+      fail_usage("hf import: config.json rope_parameters is not an object ({})", it->dump());
+    for (const char* k : {"rope_type", "type"})
+      if (it->contains(k) && (*it)[k] != "default")
+        fail_usage("hf import: config.json rope_parameters.{} is {}; weft has only the default "
+                   "RoPE (no scaling)", k, (*it)[k].dump());
+    if (it->contains("rope_theta")) {
+      if (!(*it)["rope_theta"].is_number())
+        fail_usage("hf import: config.json rope_parameters.rope_theta has the wrong type ({})",
+                   (*it)["rope_theta"].dump());
+      m.rotary_base = (*it)["rope_theta"].get<double>();
+    }
+  }
+  std::string act = "silu";
+  hf_get(j, "hidden_act", &act, false);
+  if (act != "silu")
+    fail_usage("hf import: config.json hidden_act is '{}'; weft's MLP is SwiGLU (silu)", act);
+  hf_refuse_unless(j, "attention_bias", false, "weft's attention has no biases");
+  hf_refuse_unless(j, "mlp_bias", false, "weft's MLP has no biases");
+  hf_refuse_unless(j, "attention_dropout", 0.0, "weft has no attention dropout");
+  hf_refuse_unless(j, "sliding_window", nullptr, "weft's attention is full causal");
+  hf_refuse_unless(j, "quantization_config", nullptr, "weft imports unquantised weights only");
+  hf_refuse_unless(j, "router_jitter_noise", 0.0, "weft's router has no jitter");
+  bool tie = false;
+  hf_get(j, "tie_word_embeddings", &tie, false);
+  m.untie_embeddings_and_output_weights = !tie;
+  m.seq_length = 2048;
+  hf_get(j, "max_position_embeddings", &m.seq_length, false);
+  hf_get(j, "initializer_range", &m.init_method_std, false);
+  m.ffn_hidden_size = inter;
+  if (type == "mixtral") {
+    hf_get(j, "num_local_experts", &m.num_experts, true);
+    hf_get(j, "num_experts_per_tok", &m.moe_router_topk, true);
+    m.moe_aux_loss_coeff = 0.001;
+    hf_get(j, "router_aux_loss_coef", &m.moe_aux_loss_coeff, false);
+    m.moe_ffn_hidden_size = inter;
+    if (m.num_experts < 1)
+      fail_usage("hf import: config.json num_local_experts {} must be >= 1", m.num_experts);
+  }
+  if (m.head_dim() % 2)
+    fail_usage("hf import: config.json head size hidden_size / num_attention_heads = {} is odd; "
+               "RoPE needs it even", m.head_dim());
+  try {
+    check_model_config(m);
+  } catch (const UsageError& e) {
+    fail_usage("hf import: config.json describes a model weft rejects: {}", e.what());
+  }
+  return m;
+}
+
+nlohmann::json hf_special_ids(const nlohmann::json& j) {
+  nlohmann::json ids = nlohmann::json::object();
+  for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
+    if (j.contains(k) && !j[k].is_null()) ids[k] = j[k];
+  return ids;
+}
+
+std::string hf_out_begin(const std::string& out) {
+  std::error_code ec;
+  if (fs::exists(out, ec)) {
+    if (!fs::is_directory(out, ec) || !fs::is_empty(out, ec))
+      fail_usage("{} already exists and is not an empty directory; choose a new OUT", out);
+  }
+  fs::path parent = fs::path(out).parent_path();
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  std::string tmpl = out;
+  while (tmpl.size() > 1 && tmpl.back() == '/') tmpl.pop_back();
+  tmpl += ".tmp-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (!::mkdtemp(buf.data())) fail_usage("{}: cannot create a temporary directory beside it", out);
+  return buf.data();
+}
+
+void hf_out_commit(const std::string& tmp, const std::string& out) {
+  if (Status s = fsync_dir(tmp); !s) fail("{}", s.message());
+  std::error_code ec;
+  fs::rename(tmp, out, ec);
+  if (ec) fail("{}: rename to {} failed: {}", tmp, out, ec.message());
+  fs::path parent = fs::absolute(out).parent_path();
+  if (Status s = fsync_dir(parent.string()); !s) fail("{}", s.message());
+}
+
+void hf_write_text_file(const std::string& path, const std::string& text) {
+  {
+    std::ofstream f(path, std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) fail("{}: write failed", path);
+  }
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    if (fd >= 0) ::close(fd);
+    fail("{}: fsync failed", path);
+  }
+  ::close(fd);
+}
+
+}  // namespace weft

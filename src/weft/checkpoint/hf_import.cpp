@@ -1,0 +1,211 @@
+// Hugging Face import and the weights-only checkpoint writer (see hf_import.h,
+// docs/hf-interop.md).
+//
+// The set of tensor names the files hold is checked against hf_tensor_maps(config) before any
+// data is read: every expected name present with its exact shape and a float dtype, nothing
+// else (a tied model's lm_head.weight is allowed when bitwise equal to the embedding; old
+// rotary_emb.inv_freq buffers are skipped). Parts are merged back with hf_merge. The writer
+// emits the checkpoint format of docs/checkpoint-format.md for a world of one rank: each key
+// one chunk covering the whole tensor, with its CRC-32C.
+#include "weft/checkpoint/hf_import.h"
+
+#include <ATen/Functions.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "weft/checkpoint/crc32c.h"
+#include "weft/checkpoint/format.h"
+#include "weft/checkpoint/hf_config.h"
+#include "weft/checkpoint/safetensors.h"
+#include "weft/core/error.h"
+#include "weft/core/remove_tree.h"
+
+namespace weft {
+namespace fs = std::filesystem;
+namespace {
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) fail_usage("hf import: {} not found", path);
+  try {
+    return nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    fail_usage("hf import: {} is not valid JSON ({})", path, e.what());
+  }
+}
+
+struct HfSource {
+  std::string file;  // path
+  const SafetensorsHeader* header;
+};
+
+c10::ScalarType hf_dtype(const std::string& name, const std::string& d) {
+  if (d == "F32") return at::kFloat;
+  if (d == "BF16") return at::kBFloat16;
+  if (d == "F16") return at::kHalf;
+  fail_usage("hf import: tensor '{}' has dtype {}; weft imports F32, BF16 and F16", name, d);
+}
+
+}  // namespace
+
+HfModel hf_read_model(const std::string& dir) {
+  if (!fs::is_directory(dir)) fail_usage("hf import: {} is not a directory", dir);
+  HfModel out;
+  out.config = read_json_file(dir + "/config.json");
+  out.model = hf_model_config_from_json(out.config);
+
+  // The files and every tensor they hold.
+  std::vector<std::string> files;
+  nlohmann::json weight_map;
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  if (fs::exists(index_path)) {
+    nlohmann::json index = read_json_file(index_path);
+    if (!index.contains("weight_map") || !index["weight_map"].is_object())
+      fail_usage("hf import: {} has no 'weight_map' object", index_path);
+    weight_map = index["weight_map"];
+    std::set<std::string> seen;
+    for (const auto& [name, file] : weight_map.items()) {
+      if (!file.is_string())
+        fail_usage("hf import: {}: weight_map['{}'] is not a file name", index_path, name);
+      if (seen.insert(file.get<std::string>()).second) files.push_back(file.get<std::string>());
+    }
+  } else if (fs::exists(dir + "/model.safetensors")) {
+    files.push_back("model.safetensors");
+  } else {
+    fail_usage("hf import: {} has neither model.safetensors nor model.safetensors.index.json", dir);
+  }
+  std::map<std::string, SafetensorsHeader> headers;
+  std::map<std::string, HfSource> where;
+  for (const std::string& f : files) {
+    const std::string path = dir + "/" + f;
+    SafetensorsHeader h;
+    if (Status s = read_safetensors_header(path, &h); !s) fail_usage("hf import: {}", s.message());
+    const SafetensorsHeader& stored = headers.emplace(f, std::move(h)).first->second;
+    for (const auto& [name, e] : stored.entries) {
+      if (where.count(name))
+        fail_usage("hf import: tensor '{}' is in both {} and {}", name, where[name].file, path);
+      where[name] = {path, &stored};
+    }
+  }
+  for (const auto& [name, file] : weight_map.items())
+    if (!where.count(name) || where[name].file != dir + "/" + file.get<std::string>())
+      fail_usage("hf import: tensor '{}' listed in model.safetensors.index.json is not in {}",
+                 name, file.get<std::string>());
+
+  const ModelConfig& cfg = out.model;
+  const std::vector<HfTensorMap> maps = hf_tensor_maps(cfg);
+  std::set<std::string> expected;
+  for (const HfTensorMap& m : maps)
+    for (const std::string& n : m.hf) expected.insert(n);
+  const bool extra_lm_head = cfg.tied() && where.count("lm_head.weight");
+  for (const auto& [name, src] : where) {
+    if (expected.count(name) || (extra_lm_head && name == "lm_head.weight")) continue;
+    if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;
+    fail_usage("hf import: unknown tensor '{}' in {} (not part of a {} model with this "
+               "config.json)", name, src.file, out.config.value("model_type", "?"));
+  }
+  auto read = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    auto it = where.find(name);
+    if (it == where.end()) fail_usage("hf import: tensor '{}' is missing", name);
+    const SafetensorsEntry& e = it->second.header->entries.at(name);
+    if (e.shape != shape)
+      fail_usage("hf import: tensor '{}' has shape [{}], config.json implies [{}]", name,
+                 fmt::join(e.shape, ","), fmt::join(shape, ","));
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(hf_dtype(name, e.dtype)));
+    if (Status s = read_safetensors_entry(it->second.file, *it->second.header, name, t.data_ptr(),
+                                          static_cast<size_t>(e.end - e.begin));
+        !s)
+      fail_usage("hf import: {}", s.message());
+    return t.to(at::kFloat);
+  };
+  // Check every name and shape before reading any data.
+  for (const HfTensorMap& m : maps)
+    for (size_t i = 0; i < m.hf.size(); ++i) {
+      auto it = where.find(m.hf[i]);
+      if (it == where.end()) fail_usage("hf import: tensor '{}' is missing", m.hf[i]);
+      const SafetensorsEntry& e = it->second.header->entries.at(m.hf[i]);
+      if (e.shape != m.hf_shapes[i])
+        fail_usage("hf import: tensor '{}' has shape [{}], config.json implies [{}]", m.hf[i],
+                   fmt::join(e.shape, ","), fmt::join(m.hf_shapes[i], ","));
+      (void)hf_dtype(m.hf[i], e.dtype);
+    }
+  for (const HfTensorMap& m : maps) {
+    std::vector<at::Tensor> parts;
+    for (size_t i = 0; i < m.hf.size(); ++i) parts.push_back(read(m.hf[i], m.hf_shapes[i]));
+    out.weights[m.weft] = hf_merge(m, parts, cfg);
+  }
+  if (extra_lm_head) {
+    const at::Tensor lm = read("lm_head.weight", {cfg.vocab_size, cfg.hidden_size});
+    if (!at::equal(lm, out.weights.at("embedding.word_embeddings.weight")))
+      fail_usage("hf import: lm_head.weight differs from model.embed_tokens.weight but "
+                 "config.json tie_word_embeddings is true");
+  }
+  return out;
+}
+
+void ckpt_write_weights_only(const std::string& out, nlohmann::json meta,
+                             const std::map<std::string, at::Tensor>& weights) {
+  std::vector<at::Tensor> data;  // contiguous float32, alive while writing
+  std::vector<SafetensorsWriteEntry> entries;
+  nlohmann::json tensors = nlohmann::json::object(), chunks = nlohmann::json::array();
+  const std::string file = ckpt_shard_file_name(0);
+  for (const auto& [key, w] : weights) {
+    at::Tensor t = w.to(at::kCPU).to(at::kFloat).contiguous();
+    data.push_back(t);
+    SafetensorsWriteEntry e;
+    e.name = key + "@0";
+    e.dtype = "F32";
+    e.shape = t.sizes().vec();
+    e.data = t.data_ptr();
+    e.nbytes = static_cast<size_t>(t.numel()) * sizeof(float);
+    entries.push_back(e);
+    CkptChunk c;
+    c.key = key;
+    c.file = file;
+    c.entry = e.name;
+    c.dtype = "F32";
+    c.shape = e.shape;
+    c.offsets.assign(e.shape.size(), 0);
+    c.lengths = e.shape;
+    c.crc32c = crc32c(e.data, e.nbytes);
+    const nlohmann::json cj = ckpt_chunk_to_json(c);
+    chunks.push_back(cj);
+    tensors[key] = {{"shape", c.shape}, {"dtype", "F32"}, {"chunks", {cj}}};
+  }
+  meta["format"] = kCheckpointFormat;
+  meta["version"] = kCheckpointVersion;
+  meta["iteration"] = 0;
+  meta["weights_only"] = true;
+  meta["consumed_samples"] = 0;
+  meta["consumed_tokens"] = 0;
+  meta["layout"] = {{"world", 1}, {"tp", 1}, {"cp", 1}, {"pp", 1}, {"ep", 1}, {"etp", 1},
+                    {"dp", 1}, {"dp_outer", 1}, {"order", "tp-cp-ep-dp-pp"},
+                    {"first_stage_layers", -1}, {"last_stage_layers", -1}};
+  meta["tensors"] = tensors;
+
+  const std::string tmp = hf_out_begin(out);
+  try {
+    const std::string iter = tmp + "/" + ckpt_iter_dir_name(0);
+    std::error_code ec;
+    fs::create_directory(iter, ec);
+    if (ec) fail("{}: cannot create: {}", iter, ec.message());
+    const std::map<std::string, std::string> md = {{"format", kCheckpointFormat},
+                                                   {"version", std::to_string(kCheckpointVersion)},
+                                                   {"rank", "0"},
+                                                   {"chunks", chunks.dump()}};
+    if (Status s = write_safetensors(iter + "/" + file, entries, md); !s) fail("{}", s.message());
+    hf_write_text_file(iter + "/metadata.json", meta.dump(1));
+    if (Status s = fsync_dir(iter); !s) fail("{}", s.message());
+    hf_write_text_file(tmp + "/" + kTrackerFile, "0\n");
+    hf_out_commit(tmp, out);
+  } catch (...) {
+    (void)remove_tree(tmp);
+    throw;
+  }
+}
+
+}  // namespace weft

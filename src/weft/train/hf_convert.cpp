@@ -1,0 +1,52 @@
+// Checkpoint <-> Hugging Face glue (see hf_convert.h).
+//
+// Export reads every weight with ckpt_read_full_weights (the float32 master preferred, any
+// saving layout) and the model config with model_config_from_json; the special token ids come
+// from the checkpoint's tokenizer identity (bos, eod, pad), or, for a checkpoint that import
+// wrote, from the ids import kept. Import stores the model config as train_config_to_json
+// writes it (weft's training defaults for everything but the model), so tools that rebuild a
+// model from a checkpoint (`weft generate`, export) read it like any other.
+#include "weft/train/hf_convert.h"
+
+#include "weft/checkpoint/full_read.h"
+#include "weft/checkpoint/hf_config.h"
+#include "weft/checkpoint/hf_import.h"
+#include "weft/core/error.h"
+#include "weft/train/config_json.h"
+#include "weft/train/trainer.h"
+
+namespace weft {
+
+void hf_export_checkpoint(const std::string& ckpt, const std::string& out,
+                          const HfExportOptions& options) {
+  std::string iter;
+  if (Status s = ckpt_resolve_iter_dir(ckpt, -1, &iter); !s) fail_usage("hf export: {}", s.message());
+  FullCheckpoint fc;
+  if (Status s = ckpt_read_full_weights(iter, &fc); !s) fail_usage("hf export: {}", s.message());
+  const nlohmann::json model_json =
+      fc.meta.contains("config") ? fc.meta["config"].value("model", nlohmann::json()) : nlohmann::json();
+  const ModelConfig cfg = model_config_from_json(model_json);
+  nlohmann::json ids = nlohmann::json::object();
+  if (fc.meta.contains("tokenizer") && fc.meta["tokenizer"].is_object()) {
+    const nlohmann::json& t = fc.meta["tokenizer"];
+    for (auto [from, to] : {std::pair{"bos", "bos_token_id"}, std::pair{"eod", "eos_token_id"},
+                            std::pair{"pad", "pad_token_id"}})
+      if (t.contains(from) && t[from].is_number_integer() && t[from].get<int64_t>() >= 0)
+        ids[to] = t[from];
+  } else if (fc.meta.contains("hf") && fc.meta["hf"].contains("special_ids")) {
+    ids = fc.meta["hf"]["special_ids"];
+  }
+  hf_export(cfg, fc.weights, ids, out, options);
+}
+
+void hf_import_checkpoint(const std::string& hf_dir, const std::string& out) {
+  HfModel m = hf_read_model(hf_dir);
+  TrainConfig tc;
+  tc.model = m.model;
+  nlohmann::json meta;
+  meta["config"] = train_config_to_json(tc);
+  meta["hf"] = {{"special_ids", hf_special_ids(m.config)}, {"config", m.config}};
+  ckpt_write_weights_only(out, meta, m.weights);
+}
+
+}  // namespace weft

@@ -1,0 +1,25 @@
+// `weft ckpt export|import --format hf` as library calls: the checkpoint-side glue between a weft
+// checkpoint (metadata config, tokenizer identity, fp32 master weights) and the Hugging Face
+// layout of checkpoint/hf_export.h and checkpoint/hf_import.h (docs/hf-interop.md).
+//
+// Invariant: hf_import_checkpoint(dir, A) then hf_export_checkpoint(A, B) reproduces dir's
+// tensors bitwise and, for a directory that hf_export_checkpoint wrote, byte-identical files.
+#pragma once
+
+#include <string>
+
+#include "weft/checkpoint/hf_export.h"
+
+namespace weft {
+
+// Exports the checkpoint `ckpt` (a save directory, its tracker's latest, or an iter_NNNNNNN
+// directory) to `out`. Throws UsageError for bad input, Error on I/O failure.
+void hf_export_checkpoint(const std::string& ckpt, const std::string& out,
+                          const HfExportOptions& options);
+
+// Imports the Hugging Face directory `hf_dir` as a weights-only weft checkpoint at `out`
+// (iteration 0, world-1 layout, float32 weights), loadable with `weft train --load out
+// --finetune` on any layout.
+void hf_import_checkpoint(const std::string& hf_dir, const std::string& out);
+
+}  // namespace weft

@@ -1,0 +1,489 @@
+// Hugging Face export/import (docs/hf-interop.md) and `--finetune`, on 4 ranks.
+//
+// Checks, each against values or computations written here rather than the exporter's own:
+// weights survive export -> import bitwise for checkpoints saved on 1 rank and on pp2 x dp2;
+// export -> import -> export gives byte-identical files; config.json and the safetensors header
+// field by field against literals; the QKV and gate/up splits against slicing by the documented
+// interleave; a sharded export holds the same tensors; `--finetune` from the import gives the
+// same iteration-1 loss on pp2 x dp2 as on 1 rank and as from the original checkpoint; every
+// refused input names its key or tensor and leaves nothing at OUT.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <ATen/Functions.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "../train/job.h"
+#include "weft/checkpoint/full_read.h"
+#include "weft/checkpoint/hf_config.h"
+#include "weft/checkpoint/hf_import.h"
+#include "weft/checkpoint/safetensors.h"
+#include "weft/core/error.h"
+#include "weft/train/hf_convert.h"
+
+namespace weft {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_job;
+
+// 4 layers, hidden 32, 4 heads in 2 query groups (r = 2, hd = 8), ffn 48, vocab 64, seq 16.
+TrainConfig tiny(bool untied = false) {
+  TrainConfig c;
+  ModelConfig& m = c.model;
+  m.num_layers = 4;
+  m.hidden_size = 32;
+  m.num_attention_heads = 4;
+  m.num_query_groups = 2;
+  m.ffn_hidden_size = 48;
+  m.seq_length = 16;
+  m.vocab_size = 64;
+  m.untie_embeddings_and_output_weights = untied;
+  c.micro_batch_size = 1;
+  c.global_batch_size = 4;
+  c.train_iters = 2;
+  c.lr.lr = 1e-2;
+  c.lr.min_lr = 1e-3;
+  c.lr.warmup_iters = 1;
+  c.seed = 5;
+  return c;
+}
+
+TrainConfig pp2dp2(TrainConfig c) {
+  c.layout.pp = 2;
+  return c;
+}
+
+bool rank0() { return test::world_rank() == 0; }
+void barrier() { MPI_Barrier(MPI_COMM_WORLD); }
+
+std::map<std::string, at::Tensor> weights_of(const std::string& ckpt) {
+  std::string iter;
+  EXPECT_TRUE(ckpt_resolve_iter_dir(ckpt, -1, &iter).is_ok()) << ckpt;
+  FullCheckpoint fc;
+  Status s = ckpt_read_full_weights(iter, &fc);
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  return fc.weights;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(file_bytes(path)); }
+
+// The safetensors header of `path` as raw JSON (8-byte little-endian length, then JSON).
+nlohmann::json raw_header(const std::string& path) {
+  const std::string b = file_bytes(path);
+  uint64_t n = 0;
+  std::memcpy(&n, b.data(), 8);
+  return nlohmann::json::parse(b.substr(8, n));
+}
+
+at::Tensor hf_tensor(const std::string& file, const std::string& name) {
+  SafetensorsHeader h;
+  EXPECT_TRUE(read_safetensors_header(file, &h).is_ok());
+  const SafetensorsEntry& e = h.entries.at(name);
+  at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype == "BF16" ? at::kBFloat16
+                                                                                  : at::kFloat));
+  EXPECT_TRUE(read_safetensors_entry(file, h, name, t.data_ptr(), e.end - e.begin).is_ok());
+  return t;
+}
+
+void expect_same_weights(const std::map<std::string, at::Tensor>& a,
+                         const std::map<std::string, at::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [k, t] : a) {
+    ASSERT_TRUE(b.count(k)) << k;
+    EXPECT_TRUE(at::equal(t.to(at::kFloat), b.at(k).to(at::kFloat))) << k;
+  }
+}
+
+// Every file of two directories byte-identical.
+void expect_same_files(const std::string& a, const std::string& b) {
+  std::set<std::string> na, nb;
+  for (const auto& e : fs::directory_iterator(a)) na.insert(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(b)) nb.insert(e.path().filename().string());
+  EXPECT_EQ(na, nb);
+  for (const std::string& n : na)
+    EXPECT_TRUE(file_bytes(a + "/" + n) == file_bytes(b + "/" + n)) << n << " differs";
+}
+
+// The tiny model trained 2 iterations on `layout`, saved to a fresh directory.
+std::string trained(const TrainConfig& cfg, int world, const std::string& tag) {
+  TrainConfig c = cfg;
+  c.save = test::shared_temp_dir(tag);
+  run_job(c, world);
+  return c.save;
+}
+
+TEST(HfInterop, RoundTripBitwiseOnOneRankAndPp2Dp2) {
+  struct Case {
+    TrainConfig cfg;
+    int world;
+  };
+  for (const Case& k : {Case{tiny(false), 1}, Case{pp2dp2(tiny(true)), 4}}) {
+    SCOPED_TRACE(k.world);
+    const std::string ck = trained(k.cfg, k.world, "hfrt");
+    if (rank0()) [&] {
+      hf_export_checkpoint(ck, ck + "/ex", {});
+      hf_import_checkpoint(ck + "/ex", ck + "/im");
+      expect_same_weights(weights_of(ck), weights_of(ck + "/im"));
+      hf_export_checkpoint(ck + "/im", ck + "/ex2", {});
+      expect_same_files(ck + "/ex", ck + "/ex2");
+      EXPECT_EQ(read_json(ck + "/ex/config.json")["tie_word_embeddings"], k.world == 1);
+    }();
+    barrier();
+  }
+}
+
+TEST(HfInterop, ConfigAndHeaderFieldByField) {
+  const std::string ck = trained(tiny(), 1, "hfcfg");
+  if (rank0()) [&] {
+    hf_export_checkpoint(ck, ck + "/ex", {});
+    const nlohmann::json c = read_json(ck + "/ex/config.json");
+    EXPECT_EQ(c["architectures"], nlohmann::json::array({"LlamaForCausalLM"}));
+    EXPECT_EQ(c["model_type"], "llama");
+    EXPECT_EQ(c["hidden_size"], 32);
+    EXPECT_EQ(c["intermediate_size"], 48);
+    EXPECT_EQ(c["num_hidden_layers"], 4);
+    EXPECT_EQ(c["num_attention_heads"], 4);
+    EXPECT_EQ(c["num_key_value_heads"], 2);
+    EXPECT_EQ(c["head_dim"], 8);
+    EXPECT_EQ(c["rms_norm_eps"], 1e-5);
+    EXPECT_EQ(c["rope_theta"], 10000.0);
+    EXPECT_EQ(c["rope_parameters"], nlohmann::json({{"rope_type", "default"}, {"rope_theta", 10000.0}}));
+    EXPECT_TRUE(c["rope_scaling"].is_null());
+    EXPECT_EQ(c["vocab_size"], 64);
+    EXPECT_EQ(c["max_position_embeddings"], 16);
+    EXPECT_EQ(c["tie_word_embeddings"], true);
+    EXPECT_EQ(c["torch_dtype"], "float32");
+    EXPECT_EQ(c["hidden_act"], "silu");
+    EXPECT_EQ(c["attention_bias"], false);
+    EXPECT_EQ(c["mlp_bias"], false);
+    EXPECT_EQ(c["initializer_range"], 0.02);
+    EXPECT_FALSE(c.contains("bos_token_id"));  // mock data: no tokenizer identity
+
+    const std::string file = ck + "/ex/model.safetensors";
+    const nlohmann::json h = raw_header(file);
+    EXPECT_EQ(h["__metadata__"], nlohmann::json({{"format", "pt"}}));
+    EXPECT_EQ(h.size(), 1u + 1 + 4 * 9 + 1);  // metadata, embedding, 4 layers of 9, final norm
+    EXPECT_FALSE(h.contains("lm_head.weight"));
+    const std::map<std::string, std::vector<int64_t>> shapes = {
+        {"model.embed_tokens.weight", {64, 32}},
+        {"model.layers.3.input_layernorm.weight", {32}},
+        {"model.layers.3.self_attn.q_proj.weight", {32, 32}},
+        {"model.layers.3.self_attn.k_proj.weight", {16, 32}},
+        {"model.layers.3.self_attn.v_proj.weight", {16, 32}},
+        {"model.layers.3.self_attn.o_proj.weight", {32, 32}},
+        {"model.layers.3.post_attention_layernorm.weight", {32}},
+        {"model.layers.3.mlp.gate_proj.weight", {48, 32}},
+        {"model.layers.3.mlp.up_proj.weight", {48, 32}},
+        {"model.layers.3.mlp.down_proj.weight", {32, 48}},
+        {"model.norm.weight", {32}}};
+    for (const auto& [name, shape] : shapes) {
+      ASSERT_TRUE(h.contains(name)) << name;
+      EXPECT_EQ(h[name]["dtype"], "F32") << name;
+      EXPECT_EQ(h[name]["shape"].get<std::vector<int64_t>>(), shape) << name;
+    }
+    // Offsets tile the data region back to back.
+    std::vector<std::pair<int64_t, int64_t>> spans;
+    for (const auto& [name, e] : h.items())
+      if (name != "__metadata__") spans.push_back(e["data_offsets"].get<std::pair<int64_t, int64_t>>());
+    std::sort(spans.begin(), spans.end());
+    int64_t at = 0;
+    for (auto [b, e] : spans) {
+      EXPECT_EQ(b, at);
+      at = e;
+    }
+    uint64_t n = 0;
+    std::memcpy(&n, file_bytes(file).data(), 8);
+    EXPECT_EQ(static_cast<int64_t>(fs::file_size(file) - 8 - n), at);
+
+    // bf16: the fp32 master rounded.
+    HfExportOptions bf;
+    bf.dtype = "bf16";
+    hf_export_checkpoint(ck, ck + "/exbf", bf);
+    EXPECT_EQ(read_json(ck + "/exbf/config.json")["torch_dtype"], "bfloat16");
+    const nlohmann::json hb = raw_header(ck + "/exbf/model.safetensors");
+    EXPECT_EQ(hb["model.norm.weight"]["dtype"], "BF16");
+    const auto w = weights_of(ck);
+    EXPECT_TRUE(at::equal(hf_tensor(ck + "/exbf/model.safetensors", "model.embed_tokens.weight"),
+                          w.at("embedding.word_embeddings.weight").to(at::kBFloat16)));
+  }();
+  barrier();
+}
+
+TEST(HfInterop, QkvAndGateUpSplitByTheDocumentedInterleave) {
+  const std::string ck = trained(tiny(), 1, "hfqkv");
+  if (rank0()) [&] {
+    hf_export_checkpoint(ck, ck + "/ex", {});
+    const auto w = weights_of(ck);
+    const std::string f = ck + "/ex/model.safetensors";
+    const int64_t ng = 2, r = 2, hd = 8, ffn = 48;
+    for (int l : {0, 3}) {
+      const at::Tensor qkv = w.at(fmt::format("decoder.layers.{}.self_attention.linear_qkv.weight", l));
+      const std::string p = fmt::format("model.layers.{}.", l);
+      const at::Tensor q = hf_tensor(f, p + "self_attn.q_proj.weight");
+      const at::Tensor k = hf_tensor(f, p + "self_attn.k_proj.weight");
+      const at::Tensor v = hf_tensor(f, p + "self_attn.v_proj.weight");
+      for (int64_t g = 0; g < ng; ++g) {
+        const int64_t base = g * (r + 2) * hd;  // group g: r query heads, its key, its value
+        for (int64_t i = 0; i < r; ++i)
+          EXPECT_TRUE(at::equal(q.narrow(0, (g * r + i) * hd, hd), qkv.narrow(0, base + i * hd, hd)))
+              << "layer " << l << " query head " << g * r + i;
+        EXPECT_TRUE(at::equal(k.narrow(0, g * hd, hd), qkv.narrow(0, base + r * hd, hd)));
+        EXPECT_TRUE(at::equal(v.narrow(0, g * hd, hd), qkv.narrow(0, base + (r + 1) * hd, hd)));
+      }
+      const at::Tensor fc1 = w.at(fmt::format("decoder.layers.{}.mlp.linear_fc1.weight", l));
+      EXPECT_TRUE(at::equal(hf_tensor(f, p + "mlp.gate_proj.weight"), fc1.narrow(0, 0, ffn)));
+      EXPECT_TRUE(at::equal(hf_tensor(f, p + "mlp.up_proj.weight"), fc1.narrow(0, ffn, ffn)));
+    }
+  }();
+  barrier();
+}
+
+TEST(HfInterop, ShardedExportHoldsTheSameTensors) {
+  EXPECT_EQ(hf_parse_shard_size("5GB"), 5'000'000'000);
+  EXPECT_EQ(hf_parse_shard_size("2GiB"), int64_t{2} << 30);
+  EXPECT_EQ(hf_parse_shard_size("1000"), 1000);
+  EXPECT_THROW(hf_parse_shard_size("5 parsecs"), UsageError);
+  const std::string ck = trained(tiny(true), 1, "hfshard");
+  if (rank0()) [&] {
+    HfExportOptions o;
+    o.max_shard_bytes = 20000;  // embedding 8192 B, each layer ~23 KB: several shards
+    hf_export_checkpoint(ck, ck + "/sh", o);
+    const nlohmann::json index = read_json(ck + "/sh/model.safetensors.index.json");
+    const auto& map = index["weight_map"];
+    EXPECT_EQ(map.size(), 1u + 4 * 9 + 1 + 1);  // lm_head too (untied)
+    std::set<std::string> files;
+    for (const auto& [name, file] : map.items()) files.insert(file.get<std::string>());
+    EXPECT_GT(files.size(), 2u);
+    const std::string last = fmt::format("model-{:05d}-of-{:05d}.safetensors", files.size(), files.size());
+    EXPECT_TRUE(files.count(last)) << last;
+    EXPECT_FALSE(fs::exists(ck + "/sh/model.safetensors"));
+    int64_t total = 0;
+    for (const std::string& file : files) {
+      const nlohmann::json h = raw_header(ck + "/sh/" + file);
+      int64_t bytes = 0;
+      for (const auto& [name, e] : h.items())
+        if (name != "__metadata__") {
+          EXPECT_EQ(map[name], file) << name;
+          bytes += e["data_offsets"][1].get<int64_t>() - e["data_offsets"][0].get<int64_t>();
+        }
+      EXPECT_LE(bytes, 20000) << file;
+      total += bytes;
+    }
+    EXPECT_EQ(index["metadata"]["total_size"], total);
+    hf_import_checkpoint(ck + "/sh", ck + "/im");
+    expect_same_weights(weights_of(ck), weights_of(ck + "/im"));
+  }();
+  barrier();
+}
+
+TEST(HfInterop, FinetuneOnPp2Dp2MatchesOneRank) {
+  const std::string ck = trained(tiny(), 1, "hfft");
+  const std::string im = ck + "/im";
+  if (rank0()) [&] {
+    hf_export_checkpoint(ck, ck + "/ex", {});
+    hf_import_checkpoint(ck + "/ex", im);
+  }();
+  barrier();
+  TrainConfig ft = tiny();
+  ft.load = im;
+  ft.finetune = true;
+  const auto one = run_job(ft, 1);
+  const auto four = run_job(pp2dp2(ft), 4);
+  TrainConfig from_ck = ft;
+  from_ck.load = ck;  // the full original checkpoint: its fp32 master, its optimizer ignored
+  const auto orig = run_job(from_ck, 1);
+  const auto fresh = run_job(tiny(), 1);
+  if (rank0()) [&] {  // a lambda: a failed ASSERT must not skip the collectives below
+    ASSERT_EQ(one.size(), 2u);
+    ASSERT_EQ(four.size(), 2u);
+    ASSERT_EQ(orig.size(), 2u);
+    ASSERT_EQ(fresh.size(), 2u);
+    EXPECT_EQ(one[0].iteration, 1);
+    EXPECT_EQ(one[0].consumed_samples, 4);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_NEAR(four[i].lm_loss, one[i].lm_loss, 1e-6 * one[i].lm_loss) << "iteration " << i + 1;
+      EXPECT_EQ(orig[i].lm_loss, one[i].lm_loss) << "iteration " << i + 1;
+    }
+    EXPECT_GT(std::abs(fresh[0].lm_loss - one[0].lm_loss), 1e-3);  // the weights were loaded
+  }();
+  // The weights --finetune loads on pp2 x dp2 are the imported ones, bitwise.
+  TrainConfig zero = pp2dp2(ft);
+  zero.train_iters = 0;
+  zero.save = test::shared_temp_dir("hfft0");
+  run_job(zero, 4, false, nullptr, nullptr, [](Trainer& t, const ProcessGroups&) { t.save(); });
+  if (rank0()) {
+    expect_same_weights(weights_of(im), weights_of(zero.save));
+  }
+  // Without --finetune a weights-only checkpoint is refused naming the flag.
+  TrainConfig plain = pp2dp2(tiny());
+  plain.load = im;
+  std::string error;
+  run_job(plain, 4, false, nullptr, &error);
+  if (rank0()) [&] {
+    EXPECT_NE(error.find("--finetune"), std::string::npos) << error;
+  }();
+  barrier();
+}
+
+// Expects `fn` to throw UsageError mentioning `needle`, with nothing left at `out` or beside it.
+template <typename Fn>
+void expect_refused(Fn fn, const std::string& needle, const std::string& out) {
+  try {
+    fn();
+    ADD_FAILURE() << "not refused; expected a message naming " << needle;
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(out)) << out;
+  for (const auto& e : fs::directory_iterator(fs::path(out).parent_path()))
+    EXPECT_EQ(e.path().filename().string().find(fs::path(out).filename().string() + ".tmp-"),
+              std::string::npos) << e.path();
+}
+
+// Writes `tensors` (name -> tensor) as dir/model.safetensors.
+void write_model(const std::string& dir, const std::map<std::string, at::Tensor>& tensors) {
+  std::vector<SafetensorsWriteEntry> entries;
+  for (const auto& [name, t] : tensors)
+    entries.push_back({name, "F32", t.sizes().vec(), t.data_ptr(),
+                       static_cast<size_t>(t.numel()) * 4});
+  ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", entries, {{"format", "pt"}}).is_ok());
+}
+
+TEST(HfInterop, BadInputNamesTheKey) {
+  const std::string ck = trained(tiny(), 1, "hfbad");
+  if (rank0()) [&] {
+    const std::string good = ck + "/ex";
+    hf_export_checkpoint(ck, good, {});
+    const nlohmann::json config = read_json(good + "/config.json");
+    std::map<std::string, at::Tensor> tensors;
+    SafetensorsHeader h;
+    ASSERT_TRUE(read_safetensors_header(good + "/model.safetensors", &h).is_ok());
+    for (const auto& [name, e] : h.entries) tensors[name] = hf_tensor(good + "/model.safetensors", name);
+    int n = 0;
+    auto variant = [&](const nlohmann::json& cfg, const std::map<std::string, at::Tensor>& t) {
+      const std::string d = fmt::format("{}/bad{}", ck, n++);
+      fs::create_directories(d);
+      std::ofstream(d + "/config.json") << cfg.dump();
+      write_model(d, t);
+      return d;
+    };
+    const std::string out = ck + "/out";
+    auto refused_config = [&](const char* key, const nlohmann::json& value, const std::string& needle) {
+      nlohmann::json c = config;
+      if (value.is_discarded()) c.erase(key);
+      else c[key] = value;
+      const std::string d = variant(c, tensors);
+      expect_refused([&] { hf_import_checkpoint(d, out); }, needle, out);
+    };
+    const nlohmann::json erase = nlohmann::json::value_t::discarded;
+    refused_config("hidden_size", erase, "'hidden_size'");
+    refused_config("rms_norm_eps", erase, "'rms_norm_eps'");
+    refused_config("rope_scaling", {{"type", "linear"}, {"factor", 2.0}}, "rope_scaling");
+    refused_config("rope_parameters", {{"rope_type", "llama3"}, {"rope_theta", 5e5}}, "rope_type");
+    refused_config("attention_bias", true, "attention_bias");
+    refused_config("mlp_bias", true, "mlp_bias");
+    refused_config("hidden_act", "gelu", "hidden_act");
+    refused_config("head_dim", 16, "head_dim");
+    refused_config("num_key_value_heads", 3, "num_key_value_heads");
+    refused_config("sliding_window", 4096, "sliding_window");
+    refused_config("model_type", "gpt2", "model_type");
+    refused_config("hidden_size", "32", "hidden_size");  // wrong type
+
+    auto refused_tensors = [&](std::map<std::string, at::Tensor> t, const std::string& needle) {
+      const std::string d = variant(config, t);
+      expect_refused([&] { hf_import_checkpoint(d, out); }, needle, out);
+    };
+    auto t = tensors;
+    t["model.layers.1.self_attn.k_proj.weight"] = at::zeros({8, 32});
+    refused_tensors(t, "'model.layers.1.self_attn.k_proj.weight' has shape [8,32]");
+    t = tensors;
+    t.erase("model.norm.weight");
+    refused_tensors(t, "'model.norm.weight' is missing");
+    t = tensors;
+    t["model.layers.0.mlp.extra.weight"] = at::zeros({2});
+    refused_tensors(t, "unknown tensor 'model.layers.0.mlp.extra.weight'");
+    t = tensors;
+    t["lm_head.weight"] = at::zeros({64, 32});  // tied, but differs from the embedding
+    refused_tensors(t, "lm_head.weight");
+    t = tensors;
+    t["lm_head.weight"] = tensors.at("model.embed_tokens.weight").clone();  // tied and equal: ok
+    const std::string ok = variant(config, t);
+    hf_import_checkpoint(ok, ck + "/ok");
+    expect_same_weights(weights_of(ck), weights_of(ck + "/ok"));
+
+    // Existing non-empty OUT: refused for both directions, and left as it was.
+    fs::create_directories(ck + "/full");
+    std::ofstream(ck + "/full/keep") << "x";
+    auto still_there = [&] { EXPECT_TRUE(fs::exists(ck + "/full/keep")); };
+    try {
+      hf_import_checkpoint(good, ck + "/full");
+      ADD_FAILURE() << "import into a non-empty OUT";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("already exists"), std::string::npos) << e.what();
+    }
+    still_there();
+    EXPECT_THROW(hf_export_checkpoint(ck, ck + "/full", {}), UsageError);
+    still_there();
+
+    // Models with no Hugging Face layout.
+    ModelConfig hybrid = tiny().model;
+    hybrid.layer_symbols = "M*M*";
+    expect_refused([&] { hf_model_type(hybrid); }, "hybrid", ck + "/none");
+    ModelConfig shared = tiny().model;
+    shared.num_experts = 4;
+    shared.moe_shared_expert_intermediate_size = 16;
+    expect_refused([&] { hf_model_type(shared); }, "--moe-shared-expert-intermediate-size", ck + "/none");
+    ModelConfig mixed = tiny().model;
+    mixed.num_experts = 4;
+    mixed.moe_layer_pattern = {0, 1, 1, 1};
+    expect_refused([&] { hf_model_type(mixed); }, "--moe-layer-freq", ck + "/none");
+  }();
+  barrier();
+}
+
+TEST(HfInterop, MixtralRoundTrip) {
+  TrainConfig c = tiny();
+  c.model.num_experts = 4;
+  c.model.moe_router_topk = 2;
+  c.model.moe_ffn_hidden_size = 24;
+  c.layout.ep = 2;
+  const std::string ck = trained(c, 4, "hfmoe");  // ep 2 x dp 4 (edp 2)
+  if (rank0()) [&] {
+    hf_export_checkpoint(ck, ck + "/ex", {});
+    const nlohmann::json cfg = read_json(ck + "/ex/config.json");
+    EXPECT_EQ(cfg["model_type"], "mixtral");
+    EXPECT_EQ(cfg["architectures"], nlohmann::json::array({"MixtralForCausalLM"}));
+    EXPECT_EQ(cfg["num_local_experts"], 4);
+    EXPECT_EQ(cfg["num_experts_per_tok"], 2);
+    EXPECT_EQ(cfg["intermediate_size"], 24);
+    const nlohmann::json h = raw_header(ck + "/ex/model.safetensors");
+    EXPECT_EQ(h["model.layers.2.block_sparse_moe.gate.weight"]["shape"], nlohmann::json({4, 32}));
+    EXPECT_EQ(h["model.layers.2.block_sparse_moe.experts.3.w1.weight"]["shape"], nlohmann::json({24, 32}));
+    EXPECT_EQ(h["model.layers.2.block_sparse_moe.experts.3.w3.weight"]["shape"], nlohmann::json({24, 32}));
+    EXPECT_EQ(h["model.layers.2.block_sparse_moe.experts.3.w2.weight"]["shape"], nlohmann::json({32, 24}));
+    const auto w = weights_of(ck);
+    const at::Tensor fc1 = w.at("decoder.layers.2.mlp.experts.3.linear_fc1.weight");
+    const std::string f = ck + "/ex/model.safetensors";
+    EXPECT_TRUE(at::equal(hf_tensor(f, "model.layers.2.block_sparse_moe.experts.3.w1.weight"), fc1.narrow(0, 0, 24)));
+    EXPECT_TRUE(at::equal(hf_tensor(f, "model.layers.2.block_sparse_moe.experts.3.w3.weight"), fc1.narrow(0, 24, 24)));
+    hf_import_checkpoint(ck + "/ex", ck + "/im");
+    expect_same_weights(w, weights_of(ck + "/im"));
+  }();
+  barrier();
+}
+
+}  // namespace
+}  // namespace weft
