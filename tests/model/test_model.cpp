@@ -575,6 +575,72 @@ TEST(ModelOps, EmbeddingAccumulatesRepeatedTokens) {
   EXPECT_EQ(params.pending_uses(0), 0);
 }
 
+// --- the language-model loss's ignored label ----------------------------------------------------
+
+// lm_loss_sum with labels -100 (ignored, as in ATen's nll_loss) on logits [b, s, v] of `dtype`
+// on `dev`, against a hand-written reference in float64 on the same (dtype-rounded) logits: the
+// loss is the sum over the kept rows of logsumexp(x) - x[label], the gradient of the kept rows
+// is softmax(x) - onehot(label) times the upstream gradient, and the ignored rows get exactly
+// zero. The ignored rows' logits are then made huge, which must change nothing; and a batch
+// with every row ignored has loss 0 and no gradient.
+void check_ignored_labels(torch::Device dev, torch::ScalarType dtype, double tol) {
+  const bool fused_path = fused::usable(torch::empty({1}, torch::TensorOptions(dtype).device(dev)));
+  SCOPED_TRACE(::testing::Message()
+               << "device " << dev << " dtype " << dtype << " fused " << fused_path);
+  const int64_t b = 3, s = 5, v = 64;
+  auto gen = at::detail::createCPUGenerator(11);
+  const torch::Tensor x64 = torch::randn({b, s, v}, gen, torch::kDouble) * 3;
+  torch::Tensor labels = torch::randint(v, {b, s}, gen, torch::kLong);
+  // Ignored: the first and the last row, a sequence's tail, scattered rows.
+  for (auto [i, j] : {std::pair{0, 0}, {0, 3}, {1, 1}, {2, 2}, {2, 3}, {2, 4}}) labels[i][j] = -100;
+  labels[1][0] = 0;  // a kept row with label 0, which -100 must not be mistaken for
+
+  const torch::Tensor xr = x64.to(dtype).to(torch::kDouble).view({-1, v});
+  const torch::Tensor y = labels.view({-1});
+  const torch::Tensor kept = y.ne(-100).nonzero().squeeze(1);
+  const torch::Tensor ignored = y.eq(-100).nonzero().squeeze(1);
+  ASSERT_EQ(ignored.numel(), 6);
+  const torch::Tensor xk = xr.index_select(0, kept), yk = y.index_select(0, kept);
+  const double want_loss =
+      (xk.logsumexp(-1) - xk.gather(1, yk.unsqueeze(1)).squeeze(1)).sum().item<double>();
+  const double upstream = 0.5;
+  const torch::Tensor want_grad = torch::zeros_like(xr).index_copy_(
+      0, kept, upstream * (torch::softmax(xk, -1) - torch::one_hot(yk, v).to(torch::kDouble)));
+
+  auto run = [&](const torch::Tensor& x, const torch::Tensor& lab, torch::Tensor* grad) {
+    const torch::Tensor logits =
+        x.to(dev, dtype, /*non_blocking=*/false, /*copy=*/true).requires_grad_(true);
+    const torch::Tensor loss = lm_loss_sum(logits, lab.to(dev));
+    (loss * upstream).backward();
+    *grad = logits.grad().to(torch::kCPU, torch::kDouble).reshape({-1, v});
+    return loss.item<double>();
+  };
+  torch::Tensor grad;
+  const double loss = run(x64, labels, &grad);
+  EXPECT_NEAR(loss, want_loss, tol * std::abs(want_loss));
+  EXPECT_EQ(grad.index_select(0, ignored).abs().max().item<double>(), 0.0);
+  EXPECT_LE(rel_err(grad, want_grad), tol);
+
+  // Huge logits on the ignored rows: the same loss and gradient rows.
+  const torch::Tensor loud = x64.clone();
+  loud.view({-1, v}).index_fill_(0, ignored, 500.0);
+  loud.view({-1, v}).select(1, 7).index_fill_(0, ignored, -700.0);
+  torch::Tensor grad_loud;
+  EXPECT_NEAR(run(loud, labels, &grad_loud), want_loss, tol * std::abs(want_loss));
+  EXPECT_EQ(grad_loud.index_select(0, ignored).abs().max().item<double>(), 0.0);
+  EXPECT_LE(rel_err(grad_loud, want_grad), tol);
+
+  torch::Tensor grad_none;
+  EXPECT_EQ(run(x64, torch::full({b, s}, -100, torch::kLong), &grad_none), 0.0);
+  EXPECT_EQ(grad_none.abs().max().item<double>(), 0.0);
+}
+
+TEST(ModelLoss, IgnoredLabelsAddNothingAndGetZeroGradient) {
+  check_ignored_labels(torch::kCPU, torch::kDouble, 1e-12);
+  check_ignored_labels(torch::kCPU, torch::kFloat, 1e-5);
+  check_ignored_labels(torch::kCPU, torch::kBFloat16, 1e-2);
+}
+
 // --- CUDA against CPU (skipped without a GPU) ----------------------------------------------------
 
 TEST(ModelCuda, MatchesCpuAndIsDeterministic) {
@@ -649,6 +715,19 @@ TEST(ModelCuda, FusedKernelsMatchReference) {
       }
     }
   }
+}
+
+// The ignored label on the GPU: the fused cross-entropy kernel (float32, bfloat16) and, switched
+// off, the ATen composition, against the same float64 reference as on the CPU.
+TEST(ModelCuda, IgnoredLabelsFusedAndUnfused) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const torch::Device dev(torch::kCUDA, 0);
+  for (bool fused_on : {true, false}) {
+    fused::set_enabled(fused_on);
+    check_ignored_labels(dev, torch::kFloat, 1e-5);
+    check_ignored_labels(dev, torch::kBFloat16, 1e-2);
+  }
+  fused::set_enabled(true);
 }
 
 }  // namespace

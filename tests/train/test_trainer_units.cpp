@@ -1,12 +1,15 @@
 // Single-rank tests of the engine's pieces: the layer split, the LR schedule, config refusals
 // (each names its flag), mock-data determinism, the FSDP row-block arithmetic, and that the
-// sharded AdamW matches an independent textbook AdamW on one parameter.
+// sharded AdamW matches an independent textbook AdamW on one parameter, with and without a
+// gradient multiplier; and that the trainer clips by min(1, clip / (norm + 1e-6)), once.
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "weft/core/error.h"
 #include "weft/data/mock_dataset.h"
@@ -142,6 +145,153 @@ TEST(ShardedAdamW, MatchesTextbookAdamW) {
   EXPECT_TRUE(at::equal(unit.backward_weight(1), at::ones({4})));
   EXPECT_EQ(opt.group_name_of("a.norm"), "no_decay");
   EXPECT_EQ(opt.group_name_of("a.weight"), "decay");
+}
+
+// The device of the tests below: WEFT_TEST_DEVICE (cpu unless set to cuda; on CUDA the
+// optimizer takes the fused multi-tensor kernel, which applies the multiplier itself).
+c10::Device clip_test_device() {
+  const char* d = std::getenv("WEFT_TEST_DEVICE");
+  return c10::Device(d && std::string(d) == "cuda" ? "cuda" : "cpu");
+}
+
+// One AdamW step of the textbook update on the gradient g, in float64, with the state (p, m, v)
+// carried by the caller: weight decay wd, betas 0.9/0.95, the given eps.
+void textbook_adamw_step(at::Tensor& p, at::Tensor& m, at::Tensor& v, const at::Tensor& g,
+                         int step, double lr, double wd, double eps) {
+  m = 0.9 * m + 0.1 * g;
+  v = 0.95 * v + 0.05 * g * g;
+  at::Tensor mh = m / (1 - std::pow(0.9, step)), vh = v / (1 - std::pow(0.95, step));
+  p = p * (1 - lr * wd) - lr * mh / (vh.sqrt() + eps);
+}
+
+// step(lr, c) on gradients g equals a textbook AdamW on c * g, over steps with different
+// coefficients. Adam divides m by sqrt(v), so a coefficient only shows where eps is not small
+// against |c g| or where it changes between steps: eps 0.05 against gradients ~N(0, 1) and the
+// coefficients 0.3, 1, 0.02 make a skipped, squared or inverted coefficient fail (checked below:
+// the same steps without the coefficients end far away).
+TEST(ShardedAdamW, GradMultiplierScalesTheGradients) {
+  const c10::Device dev = clip_test_device();
+  LayoutConfig l;
+  Mesh mesh(l);
+  ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
+  std::vector<ParamSpec> specs = {{"a.weight", {6, 5}, InitKind::kNormal, true}};
+  FsdpUnit unit("a", specs, groups.get("fsdp_shard"), at::kFloat, dev);
+  const at::Tensor w0 = at::randn({6, 5}, at::kDouble);
+  unit.load_full([&](const ParamSpec&) { return w0.to(at::kFloat).to(dev); });
+  AdamWConfig cfg;
+  cfg.weight_decay = 0.1;
+  cfg.eps = 0.05;
+  ShardedAdamW opt({&unit}, cfg);
+  const double lr = 0.01;
+  at::Tensor p = w0.clone(), m = at::zeros_like(p), v = at::zeros_like(p);
+  at::Tensor p1 = w0.clone(), m1 = at::zeros_like(p), v1 = at::zeros_like(p);  // coefficient 1
+  const double coefs[] = {0.3, 1.0, 0.02};
+  for (int step = 1; step <= 3; ++step) {
+    const double c = coefs[step - 1];
+    const at::Tensor g = at::randn({6, 5}, at::kDouble);
+    opt.zero_grad();
+    grad_shard(unit, 0).copy_(g.reshape({-1}));
+    opt.step(lr, c);
+    textbook_adamw_step(p, m, v, c * g, step, lr, cfg.weight_decay, cfg.eps);
+    textbook_adamw_step(p1, m1, v1, g, step, lr, cfg.weight_decay, cfg.eps);
+    unit.unshard();
+    const at::Tensor got = unit.backward_weight(0).to(at::kDouble).cpu();
+    EXPECT_TRUE(at::allclose(got, p, 1e-5, 1e-6))
+        << "step " << step << " coefficient " << c << ": max diff "
+        << (got - p).abs().max().item<double>();
+  }
+  // The test can tell: without the coefficients the weights end far from these.
+  EXPECT_GT((p - p1).abs().max().item<double>(), 1e-3);
+}
+
+// The trainer's clipping coefficient is min(1, clip / (norm + 1e-6)), applied once to the
+// gradients of the AdamW step. One step of a small model, world 1, weight decay 0, eps 1e-3 (of
+// the order of the clipped gradient entries, so that the step depends on their scale): the
+// gradients and the norm N come from a run with --clip-grad 0, then runs with --clip-grad N/4
+// (coefficient ~1/4) and 1e6 (coefficient 1) must move every master weight by the textbook
+// first AdamW step on coefficient * gradient, computed here in float64. The test checks that
+// skipping the coefficient, squaring it, or dropping the min(1, ...) would miss the tolerance.
+TEST(Trainer, ClipGradCoefficient) {
+  TrainConfig c;
+  c.model.num_layers = 2;
+  c.model.hidden_size = 32;
+  c.model.ffn_hidden_size = 48;
+  c.model.seq_length = 16;
+  c.model.vocab_size = 64;
+  c.micro_batch_size = 2;
+  c.global_batch_size = 4;
+  c.train_iters = 1;
+  c.eval_interval = 0;
+  c.quiet = true;
+  c.adam.weight_decay = 0;
+  c.adam.eps = 1e-3;
+  c.lr.lr = 0.01;
+  c.lr.style = "constant";
+  c.device = clip_test_device().str();
+  LayoutConfig l;
+  Mesh mesh(l);
+  ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
+  auto masters = [](Trainer& t) {
+    std::vector<at::Tensor> out;
+    for (size_t k = 0; k < t.optimizer().units().size(); ++k)
+      out.push_back(t.optimizer().state(k).master.to(at::kDouble).cpu());
+    return out;
+  };
+
+  // The unclipped run: initial masters, gradients (a multiplier of 1 leaves them in place) and
+  // the norm, which must be the norm of these gradients.
+  c.clip_grad = 0;
+  Trainer ref(c, groups);
+  const std::vector<at::Tensor> p0 = masters(ref);
+  const IterationStats s0 = ref.train_step();
+  std::vector<at::Tensor> grads;
+  double sumsq = 0;
+  for (FsdpUnit* u : ref.optimizer().units()) {
+    grads.push_back(grad_shard(*u).to(at::kDouble).cpu());
+    sumsq += grads.back().pow(2).sum().item<double>();
+  }
+  const double norm = s0.grad_norm;
+  ASSERT_GT(norm, 0);
+  EXPECT_NEAR(norm, std::sqrt(sumsq), 1e-6 * norm);
+
+  // The masters after one textbook AdamW step (step 1: m^ = g, v^ = g^2) on coef * g.
+  auto textbook = [&](double coef) {
+    std::vector<at::Tensor> out;
+    for (size_t k = 0; k < p0.size(); ++k) {
+      const at::Tensor g = coef * grads[k];
+      out.push_back(p0[k] - s0.lr * g / (g.abs() + c.adam.eps));
+    }
+    return out;
+  };
+  // max |got - want| over the step size: 0 for the exact update, 1 for one twice as large.
+  auto step_err = [&](const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want) {
+    double e = 0;
+    for (size_t k = 0; k < got.size(); ++k)
+      e = std::max(e, (got[k] - want[k]).abs().max().item<double>());
+    return e / s0.lr;
+  };
+  constexpr double kTol = 1e-4;  // float32 masters ~0.05 moved by ~lr: ~1e-5 of a step
+
+  for (double clip : {norm / 4, 1e6}) {
+    SCOPED_TRACE(::testing::Message() << "--clip-grad " << clip << ", norm " << norm);
+    c.clip_grad = clip;
+    Trainer t(c, groups);
+    const std::vector<at::Tensor> start = masters(t);
+    ASSERT_EQ(start.size(), p0.size());
+    for (size_t k = 0; k < p0.size(); ++k) ASSERT_TRUE(at::equal(start[k], p0[k])) << k;
+    const IterationStats s = t.train_step();
+    EXPECT_NEAR(s.grad_norm, norm, 1e-9 * norm);  // the norm before clipping, as Megatron logs it
+    const double coef = std::min(1.0, clip / (norm + 1e-6));
+    const std::vector<at::Tensor> got = masters(t);
+    EXPECT_LT(step_err(got, textbook(coef)), kTol);
+    // What a wrong coefficient would give is far outside the tolerance.
+    if (coef < 1) {
+      EXPECT_GT(step_err(got, textbook(1.0)), 100 * kTol) << "unclipped";
+      EXPECT_GT(step_err(got, textbook(coef * coef)), 100 * kTol) << "clipped twice";
+    } else {
+      EXPECT_GT(step_err(got, textbook(clip / (norm + 1e-6))), 100 * kTol) << "no min(1, .)";
+    }
+  }
 }
 
 }  // namespace

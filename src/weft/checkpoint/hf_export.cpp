@@ -6,6 +6,7 @@
 #include "weft/checkpoint/hf_export.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cctype>
 #include <cstdio>

@@ -4,6 +4,7 @@
 
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "weft/core/error.h"
