@@ -11,7 +11,10 @@
 #include <ATen/Functions.h>
 
 #include <filesystem>
+#include <algorithm>
+#include <cstdlib>
 #include <fstream>
+#include <set>
 
 #include "../train/job.h"
 #include "ckpt_diff.h"
@@ -272,6 +275,118 @@ TEST(Refusals, EachWithItsOwnMessage) {
   TrainConfig step = c;
   step.ckpt_step = 7;
   expect_refused(load_error(step, 2, good), "iter_0000007/metadata.json: not found");
+  if (test::world_rank() == 0) (void)weft::remove_tree(dir);
+}
+
+// Strictness modes (checkpoint.h): a 6-layer checkpoint loaded by an 8-layer model (missing
+// keys) and by a 4-layer model (unexpected keys) raises or loads as each mode documents, and
+// logs (rank 0, stderr) exactly where the mode says so.
+TEST(Strictness, EachModeRaisesOrLoadsAsDocumented) {
+  if (test::world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string dir = test::shared_temp_dir("strict");
+  TrainConfig c = small_config();
+  c.train_iters = 1;
+  c.save = dir;
+  run_job(c, 2);
+  TrainConfig more = c, fewer = c;
+  more.model.num_layers = 8;   // decoder.layers.6-7 missing from the checkpoint
+  fewer.model.num_layers = 4;  // decoder.layers.4-5 unexpected
+  more.save = fewer.save = "";
+  more.eval_interval = fewer.eval_interval = 0;  // a load that succeeds would evaluate at exit
+  struct Mode {
+    const char* name;
+    bool raise_missing, log_missing, raise_unexpected, log_unexpected;
+  };
+  const Mode modes[] = {{"raise_all", true, false, true, false},
+                        {"raise_unexpected", false, true, true, false},
+                        {"log_all", false, true, false, true},
+                        {"return_all", false, true, false, true},
+                        {"log_unexpected", true, false, false, true},
+                        {"return_unexpected", true, false, false, true},
+                        {"assume_ok_unexpected", true, false, false, false},
+                        {"ignore_all", false, false, false, false}};
+  for (const Mode& m : modes) {
+    for (bool missing : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << m.name << (missing ? ", missing keys" : ", unexpected keys"));
+      TrainConfig t = missing ? more : fewer;
+      t.strictness = m.name;
+      const bool raise = missing ? m.raise_missing : m.raise_unexpected;
+      const bool log = missing ? m.log_missing : m.log_unexpected;
+      ::testing::internal::CaptureStderr();
+      const std::string err = load_error(t, 2, dir);
+      const std::string logged = ::testing::internal::GetCapturedStderr();
+      if (test::world_rank() >= 2) continue;
+      if (raise) {
+        EXPECT_NE(err.find(missing ? "key(s) the model expects are missing: decoder.layers.6"
+                                   : "unexpected key(s) that nothing loads: decoder.layers.4"),
+                  std::string::npos)
+            << "error was: '" << err << "'";
+      } else {
+        EXPECT_EQ(err, "");
+        if (test::world_rank() == 0)
+          EXPECT_EQ(logged.find(missing ? "missing keys not loaded: decoder.layers.6"
+                                        : "unexpected keys ignored: decoder.layers.4") !=
+                        std::string::npos,
+                    log)
+              << "stderr was: '" << logged << "'";
+      }
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (test::world_rank() == 0) (void)weft::remove_tree(dir);
+}
+
+// One rank failing during a distributed save (an injected write error on rank 1 at iteration
+// 2, see core/fault.h): every rank throws the same message naming rank 1, nothing new is
+// listed (no iter_0000002, no temporary directory left), the tracker still names iteration 1,
+// and that checkpoint loads.
+TEST(SaveFailure, OneRankFailsEveryRankRefusesAndTheLatestStays) {
+  if (test::world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string dir = test::shared_temp_dir("savefail");
+  TrainConfig c = small_config();
+  c.train_iters = 2;
+  c.save = dir;
+  c.save_interval = 1;
+  setenv("WEFT_FAULT", "checkpoint.shard_write:1:2:error", 1);
+  std::string err;
+  run_job(c, 2, false, nullptr, &err);
+  unsetenv("WEFT_FAULT");
+  // Rank 0's message, known to every rank.
+  int n = static_cast<int>(err.size());
+  MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  std::string err0(static_cast<size_t>(n), '\0');
+  if (test::world_rank() == 0) err0 = err;
+  MPI_Bcast(err0.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
+  // Messages open with the thrower's "[rank N] "; the rest must be the same everywhere.
+  auto body = [](const std::string& e) { return e.substr(std::min(e.size(), e.find("] ") + 2)); };
+  if (test::world_rank() < 2) {
+    EXPECT_NE(err.find("checkpoint save failed, nothing was listed: rank 1: "), std::string::npos)
+        << "error was: '" << err << "'";
+    EXPECT_NE(err.find("injected write error"), std::string::npos) << err;
+    EXPECT_EQ(body(err), body(err0)) << "rank " << test::world_rank() << " saw another message";
+  }
+  if (test::world_rank() == 0) {
+    std::set<std::string> listed;
+    for (const auto& e : fs::directory_iterator(dir)) listed.insert(e.path().filename().string());
+    EXPECT_EQ(listed, (std::set<std::string>{"iter_0000001", "latest_checkpointed_iteration.txt"}));
+    std::ifstream tracker(dir + "/latest_checkpointed_iteration.txt");
+    std::string latest;
+    tracker >> latest;
+    EXPECT_EQ(latest, "1");
+  }
+  TrainConfig r = c;
+  r.load = dir;
+  r.save = "";
+  r.train_iters = 1;
+  r.save_interval = 0;
+  int loaded = -1;
+  std::string load_err;
+  run_job(r, 2, false, nullptr, &load_err, [&](Trainer& t, const ProcessGroups&) { loaded = t.iteration(); });
+  if (test::world_rank() < 2) {
+    EXPECT_EQ(load_err, "");
+    EXPECT_EQ(loaded, 1);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
   if (test::world_rank() == 0) (void)weft::remove_tree(dir);
 }
 

@@ -9,7 +9,10 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "weft/core/error.h"
 #include "weft/data/mock_dataset.h"
@@ -292,6 +295,84 @@ TEST(Trainer, ClipGradCoefficient) {
       EXPECT_GT(step_err(got, textbook(clip / (norm + 1e-6))), 100 * kTol) << "no min(1, .)";
     }
   }
+}
+
+// The skip path: a step whose loss and gradient norm are non-finite is counted in both counters
+// and changes no weight and no optimizer state. The NaN is planted in one element of a weight
+// shard through the public API (with float32 compute the shard is the optimizer's master, so
+// the planted value is part of the state and must survive bitwise). One normal step first makes
+// the moments non-zero; after the skipped step the planted element is restored and the next
+// step must train again (not skipped, every master moved).
+TEST(Trainer, NonFiniteStepIsSkippedAndLeavesTheStateUnchanged) {
+  TrainConfig c;
+  c.model.num_layers = 2;
+  c.model.hidden_size = 32;
+  c.model.ffn_hidden_size = 48;
+  c.model.seq_length = 16;
+  c.model.vocab_size = 64;
+  c.micro_batch_size = 2;
+  c.global_batch_size = 4;
+  c.train_iters = 3;
+  c.eval_interval = 0;
+  c.quiet = true;
+  c.lr.lr = 0.01;
+  c.lr.style = "constant";
+  c.device = clip_test_device().str();
+  LayoutConfig l;
+  Mesh mesh(l);
+  ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
+  Trainer t(c, groups);
+  // Every byte of the training state: weight shards, masters, moments and the step count.
+  auto state = [&t] {
+    std::vector<at::Tensor> out;
+    ShardedAdamW& opt = t.optimizer();
+    for (size_t k = 0; k < opt.units().size(); ++k) {
+      out.push_back(opt.units()[k]->param_shard().cpu().contiguous().clone());
+      out.push_back(opt.state(k).master.cpu().contiguous().clone());
+      out.push_back(opt.state(k).exp_avg.cpu().contiguous().clone());
+      out.push_back(opt.state(k).exp_avg_sq.cpu().contiguous().clone());
+    }
+    out.push_back(at::tensor({opt.steps()}, at::kLong));
+    return out;
+  };
+  auto same_bits = [](const at::Tensor& a, const at::Tensor& b) {
+    return a.sizes() == b.sizes() && a.dtype() == b.dtype() &&
+           std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+  };
+
+  const IterationStats s1 = t.train_step();
+  ASSERT_FALSE(s1.skipped);
+  ASSERT_TRUE(std::isfinite(s1.lm_loss));
+  EXPECT_EQ(t.skipped_iterations(), 0);
+  EXPECT_EQ(t.nan_iterations(), 0);
+
+  const at::Tensor& shard = t.optimizer().units().at(0)->param_shard();
+  const at::Tensor kept = shard[0].clone();
+  shard[0].fill_(std::numeric_limits<double>::quiet_NaN());
+  const std::vector<at::Tensor> before = state();
+  const IterationStats s2 = t.train_step();
+  EXPECT_TRUE(s2.skipped);
+  EXPECT_FALSE(std::isfinite(s2.lm_loss));
+  EXPECT_FALSE(std::isfinite(s2.grad_norm));
+  EXPECT_EQ(s2.iteration, 2);
+  EXPECT_EQ(t.iteration(), 2);
+  EXPECT_EQ(t.skipped_iterations(), 1);
+  EXPECT_EQ(t.nan_iterations(), 1);
+  const std::vector<at::Tensor> after = state();
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < before.size(); ++i)
+    EXPECT_TRUE(same_bits(before[i], after[i])) << "state tensor " << i << " changed";
+
+  shard[0].copy_(kept);
+  const std::vector<at::Tensor> restored = state();
+  const IterationStats s3 = t.train_step();
+  EXPECT_FALSE(s3.skipped);
+  EXPECT_TRUE(std::isfinite(s3.lm_loss));
+  EXPECT_EQ(t.skipped_iterations(), 1);
+  EXPECT_EQ(t.optimizer().steps(), 2);
+  const std::vector<at::Tensor> trained = state();
+  for (size_t k = 0; k < t.optimizer().units().size(); ++k)
+    EXPECT_FALSE(same_bits(restored[4 * k + 1], trained[4 * k + 1])) << "unit " << k;
 }
 
 }  // namespace

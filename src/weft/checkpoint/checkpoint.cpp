@@ -305,6 +305,8 @@ void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, Sharded
     };
     std::vector<uint32_t> crcs;
     st = write_safetensors_streamed(tmp + "/" + file, entries, source, metadata, kBlock, &crcs);
+    if (st && fault_error("checkpoint.shard_write", rank, req.iteration))
+      st = Status::error(fmt::format("{}: injected write error (WEFT_FAULT)", tmp + "/" + file));
     if (st) chunk_list = chunks_with(crcs);
   }
   fault_point("checkpoint.after_shard_write", rank, req.iteration);

@@ -6,13 +6,24 @@
 #include <string>
 
 namespace weft {
+namespace {
+
+bool fault_wanted(const char* point, int rank, int iteration, const char* suffix) {
+  const char* spec = std::getenv("WEFT_FAULT");
+  if (!spec) return false;
+  const std::string want = std::string(point) + ":" + std::to_string(rank) + ":" +
+                           std::to_string(iteration) + suffix;
+  return want == spec;
+}
+
+}  // namespace
 
 void fault_point(const char* point, int rank, int iteration) {
-  const char* spec = std::getenv("WEFT_FAULT");
-  if (!spec) return;
-  const std::string want = std::string(point) + ":" + std::to_string(rank) + ":" +
-                           std::to_string(iteration);
-  if (want == spec) std::raise(SIGKILL);
+  if (fault_wanted(point, rank, iteration, "")) std::raise(SIGKILL);
+}
+
+bool fault_error(const char* point, int rank, int iteration) {
+  return fault_wanted(point, rank, iteration, ":error");
 }
 
 }  // namespace weft

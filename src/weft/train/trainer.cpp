@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
@@ -173,8 +174,45 @@ void validate_train_config(const TrainConfig& c, int world_size) {
       fail_usage("--profile-ranks: rank {} is outside the world of {} ranks", r, world_size);
 }
 
+namespace {
+
+// Collective over `world`, first thing in the constructor: every rank must have been started
+// with the same training config (model, optimizer, schedule, batch, data flags; the layout is
+// checked by ProcessGroups). Ranks given, say, different --num-layers would otherwise build
+// different stages and train silently wrong, or hang in a collective. Each leaf of the config
+// JSON is hashed (std::hash: every rank runs the same binary); the hashes are all-gathered and
+// every rank throws the same UsageError naming the lowest differing rank and the first key.
+void check_same_config_on_every_rank(const TrainConfig& cfg, Communicator& world) {
+  std::vector<std::pair<std::string, std::string>> leaves;  // (key path, value), fixed order
+  std::function<void(const nlohmann::json&, const std::string&)> walk =
+      [&](const nlohmann::json& j, const std::string& path) {
+        if (!j.is_object()) {
+          leaves.emplace_back(path, j.dump());
+          return;
+        }
+        for (const auto& [k, v] : j.items()) walk(v, path.empty() ? k : path + "." + k);
+      };
+  walk(train_config_to_json(cfg), "");
+  const int64_t n = static_cast<int64_t>(leaves.size());
+  at::Tensor mine = at::empty({n}, at::kLong);
+  for (int64_t i = 0; i < n; ++i)
+    mine[i] = static_cast<int64_t>(std::hash<std::string>{}(leaves[i].second));
+  at::Tensor all = at::empty({world.size() * n}, at::kLong);
+  world.all_gather(mine, all);
+  all = all.reshape({world.size(), n});
+  for (int r = 1; r < world.size(); ++r)
+    for (int64_t i = 0; i < n; ++i)
+      if (all[r][i].item<int64_t>() != all[0][i].item<int64_t>())
+        fail_usage("rank {} was started with another value of '{}' than rank 0 (the first "
+                   "difference found); pass the same flags to every rank",
+                   r, leaves[i].first);
+}
+
+}  // namespace
+
 Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
     : cfg_(cfg), groups_(groups) {
+  check_same_config_on_every_rank(cfg_, groups.control());
   validate_train_config(cfg_, groups.mesh().world_size());
   data_ = std::make_unique<TrainData>(cfg_, groups.control(), groups.rank());
   if (cfg_.lr.decay_iters < 0) cfg_.lr.decay_iters = cfg_.train_iters;

@@ -120,6 +120,9 @@ class Trainer {
   int64_t consumed_samples() const { return consumed_samples_; }
 
   int iteration() const { return iteration_; }
+  // Iterations skipped for a non-finite loss or gradient norm (Megatron's two log counters).
+  int skipped_iterations() const { return skipped_iters_; }
+  int nan_iterations() const { return nan_iters_; }
   PipelineStage& stage() { return *stage_; }
   ShardedAdamW& optimizer() { return *optimizer_; }
   // Startup summary (layout, groups, parameter counts, bytes per rank); rank 0 prints it.
