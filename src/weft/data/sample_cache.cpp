@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <random>
 
 #include "weft/core/error.h"
@@ -108,6 +110,20 @@ uint64_t data_hash64_file(const std::string& path) {
     ::close(fd);
     fail_usage("--data-path: cannot stat {} ({})", path, errno_text());
   }
+  // The cache key, the split datasets and the checkpoint identity all hash the same .idx: hash
+  // each file version once per process (keyed by inode, size and modification time).
+  static std::mutex memo_mutex;
+  static std::map<std::string, uint64_t> memo;
+  const std::string version =
+      fmt::format("{}:{}:{}:{}.{}", st.st_dev, st.st_ino, st.st_size, st.st_mtim.tv_sec,
+                  st.st_mtim.tv_nsec);
+  {
+    std::lock_guard<std::mutex> lock(memo_mutex);
+    if (auto it = memo.find(version); it != memo.end()) {
+      ::close(fd);
+      return it->second;
+    }
+  }
   const uint64_t total = static_cast<uint64_t>(st.st_size);
   Hasher h(0, total);
   std::vector<unsigned char> buf(1 << 22);
@@ -128,7 +144,10 @@ uint64_t data_hash64_file(const std::string& path) {
     have -= whole;
   }
   ::close(fd);
-  return h.finish(buf.data(), have);
+  const uint64_t hash = h.finish(buf.data(), have);
+  std::lock_guard<std::mutex> lock(memo_mutex);
+  memo[version] = hash;
+  return hash;
 }
 
 std::string data_hash_hex(uint64_t h) { return fmt::format("{:016x}", h); }
