@@ -2,6 +2,7 @@
 #include "weft/train/trainer.h"
 
 #include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
 #include <sys/resource.h>
 
 #include <algorithm>
