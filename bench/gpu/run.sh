@@ -20,8 +20,12 @@
 #                                     LlamaForCausalLM (docs/hf-interop.md)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export PATH=/opt/torch/.venv/bin:$PATH
-P=/opt/torch/.venv/lib/python3.12/site-packages
+# The same CUDA PyTorch detection as scripts/setup.sh (WEFT_PYTHON picks the interpreter).
+source scripts/detect_torch.sh
+weft_detect_torch
+weft_cmake_args
+PY=${WEFT_PYTHON:-$(command -v python3)}
+python3() { "$PY" "$@"; }
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -42,11 +46,11 @@ MODEL=(--num-layers 16 --hidden-size 2048 --num-attention-heads 16 --num-query-g
 for stage in "$@"; do
 case $stage in
 build)
-  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DWEFT_BUILD_BENCH=ON \
-    -DCMAKE_PREFIX_PATH=$P/torch/share/cmake \
-    -DNCCL_INCLUDE_DIR=$P/nvidia/nccl/include -DNCCL_LIBRARY=$P/nvidia/nccl/lib/libnccl.so.2 \
+  [ "$WEFT_CUDA" = 1 ] || { echo "no CUDA PyTorch found (set WEFT_PYTHON)"; exit 1; }
+  echo "torch $WEFT_TORCH_VERSION from $WEFT_PYTHON"
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DWEFT_BUILD_BENCH=ON "${WEFT_CMAKE_ARGS[@]}" \
     > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-  cmake --build $B -j 16 --target weft test_parity test_checkpoint test_model test_communicator bench_checkpoint test_moe test_moe_parity test_moe_checkpoint test_mamba ${WEFT_EXTRA_TARGETS:-} > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
+  cmake --build $B -j 16 --target weft test_parity test_checkpoint test_model test_communicator bench_checkpoint test_moe test_moe_parity test_moe_checkpoint test_mamba ${WEFT_EXTRA_TARGETS:-} -- -k 0 > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
   ./$B/app/weft --version
   ;;
 tests)
