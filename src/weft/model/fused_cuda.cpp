@@ -1,5 +1,6 @@
 // Tensor-level wrappers of the fused CUDA kernels (see fused.h, kernels.h): shape and dtype
-// checks, output allocation, the device guard and the current stream. CUDA build only.
+// checks, output allocation, the device guard and the current stream. CUDA build only; a build
+// without CUDA links fused_cpu.cpp in its place.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include "weft/core/error.h"
+#include "weft/model/fused.h"
+#include "weft/model/fused_impl.h"
 #include "weft/model/kernels.h"
 
 namespace weft::fused {
@@ -54,10 +57,12 @@ kernels::Strided strided(const at::Tensor& t) {
 
 }  // namespace
 
-bool rms_norm_supports_impl(int64_t hidden) { return hidden <= kernels::rms_norm_max_hidden(); }
+bool compiled() { return true; }
 
-std::pair<at::Tensor, at::Tensor> rms_norm_forward_impl(const at::Tensor& x, const at::Tensor& w,
-                                                        double eps) {
+bool rms_norm_supports(int64_t hidden) { return hidden <= kernels::rms_norm_max_hidden(); }
+
+std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& w,
+                                                   double eps) {
   check_same(x, w, "rms_norm");
   const int64_t h = x.size(-1);
   WEFT_CHECK(w.numel() == h, "rms_norm: weight of {} elements for hidden {}", w.numel(), h);
@@ -73,8 +78,8 @@ std::pair<at::Tensor, at::Tensor> rms_norm_forward_impl(const at::Tensor& x, con
   return {y, rstd};
 }
 
-at::Tensor rms_norm_backward_impl(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
-                                  const at::Tensor& rstd, at::Tensor* dw_sum) {
+at::Tensor rms_norm_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                             const at::Tensor& rstd, at::Tensor* dw_sum) {
   check_same(x, w, "rms_norm backward");
   check_same(x, dy, "rms_norm backward");
   const int64_t h = x.size(-1);
@@ -92,7 +97,7 @@ at::Tensor rms_norm_backward_impl(const at::Tensor& dy, const at::Tensor& x, con
   return dx;
 }
 
-at::Tensor swiglu_forward_impl(const at::Tensor& fc1) {
+at::Tensor swiglu_forward(const at::Tensor& fc1) {
   const int64_t two_f = fc1.size(-1);
   WEFT_CHECK(two_f % 2 == 0, "swiglu: last dim {} is odd", two_f);
   c10::cuda::CUDAGuard guard(fc1.device());
@@ -107,7 +112,7 @@ at::Tensor swiglu_forward_impl(const at::Tensor& fc1) {
   return act;
 }
 
-at::Tensor swiglu_backward_impl(const at::Tensor& dact, const at::Tensor& fc1) {
+at::Tensor swiglu_backward(const at::Tensor& dact, const at::Tensor& fc1) {
   check_same(dact, fc1, "swiglu backward");
   c10::cuda::CUDAGuard guard(fc1.device());
   const at::Tensor in = aligned(fc1), d = aligned(dact);

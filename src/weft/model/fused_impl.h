@@ -1,0 +1,25 @@
+// The kernel entry points behind fused.cpp's autograd functions: defined by fused_cuda.cpp in
+// CUDA builds and by fused_cpu.cpp (each one fails) in builds without CUDA. Not part of the
+// model's API; use fused.h.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <utility>
+
+namespace weft::fused {
+
+// {q, k, v} with the rotary embedding applied, and the gradient of qkv from theirs.
+std::array<at::Tensor, 3> rope_forward_impl(const at::Tensor& qkv, const at::Tensor& cos,
+                                            const at::Tensor& sin);
+at::Tensor rope_backward_impl(const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
+                              const at::Tensor& cos, const at::Tensor& sin,
+                              at::IntArrayRef qkv_shape);
+// {loss per row, log-sum-exp per row}, and the gradient of the logits.
+std::pair<at::Tensor, at::Tensor> cross_entropy_forward_impl(const at::Tensor& logits,
+                                                             const at::Tensor& labels);
+at::Tensor cross_entropy_backward_impl(const at::Tensor& logits, const at::Tensor& labels,
+                                       const at::Tensor& lse, const at::Tensor& grad);
+
+}  // namespace weft::fused
