@@ -390,5 +390,40 @@ TEST(SaveFailure, OneRankFailsEveryRankRefusesAndTheLatestStays) {
   if (test::world_rank() == 0) (void)weft::remove_tree(dir);
 }
 
+// The RNG streams are restored, observably: each rank seeds its generator differently and draws
+// (as dropout would) before the save, draws X right after it; a run that loads the checkpoint
+// after re-seeding every generator must draw the same X, rank by rank. (weft's training itself
+// draws nothing from the default generator, so without the draws a broken restore would pass.)
+TEST(RngRestore, EachRankDrawsWhatItWouldHaveDrawnAfterTheSave) {
+  if (test::world_size() < 4) GTEST_SKIP() << "needs 4 ranks";
+  const std::string dir = test::shared_temp_dir("rng");
+  TrainConfig c = with_layout(small_config(), {"pp2_dp2", 4, 2, 1, -1, -1});
+  c.train_iters = 1;
+  c.save = dir;
+  at::Tensor x, y;
+  run_job(c, 4, false, nullptr, nullptr, [&](Trainer& t, const ProcessGroups&) {
+    at::manual_seed(100 + test::world_rank());
+    (void)at::rand({5}, at::kDouble);
+    t.save();
+    x = at::rand({4}, at::kDouble);
+  });
+  TrainConfig r = c;
+  r.load = dir;
+  r.save = "";
+  at::manual_seed(999);  // a generator state that no rank saved
+  run_job(r, 4, false, nullptr, nullptr,
+          [&](Trainer&, const ProcessGroups&) { y = at::rand({4}, at::kDouble); });
+  // The streams differ by rank, so a restore that hands every rank rank 0's state fails too.
+  at::Tensor x0 = test::world_rank() == 0 ? x.clone() : at::zeros({4}, at::kDouble);
+  MPI_Bcast(x0.data_ptr(), 4, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  if (test::world_rank() < 4) {
+    ASSERT_TRUE(x.defined() && y.defined());
+    EXPECT_TRUE(at::equal(x, y)) << "rank " << test::world_rank() << " drew " << y << " not " << x;
+    if (test::world_rank() != 0) EXPECT_FALSE(at::equal(x, x0));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (test::world_rank() == 0) (void)weft::remove_tree(dir);
+}
+
 }  // namespace
 }  // namespace weft
