@@ -3,8 +3,8 @@
 // relative, with tied and untied embeddings and in both gradient modes. Layouts: pp2 dp4,
 // pp4 dp2 with an uneven split, pp2 with HSDP 2x2, and dp8 on a model so small that some ranks
 // hold empty shards. Also: tied copies stay bitwise identical after every step (invariant 8),
-// bf16 agrees to a documented tolerance and its loss decreases, and optimizer-state bytes scale
-// as 1/dp. The single-rank reference runs on every rank at once over MPI_COMM_SELF.
+// bf16 agrees to a tolerance derived in the test and its loss decreases on every layout, and
+// optimizer-state bytes scale as 1/dp. The single-rank reference runs on every rank at once over MPI_COMM_SELF.
 #include <gtest/gtest.h>
 
 #include <ATen/Functions.h>
@@ -118,8 +118,14 @@ INSTANTIATE_TEST_SUITE_P(TiedAndGradMode, Parity,
                                   (std::get<1>(info.param) ? "_decoupled_grad" : "_main_grad");
                          });
 
-// bf16 compute: layouts agree with the single-rank bf16 run to 2e-2 relative (bf16 has 8
-// mantissa bits and the reduction order differs by layout), and the loss decreases.
+// bf16 compute: layouts agree with the single-rank bf16 run to 1e-6 relative, and the loss
+// decreases on every layout. The tolerance comes from what differs between layouts: every
+// microbatch runs the same bf16 forward and backward on the same samples with the same bf16
+// weights (cast from the same fp32 masters), so only the order of the fp32 gradient sums
+// (reduce-scatter, HSDP and tied all-reduces) and of the float64 norm differ. Measured on CPU
+// over 12 iterations: losses bitwise equal, grad norms within 5.2e-10. 1e-6 leaves room for
+// fp32 reordering (~1e-7 per sum) growing over the steps, and still catches a gradient that is
+// off by 1e-4, let alone 1%; 2e-2 (the old bound, "bf16 has 8 mantissa bits") did not.
 TEST(ParityBf16, LayoutsAgreeAndLossDecreases) {
   TrainConfig c = base_config(false);
   c.model.bf16 = true;
@@ -131,7 +137,11 @@ TEST(ParityBf16, LayoutsAgreeAndLossDecreases) {
   for (const Layout& l : kLayouts) {
     if (l.tiny || l.world > test::world_size()) continue;
     auto got = run_job(with_layout(c, l), l.world, false, check_tied_copies);
-    if (test::world_rank() < l.world) expect_close(got, ref, 2e-2, std::string("bf16 ") + l.name);
+    if (test::world_rank() >= l.world) continue;
+    expect_close(got, ref, 1e-6, std::string("bf16 ") + l.name);
+    ASSERT_EQ(got.size(), 12u);
+    EXPECT_LT(got.back().lm_loss, got.front().lm_loss * 0.9)
+        << "bf16 loss does not decrease on " << l.name;
   }
 }
 
