@@ -26,6 +26,9 @@ inline std::string test_device() {
   return d ? d : "cpu";
 }
 
+// The backend run_job builds its process groups with (MPI unless a test switches it).
+inline Backend job_backend = Backend::kMpi;
+
 inline int world_size() {
   int n = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &n);
@@ -55,7 +58,7 @@ inline std::vector<IterationStats> run_job(
     cfg.quiet = true;
     try {
       Mesh mesh(cfg.layout);
-      ProcessGroups groups(mesh, Backend::kMpi, base);
+      ProcessGroups groups(mesh, job_backend, base);
       Trainer t(cfg, groups);
       if (inspect) {
         while (t.iteration() < cfg.train_iters) {

@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "job.h"
+#include "weft/comm/device.h"
 #include "weft/parallel/grad_access.h"
 
 namespace weft {
@@ -142,6 +143,29 @@ TEST(ParityBf16, LayoutsAgreeAndLossDecreases) {
     ASSERT_EQ(got.size(), 12u);
     EXPECT_LT(got.back().lm_loss, got.front().lm_loss * 0.9)
         << "bf16 loss does not decrease on " << l.name;
+  }
+}
+
+// Training over the NCCL backend equals training over the MPI backend on the same layout (the
+// training tests otherwise build MPI groups). Runs where every rank has its own GPU: world 1 on
+// the one-GPU machine (bench/gpu/run.sh tests), skipped on CPU.
+TEST(Backends, NcclTrainingMatchesMpi) {
+  const int world = test::world_size();
+  if (test::test_device() != "cuda" || !nccl_available() || cuda_device_count() < world)
+    GTEST_SKIP() << "needs --device cuda, NCCL and a GPU per rank";
+  TrainConfig c = base_config(false);
+  c.model.bf16 = true;
+  c.layout.pp = world % 2 == 0 ? 2 : 1;
+  test::job_backend = Backend::kMpi;
+  auto mpi = run_job(c, world);
+  test::job_backend = Backend::kNccl;
+  auto nccl = run_job(c, world);
+  test::job_backend = Backend::kMpi;
+  ASSERT_EQ(nccl.size(), mpi.size());
+  for (size_t i = 0; i < mpi.size(); ++i) {
+    if (world == 1) EXPECT_EQ(nccl[i].lm_loss, mpi[i].lm_loss) << "iteration " << i + 1;
+    EXPECT_NEAR(nccl[i].lm_loss, mpi[i].lm_loss, 1e-6 * mpi[i].lm_loss) << "iteration " << i + 1;
+    EXPECT_NEAR(nccl[i].grad_norm, mpi[i].grad_norm, 1e-6 * mpi[i].grad_norm) << "iteration " << i + 1;
   }
 }
 
