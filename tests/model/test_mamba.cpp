@@ -16,6 +16,7 @@
 #include "weft/checkpoint/safetensors.h"
 #include "weft/core/error.h"
 #include "weft/model/full_params.h"
+#include "weft/model/fused.h"
 #include "weft/model/hybrid.h"
 #include "weft/model/mamba.h"
 #include "weft/model/transformer.h"
@@ -131,7 +132,7 @@ TEST(Mamba, MixerMatchesRecurrenceFloat32) { check_mixer(torch::kFloat, 1e-5); }
 // the float64 scan (checked above against the recurrence): output and input gradients within
 // kBf16Tol of the largest value. bf16 keeps 8 bits, a relative rounding of 2^-9 = 0.2% per
 // operand; sums over a chunk average those out. Measured: see the test's output.
-TEST(Mamba, BFloat16ScanNearFloat64) {
+void check_bf16_scan(const torch::Device& dev) {
   constexpr double kBf16Tol = 1e-2;
   torch::manual_seed(11);
   const int64_t b = 2, s = 300, H = 8, P = 16, G = 2, N = 16;
@@ -143,10 +144,13 @@ TEST(Mamba, BFloat16ScanNearFloat64) {
   const torch::Tensor R = torch::randn({b, s, H, P}, torch::kDouble);
   auto run = [&](torch::ScalarType in, c10::ScalarType io, std::vector<torch::Tensor>* grads) {
     std::vector<torch::Tensor> leaves;
-    for (const torch::Tensor& t : {x, dt, B, C}) leaves.push_back(t.to(in).clone().requires_grad_(true));
-    const torch::Tensor y = ssd_chunked(leaves[0], leaves[1], A.to(in), leaves[2], leaves[3], 64, io);
+    const torch::Device d = in == torch::kDouble ? torch::Device(torch::kCPU) : dev;
+    for (const torch::Tensor& t : {x, dt, B, C})
+      leaves.push_back(t.to(d, in).clone().requires_grad_(true));
+    const torch::Tensor y =
+        ssd_chunked(leaves[0], leaves[1], A.to(d, in), leaves[2], leaves[3], 64, io).cpu();
     (y.to(torch::kDouble) * R).sum().backward();
-    for (const torch::Tensor& l : leaves) grads->push_back(l.grad());
+    for (const torch::Tensor& l : leaves) grads->push_back(l.grad().cpu());
     return y;
   };
   std::vector<torch::Tensor> g64, g16;
@@ -159,7 +163,63 @@ TEST(Mamba, BFloat16ScanNearFloat64) {
   for (int i = 0; i < 4; ++i) {
     const double e = rel_err(g16[i], g64[i]);
     EXPECT_LT(e, kBf16Tol) << names[i] << " gradient";
-    std::printf("bf16 scan: %s gradient rel err %.3g (output %.3g)\n", names[i], e, ey);
+    std::printf("bf16 scan on %s: %s gradient rel err %.3g (output %.3g)\n",
+                dev.str().c_str(), names[i], e, ey);
+  }
+}
+
+TEST(Mamba, BFloat16ScanNearFloat64) { check_bf16_scan(torch::Device(torch::kCPU)); }
+
+// On CUDA the decay-weighted C.B blocks come from weft's fused kernel (fused.h): the whole bf16
+// scan against the float64 scan as above, then the kernel alone against the ATen chain it
+// replaces, forward and both gradients, in float32 and bfloat16, for Q = 64 and a Q (37) that
+// takes the kernels' scalar path.
+TEST(MambaCuda, BFloat16ScanNearFloat64) {
+  if (!torch::cuda::is_available() || !fused::compiled()) GTEST_SKIP() << "no CUDA fused kernels";
+  check_bf16_scan(torch::Device(torch::kCUDA, 0));
+}
+
+TEST(MambaCuda, FusedDecayBlocksMatchTheAtenChain) {
+  if (!torch::cuda::is_available() || !fused::compiled()) GTEST_SKIP() << "no CUDA fused kernels";
+  const torch::Device dev(torch::kCUDA, 0);
+  torch::manual_seed(5);
+  for (int64_t Q : {64, 37}) {
+    for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      SCOPED_TRACE(::testing::Message() << "Q " << Q << " " << dtype);
+      const int64_t b = 2, nc = 3, G = 2, R = 3;
+      const torch::Tensor cb0 = torch::randn({b, nc, G, Q, Q}).to(dev, dtype);
+      const torch::Tensor cs0 = (-torch::rand({b, nc, G, R, Q}) * 0.3).cumsum(-1).to(dev);
+      const torch::Tensor dout = torch::randn({b, nc, G, R, Q, Q}).to(dev, dtype);
+      auto run = [&](bool fused_on, std::vector<torch::Tensor>* out) {
+        const torch::Tensor cb = cb0.clone().requires_grad_(true);
+        const torch::Tensor cs = cs0.clone().requires_grad_(true);
+        torch::Tensor y;
+        if (fused_on) {
+          y = fused::ssd_decay_weighted(cb, cs);
+        } else {
+          const torch::Tensor d = cs.unsqueeze(-1) - cs.unsqueeze(-2);
+          const torch::Tensor upper = torch::ones({Q, Q}, torch::kBool).triu(1).to(dev);
+          y = (cb.unsqueeze(3) * d.masked_fill(upper, -INFINITY).exp()).to(dtype);
+        }
+        (y.to(torch::kFloat) * dout.to(torch::kFloat)).sum().backward();
+        *out = {y.cpu().to(torch::kDouble), cb.grad().cpu().to(torch::kDouble),
+                cs.grad().cpu().to(torch::kDouble)};
+      };
+      std::vector<torch::Tensor> f, r;
+      run(true, &f);
+      run(false, &r);
+      ASSERT_EQ(f[0].sizes(), r[0].sizes());
+      const bool bf16 = dtype == torch::kBFloat16;
+      // Forward: the same float32 products rounded once, so equal up to exp's last bit.
+      EXPECT_LE(rel_err(f[0], r[0]), bf16 ? 4e-3 : 1e-6) << "output";
+      EXPECT_EQ(f[0].triu(1).abs().max().item<double>(), 0.0) << "above the diagonal";
+      // Gradients: float32 sums in another order (and rounded once to bf16 for dcb).
+      EXPECT_LE(rel_err(f[1], r[1]), bf16 ? 1e-2 : 1e-5) << "cb gradient";
+      EXPECT_LE(rel_err(f[2], r[2]), 1e-5) << "cs gradient";
+      std::printf("fused SSD decay Q %lld %s: output %.3g, dcb %.3g, dcs %.3g\n",
+                  static_cast<long long>(Q), bf16 ? "bf16" : "fp32", rel_err(f[0], r[0]),
+                  rel_err(f[1], r[1]), rel_err(f[2], r[2]));
+    }
   }
 }
 

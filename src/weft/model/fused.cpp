@@ -57,6 +57,18 @@ struct CrossEntropyFn : Function<CrossEntropyFn> {
   }
 };
 
+struct SsdDecayFn : Function<SsdDecayFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& cb, const at::Tensor& cs) {
+    ctx->save_for_backward({cb, cs});
+    return ssd_decay_forward_impl(cb, cs);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto [dcb, dcs] = ssd_decay_backward_impl(grads[0], saved[0], saved[1]);
+    return {dcb, dcs};
+  }
+};
+
 }  // namespace
 
 bool enabled() { return compiled() && g_enabled.load(); }
@@ -77,6 +89,10 @@ std::array<at::Tensor, 3> rope_qkv(const at::Tensor& qkv, const at::Tensor& cos,
                                    const at::Tensor& sin) {
   variable_list out = RopeQkvFn::apply(qkv, cos, sin);
   return {out[0], out[1], out[2]};
+}
+
+at::Tensor ssd_decay_weighted(const at::Tensor& cb, const at::Tensor& cs) {
+  return SsdDecayFn::apply(cb, cs);
 }
 
 }  // namespace weft::fused

@@ -44,4 +44,12 @@ std::array<at::Tensor, 3> rope_qkv(const at::Tensor& qkv, const at::Tensor& cos,
 // ignored), float32 0-dim, with autograd; the log-softmax is never materialised.
 at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels);
 
+// The Mamba-2 SSD's decay-weighted C.B blocks, with autograd: for cb [..., G, Q, Q] (C.B per
+// group and chunk, float32 or bfloat16) and cs [..., G, R, Q] float32 (cumulative log-decays of
+// the group's R heads), out [..., G, R, Q, Q] in cb's dtype with
+// out[.., g, r, i, j] = cb[.., g, i, j] * exp(cs[.., g, r, i] - cs[.., g, r, j]) for j <= i, 0
+// above; equal to (cb.unsqueeze(-3) * exp(causal differences of cs)).to(cb's dtype) without
+// materialising the decay matrices (forward or backward).
+at::Tensor ssd_decay_weighted(const at::Tensor& cb, const at::Tensor& cs);
+
 }  // namespace weft::fused

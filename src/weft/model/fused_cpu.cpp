@@ -40,5 +40,10 @@ at::Tensor cross_entropy_backward_impl(const at::Tensor&, const at::Tensor&, con
                                        const at::Tensor&) {
   not_compiled();
 }
+at::Tensor ssd_decay_forward_impl(const at::Tensor&, const at::Tensor&) { not_compiled(); }
+std::pair<at::Tensor, at::Tensor> ssd_decay_backward_impl(const at::Tensor&, const at::Tensor&,
+                                                          const at::Tensor&) {
+  not_compiled();
+}
 
 }  // namespace weft::fused

@@ -200,4 +200,47 @@ at::Tensor cross_entropy_backward_impl(const at::Tensor& logits, const at::Tenso
   return dx;
 }
 
+namespace {
+
+// cb [..., G, Q, Q], cs [..., G, R, Q]: {M = blocks of cs rows, R, Q}.
+std::array<int64_t, 3> ssd_decay_shape(const at::Tensor& cb, const at::Tensor& cs) {
+  WEFT_CHECK(cs.scalar_type() == at::kFloat && cs.dim() >= 2 && cb.dim() == cs.dim() &&
+                 cs.device() == cb.device(),
+             "ssd_decay: cs float32 [..., G, R, Q] and cb [..., G, Q, Q] on one device expected");
+  const int64_t Q = cs.size(-1), R = cs.size(-2);
+  WEFT_CHECK(cb.size(-1) == Q && cb.size(-2) == Q && cb.numel() * R == cs.numel() * Q,
+             "ssd_decay: cb of {} elements does not match cs of {}", cb.numel(), cs.numel());
+  return {Q == 0 ? 0 : cs.numel() / Q, R, Q};
+}
+
+}  // namespace
+
+at::Tensor ssd_decay_forward_impl(const at::Tensor& cb, const at::Tensor& cs) {
+  const auto [M, R, Q] = ssd_decay_shape(cb, cs);
+  c10::cuda::CUDAGuard guard(cb.device());
+  const at::Tensor b = aligned(cb), c = cs.contiguous();
+  std::vector<int64_t> shape = cs.sizes().vec();
+  shape.push_back(Q);
+  at::Tensor out = at::empty(shape, cb.options());
+  check_launch(kernels::ssd_decay_forward(elem_of(b), b.data_ptr(), c.data_ptr<float>(),
+                                          out.data_ptr(), M, R, Q, stream_of(cb)),
+               "ssd_decay_forward");
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> ssd_decay_backward_impl(const at::Tensor& dout,
+                                                          const at::Tensor& cb,
+                                                          const at::Tensor& cs) {
+  const auto [M, R, Q] = ssd_decay_shape(cb, cs);
+  c10::cuda::CUDAGuard guard(cb.device());
+  const at::Tensor b = aligned(cb), c = cs.contiguous(), d = aligned(dout.to(cb.scalar_type()));
+  at::Tensor dcb = at::empty(cb.sizes(), cb.options());
+  at::Tensor dcs = at::empty(cs.sizes(), cs.options());
+  check_launch(kernels::ssd_decay_backward(elem_of(b), d.data_ptr(), b.data_ptr(),
+                                           c.data_ptr<float>(), dcb.data_ptr(),
+                                           dcs.data_ptr<float>(), M, R, Q, stream_of(cb)),
+               "ssd_decay_backward");
+  return {dcb, dcs};
+}
+
 }  // namespace weft::fused

@@ -22,4 +22,11 @@ std::pair<at::Tensor, at::Tensor> cross_entropy_forward_impl(const at::Tensor& l
 at::Tensor cross_entropy_backward_impl(const at::Tensor& logits, const at::Tensor& labels,
                                        const at::Tensor& lse, const at::Tensor& grad);
 
+// The SSD's decay-weighted C.B blocks (fused.h ssd_decay_weighted) and their gradients
+// {dcb, dcs}.
+at::Tensor ssd_decay_forward_impl(const at::Tensor& cb, const at::Tensor& cs);
+std::pair<at::Tensor, at::Tensor> ssd_decay_backward_impl(const at::Tensor& dout,
+                                                          const at::Tensor& cb,
+                                                          const at::Tensor& cs);
+
 }  // namespace weft::fused

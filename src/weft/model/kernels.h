@@ -1,6 +1,7 @@
 // Launchers of weft's fused CUDA kernels (kernels_cuda.cu), for the elementwise chains of the
 // decoder layer that ATen would run as many separate kernels: RMSNorm forward/backward,
-// SwiGLU forward/backward and rotary embedding of the fused QKV projection forward/backward.
+// SwiGLU forward/backward, rotary embedding of the fused QKV projection forward/backward, the
+// cross-entropy and the decay-weighted C.B blocks of the Mamba-2 SSD.
 // Plain C++ (no CUDA headers): tensors are raw pointers of float (kF32) or bfloat16 (kBF16)
 // elements, `stream` is a cudaStream_t. Every kernel reads and writes in the element type and
 // computes in float32; each result is rounded once. All reductions run in a fixed order, so
@@ -64,5 +65,17 @@ std::string cross_entropy_forward(Elem t, const void* logits, const int64_t* lab
 std::string cross_entropy_backward(Elem t, const void* logits, const int64_t* labels,
                                    const float* lse, const float* g, void* dlogits, int64_t rows,
                                    int64_t v, void* stream);
+
+// The SSD's decay-weighted C.B blocks (mamba.cpp, step 1): for M = G * R blocks of Q x Q (R heads
+// share each of the G cb blocks), out[m, i, j] = cb[m / R, i, j] * exp(cs[m, i] - cs[m, j]) for
+// j <= i and 0 above the diagonal; cb and out in the element type, the cumulative log-decays cs
+// [M, Q] float32. The [M, Q, Q] decay matrix itself is never stored.
+std::string ssd_decay_forward(Elem t, const void* cb, const float* cs, void* out, int64_t M,
+                              int64_t R, int64_t Q, void* stream);
+// Its gradients from dout [M, Q, Q]: dcb [G, Q, Q] (element type; the sum over the R heads in
+// order) and dcs [M, Q] float32 (row sums minus column sums of dout * out).
+std::string ssd_decay_backward(Elem t, const void* dout, const void* cb, const float* cs,
+                               void* dcb, float* dcs, int64_t M, int64_t R, int64_t Q,
+                               void* stream);
 
 }  // namespace weft::kernels

@@ -360,6 +360,88 @@ __global__ void rope_bwd_kernel(Strided dq, Strided dk, Strided dv, const T* cos
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
+// --- SSD: the decay-weighted C.B block of a chunk -------------------------------------------------
+// out[m, i, j] = cb[m / R, i, j] * exp(cs[m, i] - cs[m, j]) for j <= i, else 0; m runs over the
+// (batch, chunk, group, head) blocks of Q x Q, R heads share one cb block. One thread per N
+// consecutive j of a row.
+
+template <typename T, int N>
+__global__ void ssd_decay_fwd_kernel(const T* cb, const float* cs, T* out, int64_t M, int64_t R,
+                                     int64_t Q) {
+  const int64_t per_row = Q / N, total = M * Q * per_row;
+  for (int64_t idx = global_index(); idx < total; idx += grid_stride()) {
+    const int64_t j0 = (idx % per_row) * N, i = (idx / per_row) % Q, m = idx / (per_row * Q);
+    const float* c = cs + m * Q;
+    float o[N];
+    if (j0 > i) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) o[k] = 0.f;
+    } else {
+      const float ci = c[i];
+      float v[N];
+      vload<T, N>(cb + ((m / R) * Q + i) * Q + j0, v);
+#pragma unroll
+      for (int k = 0; k < N; ++k) o[k] = j0 + k <= i ? v[k] * expf(ci - c[j0 + k]) : 0.f;
+    }
+    vstore<T, N>(out + (m * Q + i) * Q + j0, o);
+  }
+}
+
+// dcb[g, i, j] = sum over the group's R heads r (in order) of dout[gR + r, i, j] * decay.
+template <typename T, int N>
+__global__ void ssd_decay_bwd_cb_kernel(const T* dout, const float* cs, T* dcb, int64_t G,
+                                        int64_t R, int64_t Q) {
+  const int64_t per_row = Q / N, total = G * Q * per_row;
+  for (int64_t idx = global_index(); idx < total; idx += grid_stride()) {
+    const int64_t j0 = (idx % per_row) * N, i = (idx / per_row) % Q, g = idx / (per_row * Q);
+    float acc[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) acc[k] = 0.f;
+    if (j0 <= i) {
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t m = g * R + r;
+        const float* c = cs + m * Q;
+        const float ci = c[i];
+        float d[N];
+        vload<T, N>(dout + (m * Q + i) * Q + j0, d);
+#pragma unroll
+        for (int k = 0; k < N; ++k)
+          if (j0 + k <= i) acc[k] += d[k] * expf(ci - c[j0 + k]);
+      }
+    }
+    vstore<T, N>(dcb + (g * Q + i) * Q + j0, acc);
+  }
+}
+
+// dcs[m, i] = sum_j p[i, j] - sum_k p[k, i] with p = dout * cb * decay on the causal entries.
+// One block per m: warps take rows (lanes over j, then a fixed shuffle tree), threads take
+// columns (a loop over rows), so every sum has a fixed order.
+template <typename T>
+__global__ void ssd_decay_bwd_cs_kernel(const T* dout, const T* cb, const float* cs, float* dcs,
+                                        int64_t R, int64_t Q) {
+  extern __shared__ float sh[];  // cs row [Q], row sums [Q]
+  float* c = sh;
+  float* rows = sh + Q;
+  const int64_t m = blockIdx.x;
+  const T* d = dout + m * Q * Q;
+  const T* b = cb + (m / R) * Q * Q;
+  for (int64_t i = threadIdx.x; i < Q; i += blockDim.x) c[i] = cs[m * Q + i];
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int64_t i = warp; i < Q; i += warps) {
+    float v = 0.f;
+    for (int64_t j = lane; j <= i; j += 32) v += ld(d + i * Q + j) * ld(b + i * Q + j) * expf(c[i] - c[j]);
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) rows[i] = v;
+  }
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < Q; j += blockDim.x) {
+    float v = 0.f;
+    for (int64_t i = j; i < Q; ++i) v += ld(d + i * Q + j) * ld(b + i * Q + j) * expf(c[i] - c[j]);
+    dcs[m * Q + j] = rows[j] - v;
+  }
+}
+
 }  // namespace
 
 int64_t rms_norm_blocks(int64_t rows) { return std::max<int64_t>(1, std::min(rows, kRmsBwdBlocks)); }
@@ -484,6 +566,32 @@ std::string cross_entropy_backward(Elem t, const void* logits, const int64_t* la
     ce_bwd_kernel<T, N><<<static_cast<unsigned>(grid_for(rows * v / N)), kThreads, 0,
                           as_stream(stream)>>>(static_cast<const T*>(logits), labels, lse, g,
                                                static_cast<T*>(dlogits), rows, v);
+  });
+  return launched();
+}
+
+std::string ssd_decay_forward(Elem t, const void* cb, const float* cs, void* out, int64_t M,
+                              int64_t R, int64_t Q, void* stream) {
+  if (M == 0 || Q == 0) return {};
+  dispatch(t, Q % vector_width(t) == 0, [&]<typename T, int N>() {
+    ssd_decay_fwd_kernel<T, N><<<static_cast<unsigned>(grid_for(M * Q * Q / N)), kThreads, 0,
+                                 as_stream(stream)>>>(static_cast<const T*>(cb), cs,
+                                                      static_cast<T*>(out), M, R, Q);
+  });
+  return launched();
+}
+
+std::string ssd_decay_backward(Elem t, const void* dout, const void* cb, const float* cs,
+                               void* dcb, float* dcs, int64_t M, int64_t R, int64_t Q,
+                               void* stream) {
+  if (M == 0 || Q == 0) return {};
+  dispatch(t, Q % vector_width(t) == 0, [&]<typename T, int N>() {
+    ssd_decay_bwd_cb_kernel<T, N><<<static_cast<unsigned>(grid_for(M / R * Q * Q / N)), kThreads,
+                                    0, as_stream(stream)>>>(static_cast<const T*>(dout), cs,
+                                                            static_cast<T*>(dcb), M / R, R, Q);
+    ssd_decay_bwd_cs_kernel<T><<<static_cast<unsigned>(M), kThreads,
+                                 static_cast<size_t>(2 * Q) * sizeof(float), as_stream(stream)>>>(
+        static_cast<const T*>(dout), static_cast<const T*>(cb), cs, dcs, R, Q);
   });
   return launched();
 }

@@ -19,6 +19,7 @@
 #include <limits>
 
 #include "weft/core/error.h"
+#include "weft/model/fused.h"
 #include "weft/model/ops.h"
 
 namespace weft {
@@ -81,10 +82,14 @@ at::Tensor ssd_chunked(const at::Tensor& x, const at::Tensor& dt, const at::Tens
   const at::Tensor Bg = per_group(B), Cg = per_group(C);
 
   // 1. inside each chunk: C.B once per group, the decay per head.
+  // On CUDA one fused kernel forms the decay-weighted blocks (fused.h), never storing the decays.
   const at::Tensor cb = at::matmul(Cg, Bg.transpose(-1, -2));                  // [b,nc,G,Q,Q]
-  const at::Tensor decay = causal_differences(cs).exp();                       // [b,nc,G,R,Q,Q]
+  const at::Tensor weighted_cb =                                               // [b,nc,G,R,Q,Q]
+      fused::usable(cb) && cs.scalar_type() == at::kFloat
+          ? fused::ssd_decay_weighted(cb, cs)
+          : (cb.unsqueeze(3) * causal_differences(cs).exp()).to(io);
   const at::Tensor u_head = u.permute({0, 1, 3, 4, 2, 5});                     // [b,nc,G,R,Q,P]
-  const at::Tensor y_diag = at::matmul((cb.unsqueeze(3) * decay).to(io), u_head);
+  const at::Tensor y_diag = at::matmul(weighted_cb, u_head);
 
   // 2. each chunk's final state, per group with the heads folded: [b, nc, G, R*P, N]
   const at::Tensor last = cs.narrow(-1, Q - 1, 1);                             // [b,nc,G,R,1]
