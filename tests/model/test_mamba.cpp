@@ -91,7 +91,8 @@ struct Case {
   int groups, chunk;
 };
 
-void check_mixer(torch::ScalarType dtype, double tol) {
+void check_mixer(torch::ScalarType dtype, double tol,
+                 const torch::Device& dev = torch::Device(torch::kCPU)) {
   for (const Case cs : {Case{1, 4}, Case{2, 5}, Case{4, 13}, Case{2, 32}, Case{1, 1}}) {
     SCOPED_TRACE(::testing::Message() << "groups " << cs.groups << " chunk " << cs.chunk);
     const ModelConfig cfg = mamba_config(cs.groups, cs.chunk);
@@ -103,23 +104,24 @@ void check_mixer(torch::ScalarType dtype, double tol) {
       torch::Tensor v = init_param(sp, cfg, 21).to(dtype);
       if (sp.init == InitKind::kOnes) v = v + 0.3 * torch::rand_like(v);  // norms, D that matter
       if (sp.name.find("in_proj.weight") != std::string::npos) v = v * 8;  // dt of order one
-      p.add(sp, v.clone());
+      p.add(sp, v.to(dev).clone());
       leaves[sp.name.substr(std::string("l.mixer.").size())] = v.clone().requires_grad_(true);
     }
     const LayerHandles h = layer_handles(&p, 0, specs, "l.", nullptr);
     torch::manual_seed(5);
     const torch::Tensor x0 = torch::randn({2, 13, cfg.hidden_size}, opt);
     const torch::Tensor R = torch::randn({2, 13, cfg.hidden_size}, opt);
-    torch::Tensor x = x0.clone().requires_grad_(true), xr = x0.clone().requires_grad_(true);
-    const torch::Tensor y = mamba_mixer(x, h.mamba, cfg);
+    torch::Tensor x = x0.to(dev).clone().requires_grad_(true);
+    torch::Tensor xr = x0.clone().requires_grad_(true);
+    const torch::Tensor y = mamba_mixer(x, h.mamba, cfg).cpu();
     (y * R).sum().backward();
     const torch::Tensor yr = reference_mixer(xr, leaves, cfg);
     (yr * R).sum().backward();
     EXPECT_LT(rel_err(y, yr), tol) << "output";
-    EXPECT_LT(rel_err(x.grad(), xr.grad()), tol) << "input gradient";
+    EXPECT_LT(rel_err(x.grad().cpu(), xr.grad()), tol) << "input gradient";
     for (int i = 0; i < p.size(); ++i) {
       const std::string n = p.spec(i).name.substr(std::string("l.mixer.").size());
-      EXPECT_LT(rel_err(p.grad(i), leaves[n].grad()), tol) << n;
+      EXPECT_LT(rel_err(p.grad(i).cpu(), leaves[n].grad()), tol) << n;
       EXPECT_EQ(p.pending_uses(i), 0) << n;
     }
   }
@@ -127,6 +129,11 @@ void check_mixer(torch::ScalarType dtype, double tol) {
 
 TEST(Mamba, MixerMatchesRecurrenceFloat64) { check_mixer(torch::kDouble, 1e-10); }
 TEST(Mamba, MixerMatchesRecurrenceFloat32) { check_mixer(torch::kFloat, 1e-5); }
+// On CUDA in float32 the fused SSD decay and gated-norm kernels run (fused.h): same bound.
+TEST(MambaCuda, MixerMatchesRecurrenceFloat32) {
+  if (!torch::cuda::is_available() || !fused::compiled()) GTEST_SKIP() << "no CUDA fused kernels";
+  check_mixer(torch::kFloat, 1e-5, torch::Device(torch::kCUDA, 0));
+}
 
 // bf16 models run the scan's matmul operands in bf16 (float32 decays and accumulation). Against
 // the float64 scan (checked above against the recurrence): output and input gradients within

@@ -57,6 +57,22 @@ struct CrossEntropyFn : Function<CrossEntropyFn> {
   }
 };
 
+struct GatedNormFn : Function<GatedNormFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y, const at::Tensor& z,
+                            const at::Tensor& w, int64_t ng, double eps) {
+    auto [out, rstd] = gated_norm_forward_impl(y, z, w, ng, eps);
+    ctx->save_for_backward({y, z, w, rstd});
+    ctx->saved_data["weft_ng"] = ng;
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    auto [dy, dz, dw] =
+        gated_norm_backward_impl(grads[0], s[0], s[1], s[2], s[3], ctx->saved_data["weft_ng"].toInt());
+    return {dy, dz, dw, at::Tensor(), at::Tensor()};
+  }
+};
+
 struct SsdDecayFn : Function<SsdDecayFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& cb, const at::Tensor& cs) {
     ctx->save_for_backward({cb, cs});
@@ -89,6 +105,17 @@ std::array<at::Tensor, 3> rope_qkv(const at::Tensor& qkv, const at::Tensor& cos,
                                    const at::Tensor& sin) {
   variable_list out = RopeQkvFn::apply(qkv, cos, sin);
   return {out[0], out[1], out[2]};
+}
+
+at::Tensor gated_rms_norm(const at::Tensor& y, const at::Tensor& z, const at::Tensor& w,
+                          int64_t ng, double eps) {
+  return GatedNormFn::apply(y, z, w, ng, eps);
+}
+
+bool gated_rms_norm_supports(const at::Tensor& y, const at::Tensor& z, int64_t ng) {
+  const int64_t di = y.size(-1);
+  return usable(z) && y.scalar_type() == at::kFloat && y.is_cuda() && ng > 0 && di % ng == 0 &&
+         z.size(-1) == di && z.stride(-1) == 1 && di <= gated_norm_max_width_impl();
 }
 
 at::Tensor ssd_decay_weighted(const at::Tensor& cb, const at::Tensor& cs) {

@@ -44,6 +44,13 @@ std::array<at::Tensor, 3> rope_qkv(const at::Tensor& qkv, const at::Tensor& cos,
 // ignored), float32 0-dim, with autograd; the log-softmax is never materialised.
 at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels);
 
+// The Mamba-2 gated RMSNorm with autograd: y [b, s, di] float32, z [b, s, di] (rows may be a
+// narrow of a wider projection) float32 or bfloat16, w [di] float32; per group of di / ng
+// channels norm(y * silu(z)) * w, in z's dtype. gated_rms_norm_supports says when it applies.
+at::Tensor gated_rms_norm(const at::Tensor& y, const at::Tensor& z, const at::Tensor& w,
+                          int64_t ng, double eps);
+bool gated_rms_norm_supports(const at::Tensor& y, const at::Tensor& z, int64_t ng);
+
 // The Mamba-2 SSD's decay-weighted C.B blocks, with autograd: for cb [..., G, Q, Q] (C.B per
 // group and chunk, float32 or bfloat16) and cs [..., G, R, Q] float32 (cumulative log-decays of
 // the group's R heads), out [..., G, R, Q, Q] in cb's dtype with

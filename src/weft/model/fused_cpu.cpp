@@ -40,6 +40,16 @@ at::Tensor cross_entropy_backward_impl(const at::Tensor&, const at::Tensor&, con
                                        const at::Tensor&) {
   not_compiled();
 }
+std::pair<at::Tensor, at::Tensor> gated_norm_forward_impl(const at::Tensor&, const at::Tensor&,
+                                                          const at::Tensor&, int64_t, double) {
+  not_compiled();
+}
+std::array<at::Tensor, 3> gated_norm_backward_impl(const at::Tensor&, const at::Tensor&,
+                                                   const at::Tensor&, const at::Tensor&,
+                                                   const at::Tensor&, int64_t) {
+  not_compiled();
+}
+int64_t gated_norm_max_width_impl() { return 0; }
 at::Tensor ssd_decay_forward_impl(const at::Tensor&, const at::Tensor&) { not_compiled(); }
 std::pair<at::Tensor, at::Tensor> ssd_decay_backward_impl(const at::Tensor&, const at::Tensor&,
                                                           const at::Tensor&) {

@@ -200,6 +200,66 @@ at::Tensor cross_entropy_backward_impl(const at::Tensor& logits, const at::Tenso
   return dx;
 }
 
+int64_t gated_norm_max_width_impl() { return kernels::gated_norm_max_width(); }
+
+namespace {
+
+// z as rows of a 2-D [rows, di] view with unit column stride: its row stride (a narrow of the
+// in_proj output keeps the projection's), or a contiguous copy when the rows are not evenly
+// spaced.
+std::pair<at::Tensor, int64_t> as_rows(const at::Tensor& z) {
+  const int64_t n = z.dim();
+  bool even = n >= 2 && z.stride(n - 1) == 1 && z.stride(n - 2) >= z.size(n - 1);
+  for (int64_t d = 0; even && d + 2 < n; ++d)
+    even = z.size(d) == 1 || z.stride(d) == z.stride(d + 1) * z.size(d + 1);
+  if (even) return {z, z.stride(n - 2)};
+  at::Tensor c = z.contiguous();
+  return {c, c.size(-1)};
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> gated_norm_forward_impl(const at::Tensor& y, const at::Tensor& z,
+                                                          const at::Tensor& w, int64_t ng,
+                                                          double eps) {
+  const int64_t di = y.size(-1), rows = di == 0 ? 0 : y.numel() / di;
+  WEFT_CHECK(y.scalar_type() == at::kFloat && w.numel() == di && z.numel() == y.numel() &&
+                 di % ng == 0,
+             "gated_norm: y float32 [.., {}], z of as many elements, w [{}] expected", di, di);
+  c10::cuda::CUDAGuard guard(y.device());
+  const at::Tensor yc = y.contiguous(), wc = w.to(at::kFloat).contiguous();
+  const auto [zr, zs] = as_rows(z);
+  at::Tensor out = at::empty(y.sizes(), z.options());
+  at::Tensor rstd = at::empty({rows, ng}, y.options());
+  check_launch(kernels::gated_norm_forward(elem_of(z), yc.data_ptr<float>(), zr.data_ptr(), zs,
+                                           wc.data_ptr<float>(), out.data_ptr(),
+                                           rstd.data_ptr<float>(), rows, ng, di / ng,
+                                           static_cast<float>(eps), stream_of(y)),
+               "gated_norm_forward");
+  return {out, rstd};
+}
+
+std::array<at::Tensor, 3> gated_norm_backward_impl(const at::Tensor& dout, const at::Tensor& y,
+                                                   const at::Tensor& z, const at::Tensor& w,
+                                                   const at::Tensor& rstd, int64_t ng) {
+  const int64_t di = y.size(-1), rows = di == 0 ? 0 : y.numel() / di;
+  WEFT_CHECK(di <= kernels::gated_norm_max_width(), "gated_norm: width {} too large", di);
+  c10::cuda::CUDAGuard guard(y.device());
+  const at::Tensor yc = y.contiguous(), wc = w.to(at::kFloat).contiguous();
+  const at::Tensor d = dout.to(z.scalar_type()).contiguous();
+  const auto [zr, zs] = as_rows(z);
+  at::Tensor dy = at::empty(y.sizes(), y.options());
+  at::Tensor dz = at::empty(y.sizes(), z.options());
+  at::Tensor partial = at::empty({kernels::gated_norm_blocks(rows), di}, y.options());
+  check_launch(kernels::gated_norm_backward(elem_of(z), d.data_ptr(), yc.data_ptr<float>(),
+                                            zr.data_ptr(), zs, wc.data_ptr<float>(),
+                                            rstd.data_ptr<float>(), dy.data_ptr<float>(),
+                                            dz.data_ptr(), partial.data_ptr<float>(), rows, ng,
+                                            di / ng, stream_of(y)),
+               "gated_norm_backward");
+  return {dy, dz, partial.sum(0).to(w.scalar_type())};
+}
+
 namespace {
 
 // cb [..., G, Q, Q], cs [..., G, R, Q]: {M = blocks of cs rows, R, Q}.

@@ -22,6 +22,15 @@ std::pair<at::Tensor, at::Tensor> cross_entropy_forward_impl(const at::Tensor& l
 at::Tensor cross_entropy_backward_impl(const at::Tensor& logits, const at::Tensor& labels,
                                        const at::Tensor& lse, const at::Tensor& grad);
 
+// The gated RMSNorm (fused.h gated_rms_norm): {out, rstd}, and the gradients {dy, dz, dw}.
+std::pair<at::Tensor, at::Tensor> gated_norm_forward_impl(const at::Tensor& y, const at::Tensor& z,
+                                                          const at::Tensor& w, int64_t ng,
+                                                          double eps);
+std::array<at::Tensor, 3> gated_norm_backward_impl(const at::Tensor& dout, const at::Tensor& y,
+                                                   const at::Tensor& z, const at::Tensor& w,
+                                                   const at::Tensor& rstd, int64_t ng);
+int64_t gated_norm_max_width_impl();
+
 // The SSD's decay-weighted C.B blocks (fused.h ssd_decay_weighted) and their gradients
 // {dcb, dcs}.
 at::Tensor ssd_decay_forward_impl(const at::Tensor& cb, const at::Tensor& cs);

@@ -66,6 +66,23 @@ std::string cross_entropy_backward(Elem t, const void* logits, const int64_t* la
                                    const float* lse, const float* g, void* dlogits, int64_t rows,
                                    int64_t v, void* stream);
 
+// The Mamba-2 gated RMSNorm (mamba.cpp, mamba_out_proj): per row and group of gs channels,
+// g = y * silu(z), out = round(g * rstd * w), rstd = 1 / sqrt(mean(g^2) + eps) (float32
+// [rows, ng]). y [rows, ng * gs] and w float32; z (rows z_row_stride apart) and out in the
+// element type.
+std::string gated_norm_forward(Elem t, const float* y, const void* z, int64_t z_row_stride,
+                               const float* w, void* out, float* rstd, int64_t rows, int64_t ng,
+                               int64_t gs, float eps, void* stream);
+// Its gradients: dy float32, dz (element type, contiguous [rows, ng * gs]) and, per block of
+// rows, the partial weight gradient into dw_partial [gated_norm_blocks(rows), ng * gs] (float32;
+// the caller sums dim 0). Needs ng * gs <= gated_norm_max_width().
+std::string gated_norm_backward(Elem t, const void* dout, const float* y, const void* z,
+                                int64_t z_row_stride, const float* w, const float* rstd,
+                                float* dy, void* dz, float* dw_partial, int64_t rows, int64_t ng,
+                                int64_t gs, void* stream);
+int64_t gated_norm_blocks(int64_t rows);
+int64_t gated_norm_max_width();
+
 // The SSD's decay-weighted C.B blocks (mamba.cpp, step 1): for M = G * R blocks of Q x Q (R heads
 // share each of the G cb blocks), out[m, i, j] = cb[m / R, i, j] * exp(cs[m, i] - cs[m, j]) for
 // j <= i and 0 above the diagonal; cb and out in the element type, the cumulative log-decays cs

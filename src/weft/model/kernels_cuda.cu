@@ -360,6 +360,80 @@ __global__ void rope_bwd_kernel(Strided dq, Strided dk, Strided dv, const T* cos
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
+// --- Mamba-2 gated RMSNorm ------------------------------------------------------------------------
+// Per row and group of gs = di / ng channels: g = y * silu(z), out = g * rstd * w with
+// rstd = 1 / sqrt(mean(g^2) + eps). y and w float32, z and out in T; z rows have stride zs.
+// One block per row, a warp per group (groups taken in turn by the block's warps), lanes over
+// the group's channels, a fixed shuffle tree for the sums.
+
+__device__ __forceinline__ float sigmoidf_(float v) { return 1.f / (1.f + expf(-v)); }
+
+template <typename T>
+__global__ void gated_norm_fwd_kernel(const float* y, const T* z, int64_t zs, const float* w,
+                                      T* out, float* rstd, int64_t ng, int64_t gs, float eps) {
+  const int64_t row = blockIdx.x, di = ng * gs;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const float* yr = y + row * di;
+  const T* zr = z + row * zs;
+  for (int64_t grp = warp; grp < ng; grp += warps) {
+    const int64_t c0 = grp * gs;
+    float ss = 0.f;
+    for (int64_t c = c0 + lane; c < c0 + gs; c += 32) {
+      const float zv = ld(zr + c), g = yr[c] * (zv * sigmoidf_(zv));
+      ss += g * g;
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float r = rsqrtf(ss / static_cast<float>(gs) + eps);
+    if (lane == 0) rstd[row * ng + grp] = r;
+    for (int64_t c = c0 + lane; c < c0 + gs; c += 32) {
+      const float zv = ld(zr + c), g = yr[c] * (zv * sigmoidf_(zv));
+      st(out + row * di + c, g * r * w[c]);
+    }
+  }
+}
+
+// Gradients: dy (float32) and dz (T) per row, and per block of rows the partial weight gradient
+// sum(dout * g * rstd) into dw_partial [blocks, di] (each column owned by one thread of the
+// block: shared-memory accumulators, no atomics), summed over blocks by the caller.
+template <typename T>
+__global__ void gated_norm_bwd_kernel(const T* dout, const float* y, const T* z, int64_t zs,
+                                      const float* w, const float* rstd, float* dy, T* dz,
+                                      float* dw_partial, int64_t rows, int64_t ng, int64_t gs,
+                                      int64_t per_block) {
+  extern __shared__ float dw[];
+  const int64_t di = ng * gs;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int64_t c = threadIdx.x; c < di; c += blockDim.x) dw[c] = 0.f;
+  __syncthreads();
+  const int64_t first = blockIdx.x * per_block, last = min(rows, first + per_block);
+  for (int64_t row = first; row < last; ++row) {
+    const float* yr = y + row * di;
+    const T* zr = z + row * zs;
+    const T* dr = dout + row * di;
+    for (int64_t grp = warp; grp < ng; grp += warps) {
+      const int64_t c0 = grp * gs;
+      const float r = rstd[row * ng + grp];
+      float dot = 0.f;  // sum of (dout * w) * xhat over the group
+      for (int64_t c = c0 + lane; c < c0 + gs; c += 32) {
+        const float zv = ld(zr + c), g = yr[c] * (zv * sigmoidf_(zv));
+        dot += ld(dr + c) * w[c] * (g * r);
+      }
+      for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      const float mean = dot / static_cast<float>(gs);
+      for (int64_t c = c0 + lane; c < c0 + gs; c += 32) {
+        const float zv = ld(zr + c), s = sigmoidf_(zv), yv = yr[c], g = yv * (zv * s);
+        const float xhat = g * r, d = ld(dr + c);
+        const float dg = r * (d * w[c] - xhat * mean);
+        dy[row * di + c] = dg * (zv * s);
+        st(dz + row * di + c, dg * yv * s * (1.f + zv * (1.f - s)));
+        dw[c] += d * xhat;
+      }
+    }
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < di; c += blockDim.x) dw_partial[blockIdx.x * di + c] = dw[c];
+}
+
 // --- SSD: the decay-weighted C.B block of a chunk -------------------------------------------------
 // out[m, i, j] = cb[m / R, i, j] * exp(cs[m, i] - cs[m, j]) for j <= i, else 0; m runs over the
 // (batch, chunk, group, head) blocks of Q x Q, R heads share one cb block. One thread per N
@@ -566,6 +640,35 @@ std::string cross_entropy_backward(Elem t, const void* logits, const int64_t* la
     ce_bwd_kernel<T, N><<<static_cast<unsigned>(grid_for(rows * v / N)), kThreads, 0,
                           as_stream(stream)>>>(static_cast<const T*>(logits), labels, lse, g,
                                                static_cast<T*>(dlogits), rows, v);
+  });
+  return launched();
+}
+
+int64_t gated_norm_blocks(int64_t rows) { return std::max<int64_t>(1, std::min(rows, kRmsBwdBlocks)); }
+int64_t gated_norm_max_width() { return 12 * 1024; }  // float32 dw accumulators: 48 KiB
+
+std::string gated_norm_forward(Elem t, const float* y, const void* z, int64_t z_row_stride,
+                               const float* w, void* out, float* rstd, int64_t rows, int64_t ng,
+                               int64_t gs, float eps, void* stream) {
+  if (rows == 0) return {};
+  dispatch(t, false, [&]<typename T, int N>() {
+    gated_norm_fwd_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, as_stream(stream)>>>(
+        y, static_cast<const T*>(z), z_row_stride, w, static_cast<T*>(out), rstd, ng, gs, eps);
+  });
+  return launched();
+}
+
+std::string gated_norm_backward(Elem t, const void* dout, const float* y, const void* z,
+                                int64_t z_row_stride, const float* w, const float* rstd,
+                                float* dy, void* dz, float* dw_partial, int64_t rows, int64_t ng,
+                                int64_t gs, void* stream) {
+  if (rows == 0) return {};
+  const int64_t blocks = gated_norm_blocks(rows), per_block = (rows + blocks - 1) / blocks;
+  const size_t smem = static_cast<size_t>(ng * gs) * sizeof(float);
+  dispatch(t, false, [&]<typename T, int N>() {
+    gated_norm_bwd_kernel<T><<<static_cast<unsigned>(blocks), kThreads, smem, as_stream(stream)>>>(
+        static_cast<const T*>(dout), y, static_cast<const T*>(z), z_row_stride, w, rstd, dy,
+        static_cast<T*>(dz), dw_partial, rows, ng, gs, per_block);
   });
   return launched();
 }

@@ -157,7 +157,13 @@ at::Tensor mamba_out_proj(const at::Tensor& y, const at::Tensor& z, const MambaH
                           const ModelConfig& cfg, c10::ScalarType dtype) {
   const int64_t b = y.size(0), s = y.size(1);
   const int64_t di = cfg.mamba_heads() * cfg.mamba_head_dim, ng = cfg.mamba_num_groups;
-  // Gated RMSNorm per group: norm(y * silu(z)) over each of the ng groups of di / ng channels.
+  // Gated RMSNorm per group: norm(y * silu(z)) over each of the ng groups of di / ng channels
+  // (on CUDA one fused kernel each way, fused.h).
+  const at::Tensor yr = y.reshape({b, s, di});
+  if (fused::gated_rms_norm_supports(yr, z, ng) && z.scalar_type() == dtype) {
+    const at::Tensor scale = ops::param_value(w.norm).to(at::kFloat);
+    return ops::linear(fused::gated_rms_norm(yr, z, scale, ng, 1e-5), w.out_proj);
+  }
   const at::Tensor g =
       (y.reshape({b, s, di}) * at::silu(z.to(y.scalar_type()))).reshape({b, s, ng, di / ng});
   const at::Tensor normed =
