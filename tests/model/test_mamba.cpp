@@ -186,6 +186,56 @@ TEST(MambaCuda, BFloat16ScanNearFloat64) {
   check_bf16_scan(torch::Device(torch::kCUDA, 0));
 }
 
+// The fused conv + SiLU and gated RMSNorm against the ATen chains they replace, in float32 and
+// bfloat16, with inputs that are narrows of a wider projection (as in the mixer): output and
+// every gradient.
+TEST(MambaCuda, FusedConvAndGatedNormMatchTheAtenChains) {
+  if (!torch::cuda::is_available() || !fused::compiled()) GTEST_SKIP() << "no CUDA fused kernels";
+  const torch::Device dev(torch::kCUDA, 0);
+  torch::manual_seed(9);
+  const int64_t b = 2, s = 150, C = 48, K = 4, ng = 3;
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    SCOPED_TRACE(::testing::Message() << dtype);
+    const bool bf16 = dtype == torch::kBFloat16;
+    const torch::Tensor proj0 = torch::randn({b, s, 2 * C + 5}).to(dev, dtype);
+    const torch::Tensor w0 = torch::randn({C, 1, K}, dev) * 0.5, b0 = torch::randn({C}, dev);
+    const torch::Tensor y0 = torch::randn({b, s, C}, dev), nw0 = 1 + torch::rand({C}, dev);
+    const torch::Tensor g1 = torch::randn({b, s, C}, dev), g2 = torch::randn({b, s, C}, dev);
+    auto run = [&](bool fused_on) {
+      const torch::Tensor proj = proj0.clone().requires_grad_(true);
+      const torch::Tensor w = w0.clone().requires_grad_(true), bias = b0.clone().requires_grad_(true);
+      const torch::Tensor y = y0.clone().requires_grad_(true), nw = nw0.clone().requires_grad_(true);
+      const torch::Tensor x = proj.narrow(-1, 3, C), z = proj.narrow(-1, C + 4, C);
+      torch::Tensor conv, normed;
+      if (fused_on) {
+        EXPECT_TRUE(fused::conv_silu_supports(x, w));
+        EXPECT_TRUE(fused::gated_rms_norm_supports(y, z, ng));
+        conv = fused::conv_silu(x, w, bias);
+        normed = fused::gated_rms_norm(y, z, nw, ng, 1e-5);
+      } else {
+        conv = torch::silu(causal_conv1d(x.to(torch::kFloat), w, bias));
+        const torch::Tensor g = (y * torch::silu(z.to(torch::kFloat))).reshape({b, s, ng, C / ng});
+        normed = ((g * torch::rsqrt(g.pow(2).mean({-1}, true) + 1e-5)).reshape({b, s, C}) * nw)
+                     .to(dtype);
+      }
+      ((conv * g1).sum() + (normed.to(torch::kFloat) * g2).sum()).backward();
+      std::vector<torch::Tensor> out;
+      for (const torch::Tensor& t : {conv, normed, proj.grad(), w.grad(), bias.grad(), y.grad(),
+                                     nw.grad()})
+        out.push_back(t.detach().cpu().to(torch::kDouble));
+      return out;
+    };
+    const auto f = run(true), r = run(false);
+    const char* names[] = {"conv", "gated norm", "d proj", "d conv w", "d conv bias", "d y",
+                           "d norm w"};
+    for (size_t i = 0; i < f.size(); ++i) {
+      const double e = rel_err(f[i], r[i]);
+      EXPECT_LE(e, bf16 ? 1e-2 : 2e-5) << names[i];
+      std::printf("fused conv/norm %s: %s rel err %.3g\n", bf16 ? "bf16" : "fp32", names[i], e);
+    }
+  }
+}
+
 TEST(MambaCuda, FusedDecayBlocksMatchTheAtenChain) {
   if (!torch::cuda::is_available() || !fused::compiled()) GTEST_SKIP() << "no CUDA fused kernels";
   const torch::Device dev(torch::kCUDA, 0);

@@ -57,6 +57,19 @@ struct CrossEntropyFn : Function<CrossEntropyFn> {
   }
 };
 
+struct ConvSiluFn : Function<ConvSiluFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const at::Tensor& bias) {
+    ctx->save_for_backward({x, w, bias});
+    return conv_silu_forward_impl(x, w, bias);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    auto [dx, dw, db] = conv_silu_backward_impl(grads[0], s[0], s[1], s[2]);
+    return {dx, dw, db};
+  }
+};
+
 struct GatedNormFn : Function<GatedNormFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y, const at::Tensor& z,
                             const at::Tensor& w, int64_t ng, double eps) {
@@ -105,6 +118,17 @@ std::array<at::Tensor, 3> rope_qkv(const at::Tensor& qkv, const at::Tensor& cos,
                                    const at::Tensor& sin) {
   variable_list out = RopeQkvFn::apply(qkv, cos, sin);
   return {out[0], out[1], out[2]};
+}
+
+at::Tensor conv_silu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
+  return ConvSiluFn::apply(x, w, bias);
+}
+
+bool conv_silu_supports(const at::Tensor& x, const at::Tensor& w) {
+  return usable(x) && x.dim() == 3 && x.stride(-1) == 1 && w.scalar_type() == at::kFloat &&
+         w.dim() == 3 && w.size(0) == x.size(2) && w.size(1) == 1 &&
+         w.size(2) <= conv_silu_max_kernel_impl() &&
+         (x.size(0) == 1 || x.stride(0) == x.stride(1) * x.size(1));
 }
 
 at::Tensor gated_rms_norm(const at::Tensor& y, const at::Tensor& z, const at::Tensor& w,

@@ -44,6 +44,12 @@ std::array<at::Tensor, 3> rope_qkv(const at::Tensor& qkv, const at::Tensor& cos,
 // ignored), float32 0-dim, with autograd; the log-softmax is never materialised.
 at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels);
 
+// The Mamba-2 depthwise causal conv and SiLU with autograd: x [b, s, C] float32 or bfloat16
+// (rows may be a narrow of a wider projection), w [C, 1, K] and bias [C] float32; float32
+// silu(causal_conv1d(x, w, bias)) (mamba.h). conv_silu_supports says when it applies.
+at::Tensor conv_silu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias);
+bool conv_silu_supports(const at::Tensor& x, const at::Tensor& w);
+
 // The Mamba-2 gated RMSNorm with autograd: y [b, s, di] float32, z [b, s, di] (rows may be a
 // narrow of a wider projection) float32 or bfloat16, w [di] float32; per group of di / ng
 // channels norm(y * silu(z)) * w, in z's dtype. gated_rms_norm_supports says when it applies.

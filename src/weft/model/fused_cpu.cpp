@@ -40,6 +40,14 @@ at::Tensor cross_entropy_backward_impl(const at::Tensor&, const at::Tensor&, con
                                        const at::Tensor&) {
   not_compiled();
 }
+at::Tensor conv_silu_forward_impl(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  not_compiled();
+}
+std::array<at::Tensor, 3> conv_silu_backward_impl(const at::Tensor&, const at::Tensor&,
+                                                  const at::Tensor&, const at::Tensor&) {
+  not_compiled();
+}
+int conv_silu_max_kernel_impl() { return 0; }
 std::pair<at::Tensor, at::Tensor> gated_norm_forward_impl(const at::Tensor&, const at::Tensor&,
                                                           const at::Tensor&, int64_t, double) {
   not_compiled();

@@ -200,6 +200,42 @@ at::Tensor cross_entropy_backward_impl(const at::Tensor& logits, const at::Tenso
   return dx;
 }
 
+int conv_silu_max_kernel_impl() { return kernels::conv_silu_max_kernel(); }
+
+at::Tensor conv_silu_forward_impl(const at::Tensor& x, const at::Tensor& w,
+                                  const at::Tensor& bias) {
+  const int64_t B = x.size(0), S = x.size(1), C = x.size(2);
+  const int K = static_cast<int>(w.size(-1));
+  c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor wc = w.reshape({C, K}).contiguous(), bc = bias.contiguous();
+  at::Tensor out = at::empty({B, S, C}, x.options().dtype(at::kFloat));
+  check_launch(kernels::conv_silu_forward(elem_of(x), x.data_ptr(), x.stride(1),
+                                          wc.data_ptr<float>(), bc.data_ptr<float>(),
+                                          out.data_ptr<float>(), B, S, C, K, stream_of(x)),
+               "conv_silu_forward");
+  return out;
+}
+
+std::array<at::Tensor, 3> conv_silu_backward_impl(const at::Tensor& dout, const at::Tensor& x,
+                                                  const at::Tensor& w, const at::Tensor& bias) {
+  const int64_t B = x.size(0), S = x.size(1), C = x.size(2);
+  const int K = static_cast<int>(w.size(-1));
+  c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor wc = w.reshape({C, K}).contiguous(), bc = bias.contiguous();
+  const at::Tensor d = dout.to(at::kFloat).contiguous();
+  const int64_t tiles = kernels::conv_silu_tiles(B, S);
+  at::Tensor dx = at::empty({B, S, C}, x.options());
+  at::Tensor dw = at::empty({tiles, C, K}, wc.options());
+  at::Tensor db = at::empty({tiles, C}, wc.options());
+  check_launch(kernels::conv_silu_backward(elem_of(x), d.data_ptr<float>(), x.data_ptr(),
+                                           x.stride(1), wc.data_ptr<float>(),
+                                           bc.data_ptr<float>(), dx.data_ptr(),
+                                           dw.data_ptr<float>(), db.data_ptr<float>(), B, S, C,
+                                           K, stream_of(x)),
+               "conv_silu_backward");
+  return {dx, dw.sum(0).view(w.sizes()), db.sum(0)};
+}
+
 int64_t gated_norm_max_width_impl() { return kernels::gated_norm_max_width(); }
 
 namespace {

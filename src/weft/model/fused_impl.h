@@ -22,6 +22,12 @@ std::pair<at::Tensor, at::Tensor> cross_entropy_forward_impl(const at::Tensor& l
 at::Tensor cross_entropy_backward_impl(const at::Tensor& logits, const at::Tensor& labels,
                                        const at::Tensor& lse, const at::Tensor& grad);
 
+// The conv + SiLU (fused.h conv_silu), and its gradients {dx, dw, dbias}.
+at::Tensor conv_silu_forward_impl(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias);
+std::array<at::Tensor, 3> conv_silu_backward_impl(const at::Tensor& dout, const at::Tensor& x,
+                                                  const at::Tensor& w, const at::Tensor& bias);
+int conv_silu_max_kernel_impl();
+
 // The gated RMSNorm (fused.h gated_rms_norm): {out, rstd}, and the gradients {dy, dz, dw}.
 std::pair<at::Tensor, at::Tensor> gated_norm_forward_impl(const at::Tensor& y, const at::Tensor& z,
                                                           const at::Tensor& w, int64_t ng,

@@ -83,6 +83,23 @@ std::string gated_norm_backward(Elem t, const void* dout, const float* y, const 
 int64_t gated_norm_blocks(int64_t rows);
 int64_t gated_norm_max_width();
 
+// The Mamba-2 depthwise causal conv and SiLU over x [B, S, C] (element type; row b * S + t at
+// x + (b * S + t) * x_row_stride): out [B, S, C] float32 =
+// silu(bias[c] + sum_j x[b, t - K + 1 + j, c] w[c, j]), zeros before the start; w [C, K] and
+// bias [C] float32, K <= conv_silu_max_kernel().
+std::string conv_silu_forward(Elem t, const void* x, int64_t x_row_stride, const float* w,
+                              const float* bias, float* out, int64_t B, int64_t S, int64_t C,
+                              int K, void* stream);
+// Its gradients from dout [B, S, C] float32: dx [B, S, C] (element type, contiguous) and, per
+// tile of rows (conv_silu_tiles(B, S) of them), partial dw [tiles, C, K] and dbias [tiles, C]
+// float32, summed over dim 0 by the caller.
+std::string conv_silu_backward(Elem t, const float* dout, const void* x, int64_t x_row_stride,
+                               const float* w, const float* bias, void* dx, float* dw_partial,
+                               float* db_partial, int64_t B, int64_t S, int64_t C, int K,
+                               void* stream);
+int conv_silu_max_kernel();
+int64_t conv_silu_tiles(int64_t B, int64_t S);
+
 // The SSD's decay-weighted C.B blocks (mamba.cpp, step 1): for M = G * R blocks of Q x Q (R heads
 // share each of the G cb blocks), out[m, i, j] = cb[m / R, i, j] * exp(cs[m, i] - cs[m, j]) for
 // j <= i and 0 above the diagonal; cb and out in the element type, the cumulative log-decays cs

@@ -434,6 +434,79 @@ __global__ void gated_norm_bwd_kernel(const T* dout, const float* y, const T* z,
   for (int64_t c = threadIdx.x; c < di; c += blockDim.x) dw_partial[blockIdx.x * di + c] = dw[c];
 }
 
+// --- Mamba-2 depthwise causal conv + SiLU -------------------------------------------------------
+// out[b, t, c] = silu(bias[c] + sum_j x[b, t - K + 1 + j, c] w[c, j]) (x = 0 before the start),
+// x in T with rows xs elements apart (b * S + t indexes rows), everything else float32.
+constexpr int kConvMaxK = 8;
+constexpr int64_t kConvTile = 64;  // rows per backward block
+
+template <typename T>
+__device__ __forceinline__ float conv_pre(const T* x, int64_t xs, const float* wk, float bias,
+                                          int64_t row0, int64_t t, int64_t c, int K) {
+  float pre = bias;
+  for (int j = 0; j < K; ++j) {
+    const int64_t tt = t - K + 1 + j;
+    if (tt >= 0) pre += ld(x + (row0 + tt) * xs + c) * wk[j];
+  }
+  return pre;
+}
+
+template <typename T>
+__global__ void conv_silu_fwd_kernel(const T* x, int64_t xs, const float* w, const float* bias,
+                                     float* out, int64_t B, int64_t S, int64_t C, int K) {
+  const int64_t total = B * S * C;
+  for (int64_t idx = global_index(); idx < total; idx += grid_stride()) {
+    const int64_t c = idx % C, t = (idx / C) % S, bi = idx / (C * S);
+    float wk[kConvMaxK];
+    for (int j = 0; j < K; ++j) wk[j] = w[c * K + j];
+    const float pre = conv_pre(x, xs, wk, bias[c], bi * S, t, c, K);
+    out[idx] = pre * sigmoidf_(pre);
+  }
+}
+
+// One thread per channel walks a tile of rows of one sequence backwards, keeping the K - 1
+// later rows' dpre in registers (recomputed for the rows past the tile's end): dx[t] =
+// sum_j w[j] dpre[t + K - 1 - j]; per tile partial dw[c, j] = sum_t dpre[t] x[t - K + 1 + j]
+// and dbias[c] = sum_t dpre[t], summed over tiles by the caller.
+template <typename T>
+__global__ void conv_silu_bwd_kernel(const float* dout, const T* x, int64_t xs, const float* w,
+                                     const float* bias, T* dx, float* dw_partial,
+                                     float* db_partial, int64_t S, int64_t C, int K,
+                                     int64_t tiles) {
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int64_t bi = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * kConvTile;
+  const int64_t t1 = min(S, t0 + kConvTile), row0 = bi * S;
+  float wk[kConvMaxK], later[kConvMaxK], dw[kConvMaxK];
+  for (int j = 0; j < K; ++j) wk[j] = w[c * K + j], later[j] = 0.f, dw[j] = 0.f;
+  const float bc = bias[c];
+  float db = 0.f;
+  auto dpre_at = [&](int64_t t) {
+    const float pre = conv_pre(x, xs, wk, bc, row0, t, c, K), s = sigmoidf_(pre);
+    return dout[(row0 + t) * C + c] * s * (1.f + pre * (1.f - s));
+  };
+  // later[k] holds dpre[t + 1 + k] for the row t about to be processed.
+  for (int64_t t = min(S - 1, t1 + K - 2); t >= t1; --t) {
+    for (int k = K - 2; k > 0; --k) later[k] = later[k - 1];
+    later[0] = dpre_at(t);
+  }
+  for (int64_t t = t1 - 1; t >= t0; --t) {
+    const float d = dpre_at(t);
+    float g = wk[K - 1] * d;
+    for (int j = K - 2; j >= 0; --j) g += wk[j] * later[K - 2 - j];
+    st(dx + (row0 + t) * C + c, g);
+    for (int j = 0; j < K; ++j) {
+      const int64_t tt = t - K + 1 + j;
+      if (tt >= 0) dw[j] += d * ld(x + (row0 + tt) * xs + c);
+    }
+    db += d;
+    for (int k = K - 2; k > 0; --k) later[k] = later[k - 1];
+    if (K > 1) later[0] = d;
+  }
+  for (int j = 0; j < K; ++j) dw_partial[(blockIdx.x * C + c) * K + j] = dw[j];
+  db_partial[blockIdx.x * C + c] = db;
+}
+
 // --- SSD: the decay-weighted C.B block of a chunk -------------------------------------------------
 // out[m, i, j] = cb[m / R, i, j] * exp(cs[m, i] - cs[m, j]) for j <= i, else 0; m runs over the
 // (batch, chunk, group, head) blocks of Q x Q, R heads share one cb block. One thread per N
@@ -669,6 +742,36 @@ std::string gated_norm_backward(Elem t, const void* dout, const float* y, const 
     gated_norm_bwd_kernel<T><<<static_cast<unsigned>(blocks), kThreads, smem, as_stream(stream)>>>(
         static_cast<const T*>(dout), y, static_cast<const T*>(z), z_row_stride, w, rstd, dy,
         static_cast<T*>(dz), dw_partial, rows, ng, gs, per_block);
+  });
+  return launched();
+}
+
+int conv_silu_max_kernel() { return kConvMaxK; }
+int64_t conv_silu_tiles(int64_t B, int64_t S) { return B * ((S + kConvTile - 1) / kConvTile); }
+
+std::string conv_silu_forward(Elem t, const void* x, int64_t x_row_stride, const float* w,
+                              const float* bias, float* out, int64_t B, int64_t S, int64_t C,
+                              int K, void* stream) {
+  if (B * S * C == 0) return {};
+  dispatch(t, false, [&]<typename T, int N>() {
+    conv_silu_fwd_kernel<T><<<static_cast<unsigned>(grid_for(B * S * C)), kThreads, 0,
+                              as_stream(stream)>>>(static_cast<const T*>(x), x_row_stride, w, bias,
+                                                   out, B, S, C, K);
+  });
+  return launched();
+}
+
+std::string conv_silu_backward(Elem t, const float* dout, const void* x, int64_t x_row_stride,
+                               const float* w, const float* bias, void* dx, float* dw_partial,
+                               float* db_partial, int64_t B, int64_t S, int64_t C, int K,
+                               void* stream) {
+  if (B * S * C == 0) return {};
+  const int64_t tiles = (S + kConvTile - 1) / kConvTile;
+  const dim3 grid(static_cast<unsigned>(B * tiles), static_cast<unsigned>((C + kThreads - 1) / kThreads));
+  dispatch(t, false, [&]<typename T, int N>() {
+    conv_silu_bwd_kernel<T><<<grid, kThreads, 0, as_stream(stream)>>>(
+        dout, static_cast<const T*>(x), x_row_stride, w, bias, static_cast<T*>(dx), dw_partial,
+        db_partial, S, C, K, tiles);
   });
   return launched();
 }

@@ -176,8 +176,12 @@ at::Tensor mamba_mixer(const at::Tensor& x, const MambaHandles& w, const ModelCo
   const int64_t nh = cfg.mamba_heads();
   const MambaProjections p = mamba_in_proj(x, w, cfg);
   const auto acc = ops::accum_dtype(x.scalar_type());
-  const at::Tensor xbc = at::silu(causal_conv1d(p.xbc.to(acc), ops::param_value(w.conv_weight).to(acc),
-                                                ops::param_value(w.conv_bias).to(acc)));
+  const at::Tensor conv_w = ops::param_value(w.conv_weight).to(acc);
+  const at::Tensor conv_b = ops::param_value(w.conv_bias).to(acc);
+  // On CUDA one fused kernel each way reads the projection's bf16 rows directly (fused.h).
+  const at::Tensor xbc = fused::conv_silu_supports(p.xbc, conv_w) && acc == at::kFloat
+                             ? fused::conv_silu(p.xbc, conv_w, conv_b)
+                             : at::silu(causal_conv1d(p.xbc.to(acc), conv_w, conv_b));
   const MambaScanInputs in = mamba_scan_inputs(xbc, p.dt, w, cfg);
   const at::Tensor y = ssd_chunked(in.x, in.dt, in.A, in.B, in.C, cfg.mamba_chunk_size,
                                    mamba_ssd_io_dtype(x.scalar_type())) +
