@@ -45,10 +45,19 @@ wait_job() {
 }
 # Records the job's pids (once its ranks run); after the job, none may be left.
 record_pids() { PIDS=$(pgrep -f -- "--log-jsonl $DIR/log.jsonl"); }
+# Ranks may still be exiting when mpirun has returned: they get 10 s. A zombie (state Z, not
+# reaped by a container's pid 1) has ended.
 none_left() {
   local left=""
-  for pid in $PIDS; do kill -0 "$pid" 2>/dev/null && left="$left $pid"; done
-  [ -z "$left" ] || fail "processes left behind:$left"
+  for _ in $(seq 1 100); do
+    left=""
+    for pid in $PIDS; do
+      [ -r "/proc/$pid/stat" ] && [ "$(cut -d' ' -f3 "/proc/$pid/stat")" != Z ] && left="$left $pid"
+    done
+    [ -z "$left" ] && break
+    sleep 0.1
+  done
+  [ -z "$left" ] || { ps -o pid,stat,args -p "$(echo $left | tr " " ",")" | cut -c1-150; fail "processes left behind:$left"; }
   PIDS=""
 }
 # The MPI rank of a pid running the weft binary, or nothing (as tests/checkpoint/preempt.sh).
