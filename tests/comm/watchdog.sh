@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A dead or hung rank must not hang the job (comm/watchdog.h). Four runs of `weft train`:
+# A dead or hung rank must not hang the job (comm/watchdog.h). Runs of `weft train`:
+#   bad-flag --distributed-timeout-minutes 0 or -1: exit 2, one line naming the flag;
 #   healthy  2 ranks, pp 2, a 6 s timeout: trains to the end and exits 0 (no false alarm, and the
 #            watchdog thread shuts down cleanly before MPI_Finalize);
 #   kill     rank 1 dies by SIGKILL in iteration 3 (WEFT_FAULT, after its backward): the job
@@ -78,6 +79,15 @@ start() {  # start NP FAULT ARGS...: the job in the background, JOB its mpirun p
   JOB=$!
 }
 
+CASE=bad-flag  # 0 and negative timeouts are refused before any collective: exit 2, one line
+for v in 0 -1; do
+  ERR=$("${MPIRUN[@]}" -np 2 "$WEFT" "${MODEL[@]}" --distributed-timeout-minutes $v 2>&1 >/dev/null)
+  RC=$?
+  [ "$RC" = 2 ] && [ "$(printf '%s\n' "$ERR" | grep -c '^weft: error')" = 1 ] &&
+    printf '%s' "$ERR" | grep -qF -- "--distributed-timeout-minutes must be > 0 (got $v)" ||
+    { printf '%s\n' "$ERR" | head -5; fail "--distributed-timeout-minutes $v: exit $RC"; }
+done
+
 CASE=healthy
 start 2 "" --pipeline-model-parallel-size 2 --global-batch-size 8 --train-iters 6 \
   --distributed-timeout-minutes 0.1
@@ -128,4 +138,4 @@ echo "$LINES" | grep -q "all_reduce #[0-9]* on group 'world' (ranks 0,1,2)" || f
 echo "$LINES" | grep -qv "missing: rank 2 (no answer within [0-9.]* s: [^;]*); aborting the job$" \
   && fail "a message does not name rank 2, and only rank 2, as missing: $LINES"
 echo "stop3: job ended (exit $RC) $(secs "$T0" "$END") s after iteration 2 was logged: $(echo "$LINES" | head -1 | grep -o 'watchdog: .*')"
-echo "4 passed, 0 failed"
+echo "5 passed, 0 failed"
