@@ -227,7 +227,7 @@ std::string find_missing(const Stall& s, MPI_Comm comm, Server& server, double g
   }
   // The requests of peers that never answered stay posted: the job is aborted next.
 
-  std::vector<std::string> missing;
+  std::vector<std::string> missing, reached;
   for (size_t i = 0; i < n; ++i) {
     const int p = targets[i];
     const int w = s.world[p];
@@ -238,6 +238,7 @@ std::string find_missing(const Stall& s, MPI_Comm comm, Server& server, double g
       continue;
     }
     const std::string doing(r.doing, strnlen(r.doing, sizeof r.doing));
+    if (reached.size() < 4) reached.push_back(fmt::format("rank {} {}", w, doing));
     if (!r.known) {
       missing.push_back(fmt::format("rank {} (has no group '{}' with these members; {})", w,
                                     s.group_name, doing));
@@ -259,9 +260,12 @@ std::string find_missing(const Stall& s, MPI_Comm comm, Server& server, double g
                                       s.world[s.rank], doing));
     }
   }
+  // Open MPI resumes a stopped rank (SIGCONT) while it aborts the job, so a peer stopped when it
+  // was asked may still answer here, after another rank's watchdog has begun the abort.
   if (missing.empty())
-    return "no member is missing (every member answered and has reached it: a network or MPI "
-           "failure?)";
+    return fmt::format("no member is missing: every member answered and has reached it ({}{}); "
+                       "a network or MPI failure, or a stopped rank just resumed?",
+                       fmt::join(reached, "; "), n > reached.size() ? "; ..." : "");
   return fmt::format("missing: {}", fmt::join(missing, "; "));
 }
 
