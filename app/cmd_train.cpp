@@ -136,6 +136,8 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       "raise_all | raise_unexpected | log_all | log_unexpected | assume_ok_unexpected | ignore_all");
   opt("--exit-interval", t.exit_interval, "save and exit when iteration % N == 0 (0: off)");
   opt("--exit-duration-in-mins", t.exit_duration_mins, "save and exit after this many minutes (0: off)");
+  opt("--distributed-timeout-minutes", t.distributed_timeout_minutes,
+      "abort the job when a communication call waits longer than this (fractions allowed)");
   opt("--distributed-backend", a->backend,
       "auto | mpi | nccl (auto: nccl for --device cuda when every rank has its own GPU)");
   c->add_flag("--deterministic", a->deterministic,
@@ -256,6 +258,7 @@ void run_training(TrainConfig& t, int threads, const std::string& backend_flag,
     } else if (backend_flag == "nccl") {
       fail_usage("--distributed-backend nccl needs --device cuda");
     }
+    mpi.start_watchdog(t.distributed_timeout_minutes * 60);  // before any group exists
     if (threads <= 0) threads = mpi.threads_per_rank();
     at::set_num_threads(threads);
     LayoutConfig layout = t.layout;

@@ -22,6 +22,8 @@
 
 namespace weft {
 
+class Watchdog;  // watchdog.h
+
 // Reductions take float32/64, bfloat16, float16, int8, uint8, int32 and int64 (every backend
 // the same set); kAvg (sum, then one division by the group size) needs a floating dtype.
 // Data movement (gather, broadcast, p2p, all-to-all) takes any dtype.
@@ -103,10 +105,15 @@ class MpiRuntime {
   static std::string library_version();           // e.g. "Open MPI v4.1.4"
   // Aborts every rank of the job with `code` (MPI_Abort on the world); does not return.
   [[noreturn]] static void abort(int code);
+  // Starts the collective watchdog (watchdog.h): a communication call waiting longer than
+  // `timeout_s` prints which ranks it waits for and aborts the job. Collective over the world;
+  // at most once. It stops before MPI is finalized.
+  void start_watchdog(double timeout_s);
 
  private:
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   bool finalize_ = false;
+  std::unique_ptr<Watchdog> watchdog_;
 };
 
 enum class Backend { kMpi, kNccl };

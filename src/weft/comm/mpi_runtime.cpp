@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "weft/comm/communicator.h"
+#include "weft/comm/watchdog.h"
 #include "weft/core/error.h"
 
 namespace weft {
@@ -81,7 +82,13 @@ int MpiRuntime::threads_per_rank() const {
   return std::max(1, cores / std::max(1, local_size_));
 }
 
+void MpiRuntime::start_watchdog(double timeout_s) {
+  WEFT_CHECK(!watchdog_, "MpiRuntime: the watchdog was already started");
+  watchdog_ = std::make_unique<Watchdog>(timeout_s);
+}
+
 MpiRuntime::~MpiRuntime() {
+  watchdog_.reset();  // its thread makes MPI calls: stop it while MPI still runs
   if (!finalize_) return;
   int finalized = 0;
   MPI_Finalized(&finalized);

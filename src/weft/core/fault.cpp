@@ -20,6 +20,7 @@ bool fault_wanted(const char* point, int rank, int iteration, const char* suffix
 
 void fault_point(const char* point, int rank, int iteration) {
   if (fault_wanted(point, rank, iteration, "")) std::raise(SIGKILL);
+  if (fault_wanted(point, rank, iteration, ":stop")) std::raise(SIGSTOP);
 }
 
 bool fault_error(const char* point, int rank, int iteration) {

@@ -5,7 +5,9 @@
 //   WEFT_FAULT=<point>:<rank>:<iteration>         e.g. checkpoint.after_shard_write:1:2
 // kills world rank <rank> when it reaches fault_point(<point>) during iteration <iteration>;
 //   WEFT_FAULT=<point>:<rank>:<iteration>:error   e.g. checkpoint.shard_write:1:2:error
-// makes fault_error(<point>) return true there, and the caller fails as on an I/O error.
+// makes fault_error(<point>) return true there, and the caller fails as on an I/O error;
+//   WEFT_FAULT=<point>:<rank>:<iteration>:stop    e.g. train.after_backward:1:3:stop
+// stops world rank <rank> there with SIGSTOP (a hung rank, which mpirun does not notice).
 #pragma once
 
 namespace weft {

@@ -20,6 +20,7 @@
 #include "weft/data/tokenizer.h"
 #include "weft/comm/device.h"
 #include "weft/core/error.h"
+#include "weft/core/fault.h"
 #include "weft/parallel/grad_access.h"
 #include "weft/parallel/schedule.h"
 
@@ -168,6 +169,8 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   if (c.finetune && c.load.empty()) fail_usage("--finetune needs --load DIR");
   if (c.exit_interval < 0) fail_usage("--exit-interval must be >= 0");
   if (c.exit_duration_mins < 0) fail_usage("--exit-duration-in-mins must be >= 0");
+  if (!(c.distributed_timeout_minutes > 0))
+    fail_usage("--distributed-timeout-minutes must be > 0 (got {})", c.distributed_timeout_minutes);
   validate_profile_config(c.profile);
   validate_data_config(c);
   for (int r : c.profile.ranks)
@@ -380,6 +383,7 @@ IterationStats Trainer::train_step() {
   const at::Tensor losses =
       run_1f1b(*stage_, *groups_.get("pp"), num_microbatches_, cfg_.micro_batch_size,
                [this](int m) { return microbatch(m); }, loss_scale);
+  fault_point("train.after_backward", groups_.rank(), it);  // crash and hang tests
 
   for (auto& u : stage_->units())
     if (Communicator* rep = u->replicate_comm(); rep && rep->size() > 1)

@@ -64,6 +64,7 @@ struct TrainConfig {
   std::string dump_first_batch;
   int exit_interval = 0;        // --exit-interval N: save and exit when iteration % N == 0
   double exit_duration_mins = 0;  // --exit-duration-in-mins: save and exit after this long
+  double distributed_timeout_minutes = 10;  // --distributed-timeout-minutes (collective watchdog)
   ProfileConfig profile;        // --profile, --profile-step-start/-end, --profile-ranks, --profile-dir
   std::string moe_token_dispatcher_type = "alltoall";  // --moe-token-dispatcher-type
   // Data (docs/data-format.md, docs/data-sampling.md): Megatron indexed datasets through
