@@ -9,6 +9,7 @@
 //   --exit-on-save-failure every rank throws naming the error and nothing new is listed; with
 //   --no-exit-on-save-failure training goes on and later saves are listed; either way the
 //   listed checkpoint loads and trains.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
