@@ -171,6 +171,10 @@ struct FailureCase {
   const char* message;  // strerror of it
 };
 
+void PrintTo(const FailureCase& c, std::ostream* os) {
+  *os << (c.async ? "async" : "sync") << (c.exit_on_failure ? " exit " : " go on ") << c.err;
+}
+
 class SaveFailure : public ::testing::TestWithParam<FailureCase> {};
 
 TEST_P(SaveFailure, PreviousStaysListedAndLoads) {
