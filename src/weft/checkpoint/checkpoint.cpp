@@ -466,10 +466,21 @@ void check_keys(const std::string& dir, const CkptIndex& index, const ModelConfi
                first_keys(unexpected));
 }
 
+// Reads in flight at once while loading (each a pread of one chunk and its CRC-32C): enough
+// queue depth for an NVMe device and the checksums of several chunks on several cores.
+// WEFT_CKPT_LOAD_THREADS overrides it (1: one read at a time; for measurements).
+int load_threads() {
+  const char* v = std::getenv("WEFT_CKPT_LOAD_THREADS");
+  const int n = v ? std::atoi(v) : 4;
+  return n >= 1 ? n : 4;
+}
+
 // Copies rows [row_start, row_start + rows) of `key` into `dst` ([rows, ...] view of a live
-// buffer), reading every overlapping chunk (checksum verified).
+// buffer), reading every overlapping chunk (checksum verified). With `deferred`, a chunk that
+// is exactly these rows is not read now but queued for CkptFileCache::read_chunks.
 Status load_rows(const std::string& dir, const CkptTensorInfo& t, const std::string& key,
-                 int64_t row_start, int64_t rows, at::Tensor dst, CkptFileCache& files) {
+                 int64_t row_start, int64_t rows, at::Tensor dst, CkptFileCache& files,
+                 std::vector<CkptFileCache::Read>* deferred = nullptr) {
   const int64_t end = row_start + rows;
   for (const CkptChunk& c : t.chunks) {
     const int64_t c0 = c.offsets[0], c1 = c0 + c.lengths[0];
@@ -479,6 +490,10 @@ Status load_rows(const std::string& dir, const CkptTensorInfo& t, const std::str
     // temporary, which on a fresh page costs more than the read itself).
     if (c0 == row_start && c1 == end && dst.is_cpu() && dst.is_contiguous() &&
         dst.scalar_type() == ckpt_torch_dtype(c.dtype)) {
+      if (deferred) {
+        deferred->push_back({c, dst.data_ptr()});
+        continue;
+      }
       if (Status s = files.read_chunk(c, dst.data_ptr()); !s) return s;
       continue;
     }
@@ -541,6 +556,13 @@ nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, Sha
   Status st = Status::ok();
   at::Tensor staging;  // pinned host bytes for device destinations
   CkptFileCache files(dir);
+  // Same-layout chunks are queued and read load_threads() at a time (flush() before anything
+  // reads a destination, and at the end).
+  std::vector<CkptFileCache::Read> deferred;
+  auto flush = [&] {
+    if (st && !deferred.empty()) st = files.read_chunks(std::move(deferred), load_threads());
+    deferred.clear();
+  };
   const auto& units = opt.units();
   try {
     for (size_t k = 0; k < units.size() && st; ++k) {
@@ -560,7 +582,7 @@ nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, Sha
           if (it == index.end()) return false;
           at::Tensor dst = view(flat);
           if (dst.device().is_cpu()) {
-            st = load_rows(dir, it->second, key, seg.row_start, seg.valid_rows, dst, files);
+            st = load_rows(dir, it->second, key, seg.row_start, seg.valid_rows, dst, files, &deferred);
           } else {
             // Device destinations: through one grow-only pinned buffer (no fresh pages per
             // chunk, and the host-to-device copy runs at PCIe speed).
@@ -577,13 +599,17 @@ nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, Sha
           // Weights only: the master from the stored master, else from the model tensor (any
           // dtype, converted); the compute copy follows it as after an optimizer step.
           if (!load(state_key("fp32_param", name), state.master) && st) load(name, state.master);
+          flush();
           if (st && !u.param_shard().is_same(state.master))
             view(u.param_shard()).copy_(view(state.master));
           continue;
         }
         const bool has_master = load(state_key("fp32_param", name), state.master);
         if (st && !u.param_shard().is_same(state.master)) {
-          if (!load(name, u.param_shard()) && has_master) view(u.param_shard()).copy_(view(state.master));
+          if (!load(name, u.param_shard()) && has_master) {
+            flush();
+            if (st) view(u.param_shard()).copy_(view(state.master));
+          }
         } else if (st && !has_master) {
           load(name, u.param_shard());
         }
@@ -591,6 +617,7 @@ nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, Sha
         if (st) load(state_key("exp_avg_sq", name), state.exp_avg_sq);
       }
     }
+    flush();
   } catch (const std::exception& e) {
     st = Status::error(e.what());
   }
