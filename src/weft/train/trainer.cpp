@@ -196,6 +196,10 @@ void check_same_config_on_every_rank(const TrainConfig& cfg, Communicator& world
         for (const auto& [k, v] : j.items()) walk(v, path.empty() ? k : path + "." + k);
       };
   walk(train_config_to_json(cfg), "");
+  // Settings that decide collectives but are not stored in checkpoints (a checkpoint saved
+  // with --async-save is byte for byte a synchronous one).
+  leaves.emplace_back("async_save", cfg.async_save ? "true" : "false");
+  leaves.emplace_back("exit_on_save_failure", cfg.exit_on_save_failure ? "true" : "false");
   const int64_t n = static_cast<int64_t>(leaves.size());
   at::Tensor mine = at::empty({n}, at::kLong);
   for (int64_t i = 0; i < n; ++i)
