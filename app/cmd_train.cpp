@@ -126,6 +126,10 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--save-interval", t.save_interval, "save every K iterations (0: only at the end and on exit)");
   opt("--load", t.load, "directory to load the latest checkpoint from");
   opt("--ckpt-step", t.ckpt_step, "load this iteration instead of the latest (-1: latest)");
+  c->add_flag("--async-save", t.async_save,
+              "write checkpoints on a background thread; training stalls only for the copy");
+  c->add_flag("--exit-on-save-failure,!--no-exit-on-save-failure", t.exit_on_save_failure,
+              "a failed checkpoint save ends the job non-zero (default), or warns and trains on");
   c->add_flag("--finetune", t.finetune,
               "with --load: model weights only (any layout); iteration 0, fresh optimizer, no "
               "data position (e.g. a checkpoint from `weft ckpt import`)");

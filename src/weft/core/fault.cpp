@@ -1,6 +1,7 @@
 // Fault injection (see fault.h).
 #include "weft/core/fault.h"
 
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <string>
@@ -24,7 +25,14 @@ void fault_point(const char* point, int rank, int iteration) {
 }
 
 bool fault_error(const char* point, int rank, int iteration) {
-  return fault_wanted(point, rank, iteration, ":error");
+  return fault_errno(point, rank, iteration) != 0;
+}
+
+int fault_errno(const char* point, int rank, int iteration) {
+  if (fault_wanted(point, rank, iteration, ":enospc")) return ENOSPC;
+  if (fault_wanted(point, rank, iteration, ":eio") || fault_wanted(point, rank, iteration, ":error"))
+    return EIO;
+  return 0;
 }
 
 }  // namespace weft

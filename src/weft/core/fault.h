@@ -8,6 +8,9 @@
 // makes fault_error(<point>) return true there, and the caller fails as on an I/O error;
 //   WEFT_FAULT=<point>:<rank>:<iteration>:stop    e.g. train.after_backward:1:3:stop
 // stops world rank <rank> there with SIGSTOP (a hung rank, which mpirun does not notice).
+//   WEFT_FAULT=<point>:<rank>:<iteration>:enospc (or :eio)
+// does the same and tells fault_errno(<point>) which error to simulate (disk full or EIO;
+// `:error` means EIO).
 #pragma once
 
 namespace weft {
@@ -15,5 +18,7 @@ namespace weft {
 void fault_point(const char* point, int rank, int iteration);
 // True when WEFT_FAULT asks for an error at this point, rank and iteration.
 bool fault_error(const char* point, int rank, int iteration);
+// The errno value WEFT_FAULT asks this point to simulate (ENOSPC or EIO), or 0.
+int fault_errno(const char* point, int rank, int iteration);
 
 }  // namespace weft

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "weft/checkpoint/async_save.h"
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/data/tokenizer.h"
 #include "weft/comm/device.h"
@@ -165,6 +166,7 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   parse_strictness(c.strictness);
   if (c.save_interval < 0) fail_usage("--save-interval must be >= 0");
   if (c.save_interval > 0 && c.save.empty()) fail_usage("--save-interval needs --save DIR");
+  if (c.async_save && c.save.empty()) fail_usage("--async-save needs --save DIR");
   if (c.ckpt_step >= 0 && c.load.empty()) fail_usage("--ckpt-step needs --load DIR");
   if (c.finetune && c.load.empty()) fail_usage("--finetune needs --load DIR");
   if (c.exit_interval < 0) fail_usage("--exit-interval must be >= 0");
@@ -197,6 +199,10 @@ void check_same_config_on_every_rank(const TrainConfig& cfg, Communicator& world
         for (const auto& [k, v] : j.items()) walk(v, path.empty() ? k : path + "." + k);
       };
   walk(train_config_to_json(cfg), "");
+  // Settings that decide collectives but are not stored in checkpoints (a checkpoint saved
+  // with --async-save is byte for byte a synchronous one).
+  leaves.emplace_back("async_save", cfg.async_save ? "true" : "false");
+  leaves.emplace_back("exit_on_save_failure", cfg.exit_on_save_failure ? "true" : "false");
   const int64_t n = static_cast<int64_t>(leaves.size());
   at::Tensor mine = at::empty({n}, at::kLong);
   for (int64_t i = 0; i < n; ++i)
@@ -294,10 +300,44 @@ void Trainer::save() {
     }
   m["optimizer"] = {{"steps", optimizer_->steps()}};
   req.local_param_groups = groups;  // merged over all stages by save_checkpoint
-  save_checkpoint(req, *stage_, *optimizer_, groups_);
+  if (cfg_.async_save) {
+    wait_for_save();  // a second save waits for the first
+    if (!async_saver_) async_saver_ = std::make_unique<AsyncCheckpointSaver>(groups_);
+  }
+  try {
+    if (async_saver_) async_saver_->start(req, *stage_, *optimizer_);
+    else save_checkpoint(req, *stage_, *optimizer_, groups_);
+  } catch (const Error& e) {
+    on_save_failure(e, iteration_);
+    return;
+  }
   last_saved_ = iteration_;
-  if (groups_.rank() == 0 && !cfg_.quiet)
+  if (groups_.rank() == 0 && !cfg_.quiet && !async_saver_)
     fmt::print("weft train: saved checkpoint {} at iteration {}\n", cfg_.save, iteration_);
+}
+
+void Trainer::wait_for_save() { finish_save(true); }
+
+void Trainer::finish_save(bool wait) {
+  if (!async_saver_ || !async_saver_->pending()) return;
+  const int pending = async_saver_->pending_iteration();
+  int committed = -1;
+  try {
+    committed = wait ? async_saver_->finish() : async_saver_->poll();
+  } catch (const Error& e) {
+    on_save_failure(e, pending);
+    return;
+  }
+  if (committed >= 0 && groups_.rank() == 0 && !cfg_.quiet)
+    fmt::print("weft train: saved checkpoint {} at iteration {}\n", cfg_.save, committed);
+}
+
+void Trainer::on_save_failure(const std::exception& e, int iteration) {
+  if (cfg_.exit_on_save_failure) throw;
+  if (last_saved_ == iteration) last_saved_ = -1;  // the end of training saves it again
+  if (groups_.rank() == 0)
+    fmt::print(stderr, "weft train: warning: the checkpoint of iteration {} was not saved; "
+               "training goes on (--no-exit-on-save-failure): {}\n", iteration, e.what());
 }
 
 Trainer::~Trainer() = default;
@@ -567,6 +607,7 @@ std::vector<IterationStats> Trainer::train() {
     }
     if (data_->has_valid() && iteration_ % cfg_.eval_interval == 0)
       report_validation(fmt::format("iteration {}", iteration_), jsonl);
+    finish_save(false);  // commits a pending --async-save once every rank has written it
     if (!cfg_.save.empty() && cfg_.save_interval > 0 && iteration_ % cfg_.save_interval == 0)
       save();
     // Every rank takes the same exit decision: one all-reduce of the local reasons.
@@ -590,6 +631,7 @@ std::vector<IterationStats> Trainer::train() {
   if (data_->has_valid() && iteration_ > 0 && iteration_ % cfg_.eval_interval != 0)
     report_validation("the end of training", jsonl);
   if (!cfg_.save.empty() && last_saved_ != iteration_ && iteration_ > 0) save();
+  wait_for_save();  // every exit path finishes the pending --async-save
   std::signal(SIGTERM, old_term);
   std::signal(SIGINT, old_int);
   if (jsonl) std::fclose(jsonl);

@@ -34,6 +34,8 @@
 
 namespace weft {
 
+class AsyncCheckpointSaver;
+
 struct TrainConfig {
   ModelConfig model;
   LayoutConfig layout;
@@ -65,6 +67,8 @@ struct TrainConfig {
   int exit_interval = 0;        // --exit-interval N: save and exit when iteration % N == 0
   double exit_duration_mins = 0;  // --exit-duration-in-mins: save and exit after this long
   double distributed_timeout_minutes = 10;  // --distributed-timeout-minutes (collective watchdog)
+  bool async_save = false;      // --async-save: write checkpoints on a background thread
+  bool exit_on_save_failure = true;  // --exit-on-save-failure / --no-exit-on-save-failure
   ProfileConfig profile;        // --profile, --profile-step-start/-end, --profile-ranks, --profile-dir
   std::string moe_token_dispatcher_type = "alltoall";  // --moe-token-dispatcher-type
   // Data (docs/data-format.md, docs/data-sampling.md): Megatron indexed datasets through
@@ -116,8 +120,13 @@ class Trainer {
   double evaluate();
   bool has_validation() const { return data_->has_valid(); }
   double last_validation_loss() const { return last_valid_loss_; }  // 0 before the first
-  // Saves the current state to cfg.save as this iteration (collective).
+  // Saves the current state to cfg.save as this iteration (collective). With --async-save it
+  // returns once the state is copied and the write goes on in the background (a pending save
+  // is finished first); wait_for_save() or the end of train() commits it. A failed save throws
+  // weft::Error with --exit-on-save-failure (the default), else warns and training goes on.
   void save();
+  // With --async-save: waits for the pending save and commits it (collective); else nothing.
+  void wait_for_save();
   int64_t consumed_samples() const { return consumed_samples_; }
 
   int iteration() const { return iteration_; }
@@ -142,6 +151,12 @@ class Trainer {
   void check_tokenizer(const nlohmann::json& meta) const;
   // Evaluates, prints Megatron's validation block on rank 0 and appends it to the JSONL.
   void report_validation(const std::string& when, FILE* jsonl);
+  // Commits a pending asynchronous save: when every rank's writer is done, or after waiting
+  // (`wait`). Collective.
+  void finish_save(bool wait);
+  // A save of `iteration` failed (the same on every rank): rethrows with
+  // --exit-on-save-failure, else warns on rank 0. Call only inside the catch block.
+  void on_save_failure(const std::exception& e, int iteration);
 
   TrainConfig cfg_;
   const ProcessGroups& groups_;
@@ -156,6 +171,7 @@ class Trainer {
   int nan_iters_ = 0;
   int last_saved_ = -1;
   double last_valid_loss_ = 0;
+  std::unique_ptr<AsyncCheckpointSaver> async_saver_;  // with --async-save
 };
 
 // Set by SIGTERM/SIGINT while Trainer::train runs; checked once per iteration by every rank.
