@@ -326,6 +326,13 @@ void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, Sharded
   }
 }
 
+int64_t checkpoint_bytes_on_rank(const PipelineStage& stage, ShardedAdamW& opt) {
+  int64_t bytes = 0;
+  for (const LocalTensor& t : local_tensors(stage, opt, false))
+    bytes += t.data.numel() * static_cast<int64_t>(t.data.element_size());
+  return bytes;
+}
+
 Strictness parse_strictness(const std::string& v) {
   if (v == "raise_all") return Strictness::kRaiseAll;
   if (v == "raise_unexpected") return Strictness::kRaiseUnexpected;

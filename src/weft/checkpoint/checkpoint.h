@@ -40,6 +40,12 @@ struct SaveRequest {
 void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, ShardedAdamW& opt,
                      const ProcessGroups& groups);
 
+// Bytes of tensor data this rank writes into one checkpoint: exactly what save_checkpoint
+// writes (the main replica's shards of the model tensors in compute dtype, the float32 master
+// and both moments in their dtypes; the tied copy on the last stage not). Safetensors headers
+// and metadata.json are not counted. Local.
+int64_t checkpoint_bytes_on_rank(const PipelineStage& stage, ShardedAdamW& opt);
+
 // Megatron's --dist-ckpt-strictness values.
 enum class Strictness {
   kRaiseAll,            // missing and unexpected keys are errors (weft's default)

@@ -5,7 +5,8 @@
 //   WEFT_FAULT=<point>:<rank>:<iteration>         e.g. checkpoint.after_shard_write:1:2
 // kills world rank <rank> when it reaches fault_point(<point>) during iteration <iteration>;
 //   WEFT_FAULT=<point>:<rank>:<iteration>:error   e.g. checkpoint.shard_write:1:2:error
-// makes fault_error(<point>) return true there, and the caller fails as on an I/O error.
+// makes fault_error(<point>) return true there, and the caller fails as on an I/O error (or
+// plants what the point documents, e.g. train.nan_grad). <rank> or <iteration> may be '*'.
 #pragma once
 
 namespace weft {
