@@ -115,6 +115,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--global-batch-size", t.global_batch_size, "samples per step over all replicas");
   opt("--train-iters", t.train_iters, "iterations to train");
   opt("--seed", t.seed, "seed for initialisation and the data order");
+  c->get_option("--seed")->check([](const std::string& v) {  // else "-1" wraps around
+    return v.rfind('-', 0) == 0 ? "must be an integer >= 0 (got " + v + ")" : std::string();
+  });
   opt("--lr", t.lr.lr, "peak learning rate");
   opt("--min-lr", t.lr.min_lr, "final learning rate");
   opt("--lr-warmup-iters", t.lr.warmup_iters, "linear warmup iterations");

@@ -55,7 +55,7 @@ TEST(Preflight, AppendableFileKeepsContent) {
   EXPECT_TRUE(fs::exists(log));
   std::ofstream(log) << "{\"iteration\": 1}\n";
   check_appendable_file(log, "--log-jsonl");
-  EXPECT_EQ(fs::file_size(log), 16u);
+  EXPECT_EQ(fs::file_size(log), 17u);  // kept, not truncated
   expect_usage([&] { check_appendable_file(root, "--log-jsonl"); }, "is a directory");
   expect_usage([] { check_appendable_file("/proc/weft-x/log.jsonl", "--log-jsonl"); },
                "--log-jsonl /proc/weft-x/log.jsonl");
