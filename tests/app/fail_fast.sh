@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Fail fast: every bad numeric flag and every bad path flag of `weft train` ends the run before
 # iteration 1 with exit code 2 and exactly one stderr line naming the flag; under mpirun -np 2
-# and -np 4 too, without the MPI_Abort banner (mpirun -q hides mpirun's own "non-zero exit"
-# notice, so stderr is weft's alone). A usage error raised on one rank only, after training
+# and -np 4 too: one "weft:" line and no MPI_Abort banner (mpirun adds its own "non-zero exit"
+# notice, which `mpirun -q` hides, leaving weft's line alone; -q also hides the MPI_Abort banner,
+# so the checks for it run without -q). A usage error raised on one rank only, after training
 # has started (WEFT_FAULT=train.usage_error), still ends the job (aborted) instead of hanging.
 # Usage: fail_fast.sh WEFT MPIRUN...
 set -u
 weft=$1
 shift
-mpirun=("$@" -q)
+mpirun=("$@")
 tmp=$(mktemp -d /tmp/weft-failfast-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 base=(train --num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
@@ -30,11 +31,13 @@ expect() {
   fi
   rc=$?
   t1=$(date +%s.%N)
-  err=$(cat "$tmp/err")
-  lines=$(grep -c . "$tmp/err")
+  err=$(grep '^weft: ' "$tmp/err")
+  lines=$(grep -c '^weft: ' "$tmp/err")
+  # Without a launcher, nothing else may be on stderr.
+  [ "$np" = 0 ] && [ "$(grep -c . "$tmp/err")" -ne 1 ] && lines=many
   if [ "$rc" -ne "$code" ] || [ "$lines" -ne 1 ] || ! grep -qF -- "$needle" "$tmp/err" ||
      grep -q "MPI_ABORT" "$tmp/err" || grep -q " iteration " "$tmp/out"; then
-    echo "FAIL (np $np: $*): exit $rc (want $code), $lines stderr line(s), wanted '$needle':"
+    echo "FAIL (np $np: $*): exit $rc (want $code), $lines weft line(s), wanted '$needle':"
     head -5 "$tmp/err"
     fails=$((fails + 1))
   else
@@ -86,6 +89,15 @@ for np in 2 4; do
   expect "$np" 2 "--log-jsonl /proc/weft-x/log.jsonl" --log-jsonl /proc/weft-x/log.jsonl
   expect "$np" 2 "--save /proc/weft-x" --save /proc/weft-x --global-batch-size 16
 done
+# With mpirun -q, stderr is that one line and nothing else.
+cases=$((cases + 1))
+"${mpirun[@]}" -q -np 2 "$weft" "${base[@]}" --lr nan >/dev/null 2>"$tmp/err"
+rc=$?
+if [ "$rc" -ne 2 ] || [ "$(grep -c . "$tmp/err")" -ne 1 ]; then
+  echo "FAIL (mpirun -q -np 2 --lr nan): exit $rc, stderr:"; head -5 "$tmp/err"; fails=$((fails + 1))
+else
+  echo "ok   (mpirun -q -np 2, exit 2): stderr is one line: $(cat "$tmp/err")"
+fi
 # Found after collectives started, by every rank through one (a checkpoint of another model).
 "${mpirun[@]}" -np 2 "$weft" "${base[@]}" --save "$tmp/ck" >/dev/null 2>&1 ||
   { echo "FAIL: the run that writes the checkpoint failed"; fails=$((fails + 1)); }

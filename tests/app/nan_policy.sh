@@ -12,7 +12,7 @@
 set -u
 weft=$1
 shift
-mpirun=("$@" -q)
+mpirun=("$@")
 tmp=$(mktemp -d /tmp/weft-nan-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 base=(train --num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
@@ -30,14 +30,17 @@ run() {
     --save "$tmp/ck" "$@" >"$tmp/out" 2>"$tmp/err"
   rc=$?
 }
-# one_line CASE CODE NEEDLE : exit CODE, exactly one stderr line, holding NEEDLE, no MPI_ABORT
+# one_line CASE CODE NEEDLE : exit CODE, exactly one "weft:" line on stderr, holding NEEDLE, and
+# no MPI_ABORT banner (mpirun's own "non-zero exit code" notice may follow).
 one_line() {
-  if [ "$rc" -ne "$2" ] || [ "$(grep -c . "$tmp/err")" -ne 1 ] || ! grep -qF -- "$3" "$tmp/err" ||
+  local lines
+  lines=$(grep -c '^weft: ' "$tmp/err")
+  if [ "$rc" -ne "$2" ] || [ "$lines" -ne 1 ] || ! grep -qF -- "$3" "$tmp/err" ||
      grep -q MPI_ABORT "$tmp/err"; then
-    fail "$1" "exit $rc (want $2), $(grep -c . "$tmp/err") stderr line(s), wanted '$3'"
+    fail "$1" "exit $rc (want $2), $lines weft line(s), wanted '$3'"
     return 1
   fi
-  echo "ok   ($1): exit $rc: $(cat "$tmp/err")"
+  echo "ok   ($1): exit $rc: $(grep '^weft: ' "$tmp/err")"
 }
 
 # Default: skipped and counted (iteration 2 of 4), the run ends normally and saves iteration 4.
