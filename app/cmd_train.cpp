@@ -32,13 +32,6 @@ namespace {
 // one too before it aborts the job (see the handler in add_train_command).
 constexpr double kErrorAgreeSeconds = 10.0;
 
-// An error message without the "[rank N] " tag, to compare the messages of two ranks.
-std::string without_rank_tag(const std::string& what) {
-  if (what.rfind("[rank ", 0) != 0) return what;
-  const size_t end = what.find("] ");
-  return end == std::string::npos ? what : what.substr(end + 2);
-}
-
 struct TrainArgs {
   TrainConfig cfg;
   bool deterministic = false;
@@ -252,7 +245,7 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
     // Phase 1, local on every rank: every flag and path is checked; then one agreement that
     // every rank reaches whatever its flags, before any collective of the trainer. A config
     // error seen by any rank ends every rank cleanly with that rank's one line (no MPI_Abort).
-    std::string error;
+    std::string error;  // the exit code ('2' usage, '1' other) and then the message
     try {
       check_train_args(a.get());
       prepare_training(a->cfg, a->backend, mpi);
@@ -272,9 +265,8 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
     // collective, e.g. a bad checkpoint, or found from the same state, e.g. a NaN gradient
     // with --check-for-nan-in-loss-and-grad) or by some ranks only (their peers then wait in
     // a collective). The handler tells them apart by a timed barrier on a communicator of its
-    // own: when every rank arrives, each exits with the code and rank 0 prints the line (any
-    // rank whose line differs prints its own too); otherwise this rank prints its line and
-    // aborts the job, so that no peer waits forever.
+    // own: when every rank arrives, each exits with the code and rank 0 alone prints its line;
+    // otherwise this rank prints its line and aborts the job, so that no peer waits forever.
     try {
       run_training(a->cfg, a->threads, a->backend, a->deterministic, mpi);
     } catch (const std::exception& e) {
@@ -284,10 +276,7 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
         std::fprintf(stderr, "weft: %s: %s\n", kind, e.what());
         MpiRuntime::abort(usage ? 2 : 1);
       }
-      const std::string mine = without_rank_tag(e.what());
-      const std::string rank0 = mpi.world_size() > 1 ? mpi.message_of_rank0(mine) : mine;
-      if (mpi.world_rank() == 0 || mine != rank0)
-        std::fprintf(stderr, "weft: %s: %s\n", kind, e.what());
+      if (mpi.world_rank() == 0) std::fprintf(stderr, "weft: %s: %s\n", kind, e.what());
       throw CLI::RuntimeError(usage ? 2 : 1);
     }
   });

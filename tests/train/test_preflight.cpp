@@ -1,5 +1,5 @@
 // The checks that run before iteration 1 (train/preflight.h): writable directories are tested
-// by writing, --load must hold a checkpoint, the free-space check refuses what does not fit,
+// by writing (and left as found), --load must hold a checkpoint, the free-space check refuses what does not fit,
 // and the checkpoint size it compares against (checkpoint_bytes_on_rank) is what a save puts on
 // disk, for fp32 and bf16 moments. Single rank, tiny model.
 #include <gtest/gtest.h>
@@ -35,12 +35,13 @@ std::string temp_dir() {
   return mkdtemp(tmpl);
 }
 
-TEST(Preflight, WritableDirIsCreatedAndLeftWithoutProbe) {
+TEST(Preflight, WritableDirLeavesNoTrace) {
   const std::string root = temp_dir();
-  const std::string dir = root + "/a/b/c";
-  check_writable_dir(dir, "--save");
-  EXPECT_TRUE(fs::is_directory(dir));
-  EXPECT_TRUE(fs::is_empty(dir)) << "the probe file was left behind";
+  check_writable_dir(root + "/a/b/c", "--save");
+  EXPECT_TRUE(fs::is_empty(root)) << "the directories it created were left behind";
+  check_writable_dir(root, "--save");
+  EXPECT_TRUE(fs::is_directory(root)) << "an existing directory was removed";
+  EXPECT_TRUE(fs::is_empty(root)) << "the probe file was left behind";
   expect_usage([] { check_writable_dir("/proc/weft-x", "--save"); }, "--save /proc/weft-x");
   std::ofstream(root + "/file") << "x";
   expect_usage([&] { check_writable_dir(root + "/file", "--tensorboard-dir"); },
@@ -52,7 +53,8 @@ TEST(Preflight, AppendableFileKeepsContent) {
   const std::string root = temp_dir();
   const std::string log = root + "/logs/run.jsonl";
   check_appendable_file(log, "--log-jsonl");
-  EXPECT_TRUE(fs::exists(log));
+  EXPECT_TRUE(fs::is_empty(root)) << "the file or its directory were left behind";
+  fs::create_directories(root + "/logs");
   std::ofstream(log) << "{\"iteration\": 1}\n";
   check_appendable_file(log, "--log-jsonl");
   EXPECT_EQ(fs::file_size(log), 17u);  // kept, not truncated
@@ -123,6 +125,9 @@ TEST(Preflight, FreeSpaceAndLoadDir) {
   check_free_space(root, "--save", 1);
   expect_usage([&] { check_free_space(root, "--save", free + (int64_t{1} << 40)); },
                "--save " + root + ": one checkpoint needs");
+  // A --save directory that the first save will create: its parent's filesystem counts.
+  expect_usage([&] { check_free_space(root + "/not/yet", "--save", free + (int64_t{1} << 40)); },
+               "--save " + root + "/not/yet: one checkpoint needs");
 
   expect_usage([&] { check_load_dir(root + "/none", -1, ""); },
                "--load " + root + "/none: no such directory");

@@ -114,9 +114,6 @@ class MpiRuntime {
   // world calls it within `seconds` (all of them failed, so each may exit cleanly), false when
   // some rank did not (it may be waiting for this one in a collective: abort the job).
   bool all_ranks_failed_within(double seconds) const;
-  // Rank 0's `message` on every rank; collective on the error communicator, so only after
-  // all_ranks_failed_within returned true.
-  std::string message_of_rank0(const std::string& message) const;
 
  private:
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;

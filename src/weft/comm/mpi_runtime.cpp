@@ -123,14 +123,6 @@ bool MpiRuntime::all_ranks_failed_within(double seconds) const {
   }
 }
 
-std::string MpiRuntime::message_of_rank0(const std::string& message) const {
-  int len = rank_ == 0 ? static_cast<int>(message.size()) : 0;
-  MPI_Bcast(&len, 1, MPI_INT, 0, errors_);
-  std::string text = rank_ == 0 ? message : std::string(static_cast<size_t>(len), '\0');
-  MPI_Bcast(text.data(), len, MPI_CHAR, 0, errors_);
-  return text;
-}
-
 // The first line of MPI_Get_library_version, up to its first comma, trimmed: Open MPI reports
 // "Open MPI v4.1.4, package: ..., repo rev: ...", and the version is what messages need.
 // Callable before MPI_Init.

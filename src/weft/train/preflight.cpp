@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "weft/checkpoint/format.h"
 #include "weft/core/error.h"
@@ -15,15 +16,43 @@
 
 namespace weft {
 namespace fs = std::filesystem;
+namespace {
+
+// Creates `dir` with its missing parents and removes what it created when it goes out of
+// scope (the checks leave no trace: a run refused later must not leave an empty --save behind;
+// the trainer creates the directories again when it writes).
+class ScopedDirs {
+ public:
+  explicit ScopedDirs(const fs::path& dir) {
+    std::error_code ec;
+    for (fs::path p = dir.lexically_normal(); !p.empty() && !fs::exists(p, ec);
+         p = p.parent_path()) {
+      created_.push_back(p);
+      if (p == p.parent_path()) break;
+    }
+    fs::create_directories(dir, ec_);
+  }
+  ~ScopedDirs() {
+    std::error_code ec;
+    for (const fs::path& p : created_) fs::remove(p, ec);  // deepest first; only if empty
+  }
+  const std::error_code& error() const { return ec_; }
+
+ private:
+  std::vector<fs::path> created_;
+  std::error_code ec_;
+};
+
+}  // namespace
 
 void check_writable_dir(const std::string& dir, const std::string& flag) {
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     fail_usage("{} {}: exists and is not a directory", flag, dir);
-  fs::create_directories(dir, ec);
-  if (!fs::is_directory(dir))
+  ScopedDirs made(dir);
+  if (!fs::is_directory(dir, ec))
     fail_usage("{} {}: cannot create the directory{}", flag, dir,
-               ec ? ": " + ec.message() : std::string());
+               made.error() ? ": " + made.error().message() : std::string());
   // Unique per process, so that every rank of a job may probe the same directory at once.
   char host[64] = {};
   gethostname(host, sizeof host - 1);
@@ -43,15 +72,15 @@ void check_writable_dir(const std::string& dir, const std::string& flag) {
 void check_appendable_file(const std::string& file, const std::string& flag) {
   std::error_code ec;
   const fs::path parent = fs::path(file).parent_path();
-  if (!parent.empty()) {
-    fs::create_directories(parent, ec);
-    if (!fs::is_directory(parent))
-      fail_usage("{} {}: cannot create its directory {}", flag, file, parent.string());
-  }
+  ScopedDirs made(parent.empty() ? fs::path(".") : parent);
+  if (!parent.empty() && !fs::is_directory(parent, ec))
+    fail_usage("{} {}: cannot create its directory {}", flag, file, parent.string());
   if (fs::is_directory(file, ec)) fail_usage("{} {}: is a directory, not a file", flag, file);
+  const bool existed = fs::exists(file, ec);
   FILE* f = std::fopen(file.c_str(), "a");
   if (!f) fail_usage("{} {}: cannot open for appending: {}", flag, file, std::strerror(errno));
   std::fclose(f);
+  if (!existed) std::remove(file.c_str());
 }
 
 void check_load_dir(const std::string& dir, int step, const std::string& save) {
@@ -82,8 +111,12 @@ void check_load_dir(const std::string& dir, int step, const std::string& save) {
 }
 
 int64_t free_bytes(const std::string& dir) {
+  // The nearest existing ancestor: the directory itself is created only by the first save.
+  std::error_code ec;
+  fs::path p = fs::absolute(dir, ec).lexically_normal();
+  while (!fs::exists(p, ec) && p != p.parent_path()) p = p.parent_path();
   struct statvfs st {};
-  if (statvfs(dir.c_str(), &st) != 0) return -1;
+  if (statvfs(p.c_str(), &st) != 0) return -1;
   return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
 }
 

@@ -16,17 +16,18 @@ namespace weft {
 struct TrainConfig;
 
 // `dir` exists as a directory or can be created (with its parents), and a probe file can be
-// created in it and removed again. Generic: any flag that names an output directory.
+// created in it and removed again. Generic: any flag that names an output directory. Leaves no
+// trace: what it created (directories, the probe) is removed again.
 void check_writable_dir(const std::string& dir, const std::string& flag);
-// `file`'s directory exists or can be created, and `file` opens for appending (it is created,
-// empty, when missing; existing content is kept).
+// `file`'s directory exists or can be created, and `file` opens for appending (existing content
+// is kept). Leaves no trace, like check_writable_dir.
 void check_appendable_file(const std::string& file, const std::string& flag);
 // --load DIR [--ckpt-step N]: DIR holds a checkpoint (its tracker file and the iteration it
 // names, or iteration N), and the checkpoint's metadata reads. A DIR that is also --save may
 // be empty or missing (the restart-from-the-latest pattern: the first run has nothing to load).
 void check_load_dir(const std::string& dir, int step, const std::string& save);
 // Bytes that an unprivileged user may still write on the filesystem holding `dir` (statvfs
-// f_bavail * f_frsize); -1 when that cannot be found out.
+// f_bavail * f_frsize; `dir` or its nearest existing ancestor); -1 when that cannot be found out.
 int64_t free_bytes(const std::string& dir);
 // Throws UsageError naming `flag` when the filesystem of `dir` has fewer than `need` free bytes.
 void check_free_space(const std::string& dir, const std::string& flag, int64_t need);

@@ -599,6 +599,18 @@ std::vector<IterationStats> Trainer::train() {
   g_exit_signal = 0;
   auto old_term = std::signal(SIGTERM, on_exit_signal);
   auto old_int = std::signal(SIGINT, on_exit_signal);
+  // Restores the handlers and closes the log also when an iteration throws
+  // (--check-for-nan-in-loss-and-grad, --max-skipped-iterations, a failed save).
+  struct Cleanup {
+    FILE* jsonl;
+    void (*term)(int);
+    void (*intr)(int);
+    ~Cleanup() {
+      std::signal(SIGTERM, term);
+      std::signal(SIGINT, intr);
+      if (jsonl) std::fclose(jsonl);
+    }
+  } cleanup{jsonl, old_term, old_int};
   const auto start = std::chrono::steady_clock::now();
   std::vector<IterationStats> all;
   IterationProfiler profiler(cfg_.profile, groups_.rank());
@@ -664,9 +676,6 @@ std::vector<IterationStats> Trainer::train() {
   if (data_->has_valid() && iteration_ > 0 && iteration_ % cfg_.eval_interval != 0)
     report_validation("the end of training", jsonl);
   if (!cfg_.save.empty() && last_saved_ != iteration_ && iteration_ > 0) save();
-  std::signal(SIGTERM, old_term);
-  std::signal(SIGINT, old_int);
-  if (jsonl) std::fclose(jsonl);
   return all;
 }
 
