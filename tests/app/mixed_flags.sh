@@ -35,4 +35,6 @@ expect "rank 1 was started with another value of 'micro_batch_size' than rank 0"
 expect "rank 1 was started with another value of 'lr.lr' than rank 0" \
   "--num-layers 2 --pipeline-model-parallel-size 2 --lr 0.01" \
   "--num-layers 2 --pipeline-model-parallel-size 2 --lr 0.02"
-[ "$fails" -eq 0 ] && echo "4 passed, 0 failed" || { echo "$fails failed"; exit 1; }
+expect "rank 1 was started with another value of 'check_for_nan_in_loss_and_grad' than rank 0" \
+  "--num-layers 2 --check-for-nan-in-loss-and-grad" "--num-layers 2"
+[ "$fails" -eq 0 ] && echo "5 passed, 0 failed" || { echo "$fails failed"; exit 1; }

@@ -53,7 +53,7 @@ void check_writable_dir(const std::string& dir, const std::string& flag) {
   if (!fs::is_directory(dir, ec))
     fail_usage("{} {}: cannot create the directory{}", flag, dir,
                made.error() ? ": " + made.error().message() : std::string());
-  // Unique per process, so that every rank of a job may probe the same directory at once.
+  // Unique per process, so that two jobs may probe one directory at once.
   char host[64] = {};
   gethostname(host, sizeof host - 1);
   const std::string probe =
@@ -128,15 +128,16 @@ void check_free_space(const std::string& dir, const std::string& flag, int64_t n
 }
 
 void check_train_paths(const TrainConfig& c, int rank) {
+  if (!c.load.empty()) check_load_dir(c.load, c.ckpt_step, c.save);  // reads only
+  // Outputs are probed by rank 0 alone: the probes of several ranks in one directory would
+  // race with the removal of what each created.
+  if (rank != 0) return;
   if (!c.save.empty()) check_writable_dir(c.save, "--save");
-  if (!c.load.empty()) check_load_dir(c.load, c.ckpt_step, c.save);
   if (!c.data_cache_path.empty() && !c.data_path.empty())
     check_writable_dir(c.data_cache_path, "--data-cache-path");
   if (c.profile.enabled && !c.profile.dir.empty()) check_writable_dir(c.profile.dir, "--profile-dir");
-  if (rank == 0) {
-    if (!c.log_jsonl.empty()) check_appendable_file(c.log_jsonl, "--log-jsonl");
-    if (!c.dump_first_batch.empty()) check_appendable_file(c.dump_first_batch, "--dump-first-batch");
-  }
+  if (!c.log_jsonl.empty()) check_appendable_file(c.log_jsonl, "--log-jsonl");
+  if (!c.dump_first_batch.empty()) check_appendable_file(c.dump_first_batch, "--dump-first-batch");
 }
 
 }  // namespace weft

@@ -1,5 +1,7 @@
 // Checks of the path flags that run before iteration 1, so that a typo in --save, --load or
 // --log-jsonl costs seconds instead of a day of training that then fails at its first save.
+// Not safe for several processes probing one new directory at once (each removes what it
+// created): one rank probes the outputs.
 //
 // Each check is local (no collectives) and throws UsageError with one line naming the flag.
 // Writability is tested by doing it (create the directory, create and remove a probe file),
@@ -31,9 +33,9 @@ void check_load_dir(const std::string& dir, int step, const std::string& save);
 int64_t free_bytes(const std::string& dir);
 // Throws UsageError naming `flag` when the filesystem of `dir` has fewer than `need` free bytes.
 void check_free_space(const std::string& dir, const std::string& flag, int64_t need);
-// Every path flag of `cfg` that this rank will use: --save, --load, --data-cache-path and
-// --profile-dir on every rank, --log-jsonl and --dump-first-batch (written by rank 0 only)
-// on rank 0.
+// Every path flag of `cfg`: --load (read) on every rank; the outputs (--save, --data-cache-path,
+// --profile-dir, --log-jsonl, --dump-first-batch) on rank 0 only, since every rank writes into
+// the one --save directory (it must be shared) and the probes of several ranks would race.
 void check_train_paths(const TrainConfig& cfg, int rank);
 
 }  // namespace weft

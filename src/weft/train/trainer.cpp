@@ -200,6 +200,10 @@ void check_same_config_on_every_rank(const TrainConfig& cfg, Communicator& world
         for (const auto& [k, v] : j.items()) walk(v, path.empty() ? k : path + "." + k);
       };
   walk(train_config_to_json(cfg), "");
+  // Not stored in checkpoints, but a rank without --check-for-nan-in-loss-and-grad would skip
+  // the collective that names the parameter.
+  leaves.emplace_back("check_for_nan_in_loss_and_grad", cfg.check_for_nan ? "true" : "false");
+  leaves.emplace_back("max_skipped_iterations", std::to_string(cfg.max_skipped_iterations));
   const int64_t n = static_cast<int64_t>(leaves.size());
   at::Tensor mine = at::empty({n}, at::kLong);
   for (int64_t i = 0; i < n; ++i)
