@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <filesystem>
 #include <memory>
 
@@ -149,6 +150,10 @@ void add_ckpt_command(CLI::App* app) {
   di->add_option("--rtol", *rtol, "relative tolerance (0 with --atol 0: bitwise)")->capture_default_str();
   di->add_option("--atol", *atol, "absolute tolerance")->capture_default_str();
   di->callback([=] {
+    if (!(std::isfinite(*rtol) && *rtol >= 0))
+      fail_usage("--rtol must be a finite number >= 0 (got {})", *rtol);
+    if (!(std::isfinite(*atol) && *atol >= 0))
+      fail_usage("--atol must be a finite number >= 0 (got {})", *atol);
     if (int r = diff(*dir, *other, *rtol, *atol)) throw CLI::RuntimeError(r);
   });
   auto format = std::make_shared<std::string>("hf");

@@ -67,6 +67,11 @@ void ckpt_save_write(CkptSave& save, const std::atomic<bool>* cancel = nullptr);
 // agrees on every rank's result; rank 0 commits (coverage, metadata.json, rename, tracker).
 // Throws like save_checkpoint; the temporary directory is then removed.
 void ckpt_save_commit(CkptSave& save, const ProcessGroups& groups);
+// Bytes of tensor data this rank writes into one checkpoint: exactly what save_checkpoint
+// writes (the main replica's shards of the model tensors in compute dtype, the float32 master
+// and both moments in their dtypes; the tied copy on the last stage not). Safetensors headers
+// and metadata.json are not counted. Local.
+int64_t checkpoint_bytes_on_rank(const PipelineStage& stage, ShardedAdamW& opt);
 
 // Megatron's --dist-ckpt-strictness values.
 enum class Strictness {

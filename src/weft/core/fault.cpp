@@ -12,9 +12,11 @@ namespace {
 bool fault_wanted(const char* point, int rank, int iteration, const char* suffix) {
   const char* spec = std::getenv("WEFT_FAULT");
   if (!spec) return false;
-  const std::string want = std::string(point) + ":" + std::to_string(rank) + ":" +
-                           std::to_string(iteration) + suffix;
-  return want == spec;
+  // <rank> and <iteration> may each be '*' (any).
+  for (const std::string& r : {std::to_string(rank), std::string("*")})
+    for (const std::string& it : {std::to_string(iteration), std::string("*")})
+      if (std::string(point) + ":" + r + ":" + it + suffix == spec) return true;
+  return false;
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <limits>
+#include <map>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
@@ -24,6 +26,8 @@
 #include "weft/core/fault.h"
 #include "weft/parallel/grad_access.h"
 #include "weft/parallel/schedule.h"
+#include "weft/train/preflight.h"
+#include "weft/train/validate_numbers.h"
 
 namespace weft {
 namespace {
@@ -111,6 +115,7 @@ nlohmann::json layout_to_json(const Mesh& mesh, const TrainConfig& c) {
 }
 
 void validate_train_config(const TrainConfig& c, int world_size) {
+  validate_numeric_flags(c);
   LayoutConfig l = c.layout;
   l.world_size = world_size;
   Mesh mesh(l);  // validates the layout
@@ -203,6 +208,10 @@ void check_same_config_on_every_rank(const TrainConfig& cfg, Communicator& world
   // with --async-save is byte for byte a synchronous one).
   leaves.emplace_back("async_save", cfg.async_save ? "true" : "false");
   leaves.emplace_back("exit_on_save_failure", cfg.exit_on_save_failure ? "true" : "false");
+  // Not stored in checkpoints, but a rank without --check-for-nan-in-loss-and-grad would skip
+  // the collective that names the parameter.
+  leaves.emplace_back("check_for_nan_in_loss_and_grad", cfg.check_for_nan ? "true" : "false");
+  leaves.emplace_back("max_skipped_iterations", std::to_string(cfg.max_skipped_iterations));
   const int64_t n = static_cast<int64_t>(leaves.size());
   at::Tensor mine = at::empty({n}, at::kLong);
   for (int64_t i = 0; i < n; ++i)
@@ -241,6 +250,7 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   optimizer_ = std::make_unique<ShardedAdamW>(units, cfg_.adam);
   num_microbatches_ = cfg_.global_batch_size / (cfg_.micro_batch_size * mesh.dp());
   dp_rank_ = mesh.group_rank("dp_cp", groups.rank());
+  if (!cfg_.save.empty()) check_save_space();
   if (!cfg_.load.empty()) {
     LoadRequest req;
     req.dir = cfg_.load;
@@ -269,6 +279,52 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
                    iteration_, consumed_samples_);
     }
   }
+}
+
+void Trainer::check_save_space() const {
+  // [bytes, free]: every rank's bytes, rank 0's free space; summed, so that every rank takes
+  // the same decision from the same numbers.
+  constexpr int64_t kMetadataPerRank = int64_t{1} << 20;  // safetensors header, metadata share
+  at::Tensor v = at::zeros({2}, at::kLong);
+  v[0] = checkpoint_bytes_on_rank(*stage_, *optimizer_) + kMetadataPerRank;
+  if (groups_.rank() == 0) v[1] = free_bytes(cfg_.save);
+  groups_.control().all_reduce(v, ReduceOp::kSum);
+  const int64_t need = v[0].item<int64_t>(), free = v[1].item<int64_t>();
+  if (free >= 0 && free < need)
+    fail_usage("--save {}: one checkpoint needs {:.3f} GB (all ranks' shards) but only {:.3f} GB "
+               "are free there", cfg_.save, need / 1e9, free / 1e9);
+}
+
+void Trainer::fail_non_finite(const IterationStats& s) const {
+  // The global index (model order) of each parameter; the lowest non-finite one over all ranks
+  // wins, found as a max of (count - index) so that "none" (0) loses.
+  const std::vector<ParamSpec> specs = all_param_specs(cfg_.model);
+  std::map<std::string, int64_t> index;
+  for (size_t i = 0; i < specs.size(); ++i) index.emplace(specs[i].name, static_cast<int64_t>(i));
+  const int64_t n = static_cast<int64_t>(specs.size());
+  int64_t best = 0;
+  for (auto& u : stage_->units()) {
+    const at::Tensor g = grad_shard(*u);
+    for (int i = 0; i < u->num_params(); ++i) {
+      const ShardSegment& seg = u->segment(i);
+      if (seg.valid_rows == 0) continue;
+      auto it = index.find(u->spec(i).name);
+      if (it == index.end() || n - it->second <= best) continue;
+      if (!at::isfinite(g.narrow(0, seg.offset, seg.valid_numel())).all().item<bool>())
+        best = n - it->second;
+    }
+  }
+  at::Tensor v = at::tensor({best}, at::kLong);
+  groups_.control().all_reduce(v, ReduceOp::kMax);
+  best = v.item<int64_t>();
+  const std::string loss = fmt::format("lm loss {}, load-balancing loss {}, mtp loss {}",
+                                       s.lm_loss, s.aux_loss, s.mtp_loss);
+  if (best == 0)
+    fail("--check-for-nan-in-loss-and-grad: iteration {}: the loss is not finite ({}) while every "
+         "gradient is finite; stopped without saving", s.iteration, loss);
+  fail("--check-for-nan-in-loss-and-grad: iteration {}: the gradient of {} is not finite (the "
+       "first such parameter in model order; grad norm {}, {}); stopped without saving",
+       s.iteration, specs[static_cast<size_t>(n - best)].name, s.grad_norm, loss);
 }
 
 void Trainer::save() {
@@ -416,6 +472,10 @@ IterationStats Trainer::train_step() {
   const auto t0 = std::chrono::steady_clock::now();
   const int it = iteration_ + 1;
   const double lr = lr_at(cfg_.lr, it);
+  // Fault injection (core/fault.h): a usage error on one rank only, after collectives started
+  // (tests that the command aborts the job instead of leaving the peers waiting).
+  if (fault_error("train.usage_error", groups_.rank(), it))
+    fail_usage("WEFT_FAULT train.usage_error: injected on this rank only, at iteration {}", it);
   optimizer_->zero_grad();
 
   const double loss_scale =
@@ -433,6 +493,21 @@ IterationStats Trainer::train_step() {
     FsdpUnit* e = stage_->is_first() ? stage_->embedding_unit() : stage_->embedding_copy_unit();
     if (e) groups_.get("embedding")->all_reduce(grad_shard(*e), ReduceOp::kSum);
   }
+
+  // Fault injection for the NaN tests (core/fault.h), after every gradient reduction:
+  // WEFT_FAULT=train.nan_grad:<rank>:<it>:error plants a NaN in this rank's gradient of the
+  // last parameter it holds rows of; train.nan_loss:<rank>:<it>:error makes its loss NaN.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (fault_error("train.nan_grad", groups_.rank(), it))
+    for (auto u = stage_->units().rbegin(); u != stage_->units().rend(); ++u) {
+      if (!(*u)->main_replica() || stage_->is_embedding_copy(u->get())) continue;
+      int i = (*u)->num_params() - 1;
+      while (i >= 0 && (*u)->segment(i).valid_rows == 0) --i;
+      if (i < 0) continue;
+      grad_shard(**u).narrow(0, (*u)->segment(i).offset, 1).fill_(nan);
+      break;
+    }
+  if (fault_error("train.nan_loss", groups_.rank(), it)) losses[0].fill_(nan);
 
   // One world all-reduce carries the losses and the squared gradient norm; it runs on the
   // compute device so that the NCCL backend can take it.
@@ -454,6 +529,7 @@ IterationStats Trainer::train_step() {
 
   if (!std::isfinite(s.grad_norm) || !std::isfinite(s.lm_loss) || !std::isfinite(s.aux_loss) ||
       !std::isfinite(s.mtp_loss)) {
+    if (cfg_.check_for_nan) fail_non_finite(s);
     s.skipped = true;
     ++skipped_iters_;
     ++nan_iters_;
@@ -570,6 +646,18 @@ std::vector<IterationStats> Trainer::train() {
   g_exit_signal = 0;
   auto old_term = std::signal(SIGTERM, on_exit_signal);
   auto old_int = std::signal(SIGINT, on_exit_signal);
+  // Restores the handlers and closes the log also when an iteration throws
+  // (--check-for-nan-in-loss-and-grad, --max-skipped-iterations, a failed save).
+  struct Cleanup {
+    FILE* jsonl;
+    void (*term)(int);
+    void (*intr)(int);
+    ~Cleanup() {
+      std::signal(SIGTERM, term);
+      std::signal(SIGINT, intr);
+      if (jsonl) std::fclose(jsonl);
+    }
+  } cleanup{jsonl, old_term, old_int};
   const auto start = std::chrono::steady_clock::now();
   std::vector<IterationStats> all;
   IterationProfiler profiler(cfg_.profile, groups_.rank());
@@ -605,6 +693,11 @@ std::vector<IterationStats> Trainer::train() {
                    s.aux_loss, s.mtp_loss, s.grad_norm, s.lr, s.tokens_per_sec, s.ms, s.skipped ? "true" : "false");
       std::fflush(jsonl);
     }
+    consecutive_skipped_ = s.skipped ? consecutive_skipped_ + 1 : 0;
+    if (cfg_.max_skipped_iterations > 0 && consecutive_skipped_ >= cfg_.max_skipped_iterations)
+      fail("--max-skipped-iterations {}: iterations {}..{} were all skipped (non-finite loss or "
+           "gradients); stopped without saving a checkpoint", cfg_.max_skipped_iterations,
+           s.iteration - consecutive_skipped_ + 1, s.iteration);
     if (data_->has_valid() && iteration_ % cfg_.eval_interval == 0)
       report_validation(fmt::format("iteration {}", iteration_), jsonl);
     finish_save(false);  // commits a pending --async-save once every rank has written it
@@ -632,9 +725,6 @@ std::vector<IterationStats> Trainer::train() {
     report_validation("the end of training", jsonl);
   if (!cfg_.save.empty() && last_saved_ != iteration_ && iteration_ > 0) save();
   wait_for_save();  // every exit path finishes the pending --async-save
-  std::signal(SIGTERM, old_term);
-  std::signal(SIGINT, old_int);
-  if (jsonl) std::fclose(jsonl);
   return all;
 }
 

@@ -83,6 +83,12 @@ struct TrainConfig {
   // in checkpoints; a load with another tokenizer is refused unless override_tokenizer.
   nlohmann::json tokenizer_identity;
   bool override_tokenizer = false;     // --override-tokenizer
+  // Non-finite loss or gradients: skipped and counted by default. --check-for-nan-in-loss-and-grad
+  // makes the first one an error naming the iteration and the first parameter (model order)
+  // with a non-finite gradient; --max-skipped-iterations K ends the run, saving nothing, after
+  // K consecutive skipped iterations (0: never).
+  bool check_for_nan = false;          // --check-for-nan-in-loss-and-grad
+  int max_skipped_iterations = 0;      // --max-skipped-iterations
 };
 
 // The whole config as JSON (stored in checkpoints) and the layout part of it.
@@ -157,6 +163,13 @@ class Trainer {
   // A save of `iteration` failed (the same on every rank): rethrows with
   // --exit-on-save-failure, else warns on rank 0. Call only inside the catch block.
   void on_save_failure(const std::exception& e, int iteration);
+  // --save: the filesystem has room for one checkpoint (the bytes of every rank's shards, all
+  // ranks assumed to share the filesystem, as the checkpoint directory requires). Collective.
+  void check_save_space() const;
+  // --check-for-nan-in-loss-and-grad: throws weft::Error on every rank naming iteration `it`
+  // and the first parameter (lowest index in model order over all ranks) whose gradient holds
+  // a NaN or Inf, or the loss when every gradient is finite. Collective.
+  [[noreturn]] void fail_non_finite(const IterationStats& s) const;
 
   TrainConfig cfg_;
   const ProcessGroups& groups_;
@@ -169,6 +182,7 @@ class Trainer {
   int64_t consumed_samples_ = 0;
   int skipped_iters_ = 0;
   int nan_iters_ = 0;
+  int consecutive_skipped_ = 0;  // for --max-skipped-iterations
   int last_saved_ = -1;
   double last_valid_loss_ = 0;
   std::unique_ptr<AsyncCheckpointSaver> async_saver_;  // with --async-save
