@@ -397,6 +397,8 @@ void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, Sharded
   CkptSavePtr save = ckpt_save_begin(req, stage, opt, groups, nullptr);
   ckpt_save_write(*save);
   ckpt_save_commit(*save, groups);
+}
+
 int64_t checkpoint_bytes_on_rank(const PipelineStage& stage, ShardedAdamW& opt) {
   int64_t bytes = 0;
   for (const LocalTensor& t : local_tensors(stage, opt, false))
