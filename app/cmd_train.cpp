@@ -191,6 +191,33 @@ void resolve_tokenizer(TrainArgs* a) {
   }
 }
 
+// Everything the callback of a command taking the train flags does before MPI starts: moment
+// dtypes, the hybrid or MoE layer pattern, the tokenizer, the fused-kernel switch.
+void resolve_train_args(TrainArgs* a) {
+  TrainConfig& t = a->cfg;
+  t.adam.exp_avg_dtype = moment_dtype("--exp-avg-dtype", a->exp_avg_dtype);
+  t.adam.exp_avg_sq_dtype = moment_dtype("--exp-avg-sq-dtype", a->exp_avg_sq_dtype);
+  if (t.log_interval < 1) fail_usage("--log-interval must be >= 1");
+  if (!a->hybrid_pattern.empty() && !a->hybrid_override_pattern.empty() &&
+      a->hybrid_pattern != a->hybrid_override_pattern)
+    fail_usage("--hybrid-layer-pattern and its deprecated name --hybrid-override-pattern "
+               "disagree; give one");
+  const std::string pattern =
+      a->hybrid_pattern.empty() ? a->hybrid_override_pattern : a->hybrid_pattern;
+  if (!pattern.empty()) {
+    apply_hybrid_layer_pattern(pattern, &t.model);
+    if (t.first_stage_layers >= 0 || t.last_stage_layers >= 0)
+      if (!t.model.hybrid_stage_layers.empty())
+        fail_usage("--decoder-first/last-pipeline-num-layers and '|' in --hybrid-layer-pattern "
+                   "both split the stages; give one");
+  } else if (t.model.num_experts > 0 || a->moe_layer_freq_opt->count() > 0) {
+    if (t.model.num_layers < 1) fail_usage("--num-layers must be >= 1 (got {})", t.model.num_layers);
+    t.model.moe_layer_pattern = parse_moe_layer_freq(a->moe_layer_freq, t.model.num_layers);
+  }
+  resolve_tokenizer(a.get());
+  fused::set_enabled(!a->no_fused);
+}
+
 }  // namespace
 
 void add_train_command(CLI::App* app, int* argc, char*** argv) {
@@ -199,27 +226,7 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
   add_flags(c, a.get());
   c->callback([a, argc, argv] {
     TrainConfig& t = a->cfg;
-    t.adam.exp_avg_dtype = moment_dtype("--exp-avg-dtype", a->exp_avg_dtype);
-    t.adam.exp_avg_sq_dtype = moment_dtype("--exp-avg-sq-dtype", a->exp_avg_sq_dtype);
-    if (t.log_interval < 1) fail_usage("--log-interval must be >= 1");
-    if (!a->hybrid_pattern.empty() && !a->hybrid_override_pattern.empty() &&
-        a->hybrid_pattern != a->hybrid_override_pattern)
-      fail_usage("--hybrid-layer-pattern and its deprecated name --hybrid-override-pattern "
-                 "disagree; give one");
-    const std::string pattern =
-        a->hybrid_pattern.empty() ? a->hybrid_override_pattern : a->hybrid_pattern;
-    if (!pattern.empty()) {
-      apply_hybrid_layer_pattern(pattern, &t.model);
-      if (t.first_stage_layers >= 0 || t.last_stage_layers >= 0)
-        if (!t.model.hybrid_stage_layers.empty())
-          fail_usage("--decoder-first/last-pipeline-num-layers and '|' in --hybrid-layer-pattern "
-                     "both split the stages; give one");
-    } else if (t.model.num_experts > 0 || a->moe_layer_freq_opt->count() > 0) {
-      if (t.model.num_layers < 1) fail_usage("--num-layers must be >= 1 (got {})", t.model.num_layers);
-      t.model.moe_layer_pattern = parse_moe_layer_freq(a->moe_layer_freq, t.model.num_layers);
-    }
-    resolve_tokenizer(a.get());
-    fused::set_enabled(!a->no_fused);
+    resolve_train_args(a.get());
     MpiRuntime mpi(argc, argv);
     set_error_rank(mpi.world_rank());
     try {
@@ -241,6 +248,19 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
 void run_training(TrainConfig& t, int threads, const std::string& backend_flag,
                   bool deterministic, MpiRuntime& mpi) {
   {
+    const Backend backend = start_runtime(t, threads, backend_flag, deterministic, mpi);
+    LayoutConfig layout = t.layout;
+    layout.world_size = mpi.world_size();
+    Mesh mesh(layout);
+    ProcessGroups groups(mesh, backend);
+    Trainer trainer(t, groups);
+    trainer.train();
+  }
+}
+
+Backend start_runtime(const TrainConfig& t, int threads, const std::string& backend_flag,
+                      bool deterministic, MpiRuntime& mpi) {
+  {
     // Every rank validates the same flags before the first collective.
     validate_train_config(t, mpi.world_size());
     if (backend_flag != "auto" && backend_flag != "mpi" && backend_flag != "nccl")
@@ -258,13 +278,17 @@ void run_training(TrainConfig& t, int threads, const std::string& backend_flag,
     }
     if (threads <= 0) threads = mpi.threads_per_rank();
     at::set_num_threads(threads);
-    LayoutConfig layout = t.layout;
-    layout.world_size = mpi.world_size();
-    Mesh mesh(layout);
-    ProcessGroups groups(mesh, backend);
-    Trainer trainer(t, groups);
-    trainer.train();
+    return backend;
   }
+}
+
+ParsedTrainFlags add_train_flags(CLI::App* c) {
+  auto a = std::make_shared<TrainArgs>();
+  add_flags(c, a.get());
+  return [a] {
+    resolve_train_args(a.get());
+    return TrainFlags{a->cfg, a->threads, a->backend, a->deterministic, !a->no_fused};
+  };
 }
 
 }  // namespace weft::app
