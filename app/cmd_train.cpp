@@ -214,7 +214,7 @@ void resolve_train_args(TrainArgs* a) {
     if (t.model.num_layers < 1) fail_usage("--num-layers must be >= 1 (got {})", t.model.num_layers);
     t.model.moe_layer_pattern = parse_moe_layer_freq(a->moe_layer_freq, t.model.num_layers);
   }
-  resolve_tokenizer(a.get());
+  resolve_tokenizer(a);
   fused::set_enabled(!a->no_fused);
 }
 

@@ -116,7 +116,8 @@ std::vector<IterationStats> run(const TrainConfig& cfg, const ProcessGroups& gro
     fmt::print("verify-resume: {}\n", what);
     std::fflush(stdout);
   }
-  at::detail::getDefaultCPUGenerator().set_state(rng_at_start);
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  gen.set_state(rng_at_start);
   Trainer t(cfg, groups);
   return t.train();
 }
