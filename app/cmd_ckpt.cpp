@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 
@@ -116,9 +117,13 @@ std::vector<std::string> ckpt_differences(const std::string& a, const std::strin
       out.push_back(fmt::format("differ: {} (shape or dtype)", key));
       continue;
     }
+    // atol < 0: scaled to the key, rtol * its largest magnitude (elements near zero, e.g. Adam
+    // moments, then compare against the tensor's scale rather than their own).
+    const double key_atol =
+        atol >= 0 ? atol : rtol * std::max(x.abs().max().item<double>(), y.abs().max().item<double>());
     const bool same = (rtol == 0 && atol == 0)
                           ? at::equal(x, y)
-                          : at::allclose(x.to(at::kDouble), y.to(at::kDouble), rtol, atol);
+                          : at::allclose(x.to(at::kDouble), y.to(at::kDouble), rtol, key_atol);
     if (!same) {
       double m = x.to(at::kDouble).sub(y.to(at::kDouble)).abs().max().item<double>();
       out.push_back(fmt::format("differ: {} (max abs diff {:.3g})", key, m));

@@ -4,7 +4,8 @@
 // stops at K (--exit-interval K, as a preempted job), builds a fresh Trainer (on the layout of
 // --load-layout if given) that loads that checkpoint and trains to N. It compares iterations
 // K+1..N (lm, load-balancing and MTP losses, grad norm) and the two checkpoints at N key by key:
-// bitwise on the same layout, within --rtol (default 1e-6) across layouts. Rank 0 prints one
+// bitwise on the same layout, within --rtol (default 1e-6; checkpoint tensors relative to
+// each key's largest magnitude) across layouts. Rank 0 prints one
 // verdict line; any difference exits 1 on every rank.
 #include "cmd_verify_resume.h"
 
@@ -188,7 +189,7 @@ int verify_resume(TrainFlags f, const VerifyArgs& v, MpiRuntime& mpi) {
                         : compare_stats(a, b2, v.at, v.to, rtol);
   int keys_differ = 0;
   if (why.empty() && rank0) {
-    const std::vector<std::string> d = ckpt_differences(straight.save, after.save, rtol, 0);
+    const std::vector<std::string> d = ckpt_differences(straight.save, after.save, rtol, rtol == 0 ? 0 : -1);
     keys_differ = static_cast<int>(d.size());
     if (!d.empty())
       why = fmt::format("checkpoint at iteration {}: {} key(s) differ, first {}", v.to, d.size(),
