@@ -4,7 +4,8 @@
 // 4 for fp32; h hidden, nh/ng/hd heads/groups/head dim, f ffn, V vocab, s seq length):
 //
 //   RMSNorm      fused: its input (B h) + rstd (4)            ATen chain: x in fp32 (4 h) +
-//                                                             x_hat (B h) + rstd (4)
+//                                                             x_hat (B h) + rstd (4), and
+//                                                             x^2 (4 h) under libtorch 1.x
 //   linear       its input, when that is not saved already (the norm's output, B h)
 //   attention    fused RoPE's q, k, v copies (B (nh + 2 ng) hd) + the flash output (B nh hd) +
 //                its logsumexp (4 nh) -- the output is also linear_proj's input
@@ -19,10 +20,10 @@
 //   Mamba-2      (an estimate of the ATen op chain of model/mamba.cpp, chunk Q = min(128, s),
 //                di = nh_m * p, c = di + 2 g n, io = B, float32 = 4):
 //                norm + in_proj input, conv (padded, pre- and post-SiLU in fp32: 12 c), dt
-//                (3 x 4 nh_m), the SSD's u and weighted u (2 io di), B and C per group
+//                (3 x 4 nh_m), the SSD's u, its copy for the matmul and weighted u (3 io di), B and C per group
 //                (2 io g n), C.B^T (io g Q), the decay matrix (4 + 1 + io) nh_m Q, states and
 //                their inter-chunk forms (3 io di n / Q, only with s > Q), the gated norm
-//                (5 x 4 di) and out_proj's input (B di)
+//                (5 x 4 di, and its squares under libtorch 1.x) and out_proj's input (B di)
 //   last stage   final norm + output input (B h) + logits (fused cross-entropy: B V + 4;
 //                ATen: the float32 log-softmax, 4 V) + int64 labels; per MTP depth: its
 //                tokens, enorm, hnorm (rstd only, fused), eh_proj's input (2 B h), its layers,
@@ -78,7 +79,11 @@ struct ActModel {
   bool flash;     // scaled_dot_product_attention saves O(s) per token (torch >= 2)
   int ep;
 
-  int64_t norm() const { return fused ? B * m.hidden_size + 4 : 4 * m.hidden_size + B * m.hidden_size + 4; }
+  int64_t norm() const {
+    if (fused) return B * m.hidden_size + 4;
+    // libtorch 1.x's mean(dim) keeps its input (x^2 in fp32) for backward; 2.x only its shape.
+    return (TORCH_VERSION_MAJOR < 2 ? 8 : 4) * m.hidden_size + B * m.hidden_size + 4;
+  }
   int64_t swiglu(int64_t f) const { return (fused ? 3 : 4) * B * f; }
   int64_t attention() const {
     const int64_t h = m.hidden_size, nh = m.num_attention_heads, ng = m.num_query_groups;
@@ -104,8 +109,9 @@ struct ActModel {
     const int64_t h = m.hidden_size, H = m.mamba_heads(), P = m.mamba_head_dim;
     const int64_t G = m.mamba_num_groups, N = m.mamba_state_dim, di = H * P, c = di + 2 * G * N;
     const int64_t Q = std::min<int64_t>(m.mamba_chunk_size, m.seq_length), io = B;
-    int64_t a = norm() + B * h + 12 * c + 12 * H + 2 * io * di + 2 * io * G * N + io * G * Q +
-                (5 + io) * H * Q + 2 * (4 + io) * H + 5 * 4 * di + B * di;
+    int64_t a = norm() + B * h + 12 * c + 12 * H + 3 * io * di + 2 * io * G * N + io * G * Q +
+                (5 + io) * H * Q + 2 * (4 + io) * H + (TORCH_VERSION_MAJOR < 2 ? 6 : 5) * 4 * di +
+                B * di;
     if (m.seq_length > Q) a += 3 * io * di * N / Q + io * di;
     return a;
   }
