@@ -401,10 +401,12 @@ std::string train_plan_text(const TrainPlan& p, const TrainConfig& cfg, double m
     line("estimated peak", r->peak);
   }
   out += fmt::format("checkpoint: {} (model {}, fp32 master, moments)\n", human(p.checkpoint_bytes), dt);
+  const std::string step = p.step_seconds >= 1 ? fmt::format("{:.3g} s", p.step_seconds)
+                                                : fmt::format("{:.3g} ms", p.step_seconds * 1e3);
   out += fmt::format(
-      "compute: {:.4g} GFLOPs per token x {} tokens per step -> {:.3f} s per step at MFU {} of "
-      "{} TFLOP/s per GPU\n",
-      p.flops_per_token / 1e9, p.tokens_per_step, p.step_seconds, mfu, peak_tflops);
+      "compute: {:.4g} GFLOPs per token x {} tokens per step -> {} per step at MFU {} of {} "
+      "TFLOP/s per GPU\n",
+      p.flops_per_token / 1e9, p.tokens_per_step, step, mfu, peak_tflops);
   return out;
 }
 
