@@ -2,12 +2,12 @@
 # `weft plan`'s estimated peak against the measured one on the GPU machine: for each model, a
 # few `weft train --device cuda` iterations (the log's "peak memory (MB)" is torch's max
 # allocated) and `weft plan --world-size 1` with the same flags; prints measured, estimated and
-# their ratio. Usage: bash bench/gpu/plan_check.sh [build]   (output under $OUT or ./out)
+# their ratio. Usage: bash bench/gpu/plan_check.sh [build]   (logs under $LOGS or /tmp/plan_check)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PATH=/opt/torch/.venv/bin:$PATH
 P=/opt/torch/.venv/lib/python3.12/site-packages
-OUT=${OUT:-$PWD/out}
+OUT=${LOGS:-/tmp/plan_check}
 mkdir -p "$OUT"
 B=build-cuda
 if [ "${1:-}" = build ]; then
@@ -20,7 +20,8 @@ W=./$B/app/weft
 check() {  # name, flags...
   local name=$1; shift
   $W train --device cuda --bf16 "$@" --train-iters 3 --lr 3e-4 > "$OUT/plan_$name.log" 2>&1
-  local measured
+  local measured rc=$?
+  [ $rc -eq 0 ] || { echo "$name: weft train rc=$rc"; tail -5 "$OUT/plan_$name.log"; }
   measured=$(grep -o "peak memory (MB): [0-9.]*" "$OUT/plan_$name.log" | tail -1 | awk '{print $4}')
   $W plan --world-size 1 --device cuda --bf16 "$@" > "$OUT/plan_$name.txt" 2>&1
   local est
