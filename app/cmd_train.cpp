@@ -212,8 +212,9 @@ void resolve_tokenizer(TrainArgs* a) {
   }
 }
 
-// The flags whose checks need no world size: moment dtypes, the layer patterns, the tokenizer.
-void check_train_args(TrainArgs* a) {
+// Everything the callback of a command taking the train flags does before MPI starts: moment
+// dtypes, the hybrid or MoE layer pattern, the tokenizer, the fused-kernel switch.
+void resolve_train_args(TrainArgs* a) {
   TrainConfig& t = a->cfg;
   t.adam.exp_avg_dtype = moment_dtype("--exp-avg-dtype", a->exp_avg_dtype);
   t.adam.exp_avg_sq_dtype = moment_dtype("--exp-avg-sq-dtype", a->exp_avg_sq_dtype);
@@ -253,7 +254,7 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
     // error seen by any rank ends every rank cleanly with that rank's one line (no MPI_Abort).
     std::string error;  // the exit code ('2' usage, '1' other) and then the message
     try {
-      check_train_args(a.get());
+      resolve_train_args(a.get());
       prepare_training(a->cfg, a->backend, mpi);
     } catch (const UsageError& e) {
       error = std::string("2") + e.what();
@@ -303,17 +304,7 @@ void prepare_training(TrainConfig& t, const std::string& backend_flag, MpiRuntim
 void run_training(TrainConfig& t, int threads, const std::string& backend_flag,
                   bool deterministic, MpiRuntime& mpi) {
   {
-    if (deterministic) set_deterministic_mode();
-    Backend backend = Backend::kMpi;
-    if (t.device == "cuda") {
-      const int devices = cuda_device_count();
-      const bool own_gpu = mpi.world_size() <= devices;  // single-host assumption for auto
-      if (backend_flag == "nccl" || (backend_flag == "auto" && nccl_available() && own_gpu))
-        backend = Backend::kNccl;
-    }
-    mpi.start_watchdog(t.distributed_timeout_minutes * 60);  // before any group exists
-    if (threads <= 0) threads = mpi.threads_per_rank();
-    at::set_num_threads(threads);
+    const Backend backend = start_runtime(t, threads, backend_flag, deterministic, mpi);
     LayoutConfig layout = t.layout;
     layout.world_size = mpi.world_size();
     Mesh mesh(layout);
@@ -321,6 +312,40 @@ void run_training(TrainConfig& t, int threads, const std::string& backend_flag,
     Trainer trainer(t, groups);
     trainer.train();
   }
+}
+
+Backend start_runtime(const TrainConfig& t, int threads, const std::string& backend_flag,
+                      bool deterministic, MpiRuntime& mpi) {
+  {
+    // Every rank validates the same flags before the first collective.
+    validate_train_config(t, mpi.world_size());
+    if (backend_flag != "auto" && backend_flag != "mpi" && backend_flag != "nccl")
+      fail_usage("--distributed-backend must be auto, mpi or nccl (got '{}')", backend_flag);
+    if (backend_flag == "nccl" && t.device != "cuda")
+      fail_usage("--distributed-backend nccl needs --device cuda");
+    if (deterministic) set_deterministic_mode();
+    Backend backend = Backend::kMpi;
+    if (t.device == "cuda") {
+      const int devices = cuda_device_count();
+      set_cuda_device(mpi.local_rank());  // fails with a clear message without CUDA
+      const bool own_gpu = mpi.world_size() <= devices;  // single-host assumption for auto
+      if (backend_flag == "nccl" || (backend_flag == "auto" && nccl_available() && own_gpu))
+        backend = Backend::kNccl;
+    }
+    mpi.start_watchdog(t.distributed_timeout_minutes * 60);  // before any group exists
+    if (threads <= 0) threads = mpi.threads_per_rank();
+    at::set_num_threads(threads);
+    return backend;
+  }
+}
+
+ParsedTrainFlags add_train_flags(CLI::App* c) {
+  auto a = std::make_shared<TrainArgs>();
+  add_flags(c, a.get());
+  return [a] {
+    resolve_train_args(a.get());
+    return TrainFlags{a->cfg, a->threads, a->backend, a->deterministic, !a->no_fused};
+  };
 }
 
 }  // namespace weft::app

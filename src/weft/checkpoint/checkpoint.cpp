@@ -621,7 +621,10 @@ nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, Sha
           load(name, u.param_shard());
         }
         if (st) load(state_key("exp_avg", name), state.exp_avg);
-        if (st) load(state_key("exp_avg_sq", name), state.exp_avg_sq);
+        // WEFT_FAULT=checkpoint.skip_exp_avg_sq:<rank>:<iteration>:error plants a broken restore
+        // (the second moments stay fresh) for tests of `weft verify-resume`.
+        if (st && !fault_error("checkpoint.skip_exp_avg_sq", world.rank(), iteration))
+          load(state_key("exp_avg_sq", name), state.exp_avg_sq);
       }
     }
     flush();
