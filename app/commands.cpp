@@ -4,6 +4,7 @@
 #include "cmd_ckpt.h"
 #include "cmd_data.h"
 #include "cmd_generate.h"
+#include "cmd_plot.h"
 #include "cmd_train.h"
 
 namespace weft::app {
@@ -17,6 +18,7 @@ void add_more_commands(CLI::App* app, int argc, char** argv) {
   add_ckpt_command(app);
   add_data_command(app);
   add_generate_command(app);
+  add_plot_command(app);
 }
 
 }  // namespace weft::app
