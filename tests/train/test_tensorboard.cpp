@@ -42,7 +42,9 @@ uint64_t le64(const unsigned char* p) {
   return v;
 }
 
-uint32_t le32(const unsigned char* p) { return p[0] | p[1] << 8 | p[2] << 16 | uint32_t(p[3]) << 24; }
+uint32_t le32(const unsigned char* p) {
+  return p[0] | p[1] << 8 | p[2] << 16 | uint32_t(p[3]) << 24;
+}
 
 // The records of a TFRecord file; sets *error on a bad CRC or a torn record.
 std::vector<std::string> read_records(const std::string& bytes, std::string* error) {
@@ -187,8 +189,9 @@ TEST_F(TensorBoardRun, ScalarsMatchTheJsonl) {
     EXPECT_GE(e.wall_time, last_wall);
     last_wall = e.wall_time;
     ASSERT_EQ(e.values.size(), 1u);
-    EXPECT_TRUE(scalars.emplace(std::make_pair(e.values[0].first, e.step), e.values[0].second).second)
-        << e.values[0].first << " at step " << e.step << " written twice";
+    const auto& [tag, value] = e.values[0];
+    EXPECT_TRUE(scalars.emplace(std::make_pair(tag, e.step), value).second)
+        << tag << " at step " << e.step << " written twice";
   }
   auto at = [&](const std::string& tag, int64_t step) {
     auto it = scalars.find({tag, step});
@@ -275,7 +278,8 @@ TEST(TensorBoardFlags, BadInputExitsTwo) {
   fs::create_directories(dir);
   std::ofstream(dir / "file") << "not a directory";
   const fs::path log = dir / "log";
-  EXPECT_EQ(run(kTrain + "--train-iters 1 --tensorboard-dir " + (dir / "file" / "tb").string(), log), 2);
+  const std::string under_a_file = (dir / "file" / "tb").string();
+  EXPECT_EQ(run(kTrain + "--train-iters 1 --tensorboard-dir " + under_a_file, log), 2);
   EXPECT_NE(slurp(log).find("--tensorboard-dir"), std::string::npos) << slurp(log);
   EXPECT_EQ(run(kTrain + "--train-iters 1 --tensorboard-log-interval 0", log), 2);
   EXPECT_NE(slurp(log).find("--tensorboard-log-interval"), std::string::npos) << slurp(log);
