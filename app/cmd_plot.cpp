@@ -130,7 +130,7 @@ std::string script(const PlotArgs& a, const std::vector<Run>& runs) {
                                    p.column, r + 1, quoted(runs[r].name)));
       if (p.column == 2 && !runs[r].valid.empty())
         curves.push_back(fmt::format(
-            "$valid{} using 1:2 with linespoints dt 2 pt 7 ps 0.8 lc {} title {}", r, r + 1,
+            "$valid{} using 1:2 with linespoints lw 2 dt 2 pt 7 ps 1.3 lc {} title {}", r, r + 1,
             quoted(runs[r].name + " (validation)")));
     }
     s += "plot ";
