@@ -126,7 +126,7 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--tensorboard-log-interval", t.tensorboard_log_interval,
       "write TensorBoard scalars every N iterations");
   opt("--peak-tflops", t.peak_tflops,
-      "peak TFLOP/s per device for MFU (-1: 989 for --device cuda --bf16, no MFU otherwise)");
+      "peak TFLOP/s per device for MFU (-1: 989 for --device cuda --bf16, else no MFU; 0: none)");
   opt("--save", t.save, "directory to save checkpoints into");
   opt("--save-interval", t.save_interval, "save every K iterations (0: only at the end and on exit)");
   opt("--load", t.load, "directory to load the latest checkpoint from");

@@ -272,7 +272,7 @@ TEST_F(TensorBoardRun, ReaderFindsACorruptedByte) {
   EXPECT_FALSE(error.empty());
 }
 
-// Bad --tensorboard-dir values: exit 2, one line naming the flag, from a 2-rank run (no hang).
+// Bad --tensorboard-dir, --tensorboard-log-interval, --peak-tflops values: exit 2, one line naming the flag, from a 2-rank run (no hang).
 TEST(TensorBoardFlags, BadInputExitsTwo) {
   const fs::path dir = fs::temp_directory_path() / ("weft_tb_bad_" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -283,6 +283,8 @@ TEST(TensorBoardFlags, BadInputExitsTwo) {
   EXPECT_NE(slurp(log).find("--tensorboard-dir"), std::string::npos) << slurp(log);
   EXPECT_EQ(run(kTrain + "--train-iters 1 --tensorboard-log-interval 0", log), 2);
   EXPECT_NE(slurp(log).find("--tensorboard-log-interval"), std::string::npos) << slurp(log);
+  EXPECT_EQ(run(kTrain + "--train-iters 1 --peak-tflops -2", log), 2);
+  EXPECT_NE(slurp(log).find("--peak-tflops"), std::string::npos) << slurp(log);
   fs::remove_all(dir);
 }
 

@@ -180,7 +180,7 @@ void validate_train_config(const TrainConfig& c, int world_size) {
                "protobuf-compiler and rebuild)");
   if (c.tensorboard_log_interval < 1) fail_usage("--tensorboard-log-interval must be >= 1");
   if (c.peak_tflops < 0 && c.peak_tflops != -1)
-    fail_usage("--peak-tflops must be > 0 (got {})", c.peak_tflops);
+    fail_usage("--peak-tflops must be >= 0 (0: no MFU; -1: the default) (got {})", c.peak_tflops);
 }
 
 namespace {
