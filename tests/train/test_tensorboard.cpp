@@ -272,7 +272,8 @@ TEST_F(TensorBoardRun, ReaderFindsACorruptedByte) {
   EXPECT_FALSE(error.empty());
 }
 
-// Bad --tensorboard-dir, --tensorboard-log-interval, --peak-tflops values: exit 2, one line naming the flag, from a 2-rank run (no hang).
+// Bad --tensorboard-dir, --tensorboard-log-interval, --peak-tflops values: exit 2, one line
+// naming the flag, from a 2-rank run (no hang).
 TEST(TensorBoardFlags, BadInputExitsTwo) {
   const fs::path dir = fs::temp_directory_path() / ("weft_tb_bad_" + std::to_string(::getpid()));
   fs::create_directories(dir);
