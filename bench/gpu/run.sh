@@ -44,8 +44,11 @@ MODEL=(--num-layers 16 --hidden-size 2048 --num-attention-heads 16 --num-query-g
 for stage in "$@"; do
 case $stage in
 build)
+  # WEFT_PROTOBUF_PREFIX: an unpacked protobuf (scripts/protobuf_prefix.sh) where the machine
+  # has no libprotobuf-dev; without any, --tensorboard-dir is refused.
+  [ -n "${WEFT_PROTOBUF_PREFIX:-}" ] && export LD_LIBRARY_PATH=$WEFT_PROTOBUF_PREFIX/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DWEFT_BUILD_BENCH=ON \
-    -DCMAKE_PREFIX_PATH=$P/torch/share/cmake \
+    "-DCMAKE_PREFIX_PATH=$P/torch/share/cmake${WEFT_PROTOBUF_PREFIX:+;$WEFT_PROTOBUF_PREFIX}" \
     -DNCCL_INCLUDE_DIR=$P/nvidia/nccl/include -DNCCL_LIBRARY=$P/nvidia/nccl/lib/libnccl.so.2 \
     > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
   cmake --build $B -j 16 --target weft test_parity test_checkpoint test_model test_communicator bench_checkpoint test_moe test_moe_parity test_moe_checkpoint test_mamba ${WEFT_EXTRA_TARGETS:-} > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
@@ -145,6 +148,7 @@ tbcheck)
   # (tests/gpu/tb_check.py): a small MoE model with MTP, bf16 on CUDA (MFU against the default
   # H200 peak), validation on mock data; 1 rank, then pp 2 on 2 ranks sharing the GPU.
   grep -h "TensorBoard (protobuf)" "$OUT/configure.log" 2>/dev/null
+  [ -n "${WEFT_PROTOBUF_PREFIX:-}" ] && export LD_LIBRARY_PATH=$WEFT_PROTOBUF_PREFIX/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   T="$OUT/tb"; rm -rf "$T"; mkdir -p "$T"
   TBM=(--num-layers 4 --hidden-size 256 --num-attention-heads 8 --num-query-groups 4
        --ffn-hidden-size 704 --vocab-size 1024 --seq-length 128 --micro-batch-size 2
