@@ -137,6 +137,11 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--device", t.device, "cpu | cuda");
   opt("--log-jsonl", t.log_jsonl, "append one JSON object per iteration to FILE");
   opt("--log-interval", t.log_interval, "print every N iterations");
+  opt("--tensorboard-dir", t.tensorboard_dir, "write TensorBoard event files into DIR (rank 0)");
+  opt("--tensorboard-log-interval", t.tensorboard_log_interval,
+      "write TensorBoard scalars every N iterations");
+  opt("--peak-tflops", t.peak_tflops,
+      "peak TFLOP/s per device for MFU (-1: 989 for --device cuda --bf16, else no MFU; 0: none)");
   opt("--save", t.save, "directory to save checkpoints into");
   opt("--save-interval", t.save_interval, "save every K iterations (0: only at the end and on exit)");
   opt("--load", t.load, "directory to load the latest checkpoint from");

@@ -28,6 +28,8 @@
 #include "weft/parallel/schedule.h"
 #include "weft/train/preflight.h"
 #include "weft/train/validate_numbers.h"
+#include "weft/train/tensorboard.h"
+#include "weft/train/train_log.h"
 
 namespace weft {
 namespace {
@@ -183,6 +185,12 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   for (int r : c.profile.ranks)
     if (c.profile.enabled && r >= world_size)
       fail_usage("--profile-ranks: rank {} is outside the world of {} ranks", r, world_size);
+  if (!c.tensorboard_dir.empty() && !tensorboard_available())
+    fail_usage("--tensorboard-dir: weft was built without protobuf (install libprotobuf-dev "
+               "protobuf-compiler and rebuild)");
+  if (c.tensorboard_log_interval < 1) fail_usage("--tensorboard-log-interval must be >= 1");
+  if (c.peak_tflops < 0 && c.peak_tflops != -1)
+    fail_usage("--peak-tflops must be >= 0 (0: no MFU; -1: the default) (got {})", c.peak_tflops);
 }
 
 namespace {
@@ -610,6 +618,7 @@ void Trainer::report_validation(const std::string& when, FILE* jsonl) {
   const double ppl = std::exp(std::min(20.0, loss));  // as Megatron: capped at exp(20)
   last_valid_loss_ = loss;
   if (groups_.rank() != 0) return;
+  if (log_) log_->tensorboard_validation(iteration_, consumed_samples_, loss, ppl);
   if (!cfg_.quiet) {
     const std::string line = fmt::format(" validation loss at {} | lm loss value: {:.6E} | lm "
                                          "loss PPL: {:.6E} | ", when, loss, ppl);
@@ -641,6 +650,21 @@ std::vector<IterationStats> Trainer::train() {
     if (ok.item<int>() < groups_.control().size())
       fail_usage("--log-jsonl {}: cannot open for appending", cfg_.log_jsonl);
   }
+  {
+    // Rank 0 writes the TensorBoard file (--tensorboard-dir); every rank learns whether it could.
+    at::Tensor ok = at::ones({1}, at::kInt);
+    std::string why;
+    try {
+      log_ = std::make_unique<TrainLog>(cfg_, groups_.mesh().world_size(), rank0);
+    } catch (const UsageError& e) {
+      why = e.what();
+      ok.fill_(0);
+    }
+    const bool agree = !cfg_.tensorboard_dir.empty();  // only then can rank 0 fail here
+    if (agree) groups_.control().all_reduce(ok, ReduceOp::kSum);
+    if (ok.item<int>() < (agree ? groups_.control().size() : 1))
+      fail_usage("{}", why.empty() ? "--tensorboard-dir: rank 0 cannot write its event file" : why);
+  }
   if (rank0 && !cfg_.quiet) fmt::print("{}", summary());
   if (rank0 && !cfg_.dump_first_batch.empty()) dump_first_batch();
   g_exit_signal = 0;
@@ -666,6 +690,7 @@ std::vector<IterationStats> Trainer::train() {
     profiler.before_iteration(iteration_ + 1);
     IterationStats s = train_step();
     all.push_back(s);
+    log_->record(s);
     const std::string trace = profiler.after_iteration(s.iteration);
     if (!trace.empty() && !cfg_.quiet)
       fmt::print("weft train: rank {} wrote the profile of iterations {}..{} to {}\n",
@@ -673,11 +698,11 @@ std::vector<IterationStats> Trainer::train() {
     if (rank0 && !cfg_.quiet && (s.iteration % cfg_.log_interval == 0)) {
       fmt::print(
           " [{}] iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration "
-          "(ms): {:.1f} | throughput (tokens/s): {:.1f} | learning rate: {:.6E} | global batch "
+          "(ms): {:.1f} | throughput (tokens/s): {:.1f} |{} learning rate: {:.6E} | global batch "
           "size: {:>5} | lm loss: {:.6E} |{}{} grad norm: {:.3f} | number of skipped iterations: "
           "{:>3} | number of nan iterations: {:>3} | peak memory (MB): {:.1f}\n",
           now_string(), s.iteration, cfg_.train_iters, s.consumed_samples, s.ms, s.tokens_per_sec,
-          s.lr, cfg_.global_batch_size, s.lm_loss,
+          log_->line_fields(s), s.lr, cfg_.global_batch_size, s.lm_loss,
           cfg_.model.moe() ? fmt::format(" load_balancing_loss: {:.6E} |", s.aux_loss) : "",
           cfg_.model.mtp_num_layers > 0 ? fmt::format(" mtp_loss: {:.6E} |", s.mtp_loss) : "",
           s.grad_norm, skipped_iters_, nan_iters_, device_peak_memory_mb(stage_->options().device));
@@ -688,11 +713,15 @@ std::vector<IterationStats> Trainer::train() {
                    "{\"iteration\": %d, \"consumed_samples\": %lld, \"lm_loss\": %.17g, "
                    "\"aux_loss\": %.17g, \"mtp_loss\": %.17g, "
                    "\"grad_norm\": %.17g, \"lr\": %.17g, \"tokens_per_sec\": %.17g, "
-                   "\"ms\": %.17g, \"skipped\": %s}\n",
+                   "\"ms\": %.17g, \"skipped\": %s%s}\n",
                    s.iteration, static_cast<long long>(s.consumed_samples), s.lm_loss,
-                   s.aux_loss, s.mtp_loss, s.grad_norm, s.lr, s.tokens_per_sec, s.ms, s.skipped ? "true" : "false");
+                   s.aux_loss, s.mtp_loss, s.grad_norm, s.lr, s.tokens_per_sec, s.ms, s.skipped ? "true" : "false",
+                   log_->jsonl_fields(s).c_str());
       std::fflush(jsonl);
     }
+    if (rank0)
+      log_->tensorboard_iteration(s, skipped_iters_, nan_iters_,
+                                  device_peak_memory_mb(stage_->options().device));
     consecutive_skipped_ = s.skipped ? consecutive_skipped_ + 1 : 0;
     if (cfg_.max_skipped_iterations > 0 && consecutive_skipped_ >= cfg_.max_skipped_iterations)
       fail("--max-skipped-iterations {}: iterations {}..{} were all skipped (non-finite loss or "

@@ -53,6 +53,9 @@ struct TrainConfig {
   bool overlap_grad_reduce = true;   // --overlap-grad-reduce / --no-overlap-grad-reduce
   std::string log_jsonl;        // --log-jsonl FILE
   int log_interval = 1;         // --log-interval
+  std::string tensorboard_dir;       // --tensorboard-dir DIR (rank 0 writes event files)
+  int tensorboard_log_interval = 1;  // --tensorboard-log-interval
+  double peak_tflops = -1;           // --peak-tflops per device for MFU (-1: train/flops.h)
   bool quiet = false;           // no per-iteration lines (tests)
   // Checkpoints (docs/checkpoint-format.md).
   std::string save;             // --save DIR
@@ -94,6 +97,8 @@ struct TrainConfig {
 // The whole config as JSON (stored in checkpoints) and the layout part of it.
 nlohmann::json train_config_to_json(const TrainConfig& cfg);
 nlohmann::json layout_to_json(const Mesh& mesh, const TrainConfig& cfg);
+
+class TrainLog;
 
 struct IterationStats {
   int iteration = 0;
@@ -186,6 +191,7 @@ class Trainer {
   int last_saved_ = -1;
   double last_valid_loss_ = 0;
   std::unique_ptr<AsyncCheckpointSaver> async_saver_;  // with --async-save
+  std::unique_ptr<TrainLog> log_;  // MFU, ETA, TensorBoard (train_log.h); set by train()
 };
 
 // Set by SIGTERM/SIGINT while Trainer::train runs; checked once per iteration by every rank.
