@@ -3,10 +3,12 @@
 // Needs no MPI: the mesh and the shard arithmetic are pure functions of the config.
 #include "cmd_plan.h"
 
+#include <cmath>
 #include <iostream>
 #include <memory>
 
 #include "cmd_train.h"
+#include "weft/core/error.h"
 #include "weft/train/plan.h"
 
 namespace weft::app {
@@ -15,7 +17,6 @@ namespace {
 struct PlanArgs {
   int world_size = 1;
   double mfu = 0.4;
-  double peak_tflops = 989;  // H200 dense bf16
   bool json = false;
 };
 
@@ -29,19 +30,21 @@ void add_plan_command(CLI::App* app) {
   c->add_option("--world-size", a->world_size, "number of ranks")->capture_default_str();
   c->add_option("--mfu", a->mfu, "model FLOPs utilisation assumed for the step time")
       ->capture_default_str();
-  c->add_option("--peak-tflops", a->peak_tflops,
-                "peak TFLOP/s per GPU (default: H200 dense bf16)")
-      ->capture_default_str();
   c->add_flag("--json", a->json, "print JSON instead of a table");
   ParsedTrainFlags train = add_train_flags(c);
   c->callback([a, train] {
     TrainFlags f = train();
+    // --peak-tflops is the train flag (MFU in the log line); unset, plan assumes an H200's
+    // dense bf16 peak whatever --device says, since it plans GPU runs.
+    if (f.cfg.peak_tflops != -1 && !(f.cfg.peak_tflops > 0 && std::isfinite(f.cfg.peak_tflops)))
+      fail_usage("--peak-tflops must be a finite number > 0 (got {})", f.cfg.peak_tflops);
+    const double peak = f.cfg.peak_tflops > 0 ? f.cfg.peak_tflops : 989;
     const bool fused = f.cfg.device == "cuda" && f.fused_kernels;
-    const TrainPlan p = make_train_plan(f.cfg, a->world_size, a->mfu, a->peak_tflops, fused);
+    const TrainPlan p = make_train_plan(f.cfg, a->world_size, a->mfu, peak, fused);
     if (a->json)
       std::cout << train_plan_json(p).dump() << "\n";
     else
-      std::cout << train_plan_text(p, f.cfg, a->mfu, a->peak_tflops);
+      std::cout << train_plan_text(p, f.cfg, a->mfu, peak);
   });
 }
 

@@ -5,14 +5,14 @@
 # their ratio. Usage: bash bench/gpu/plan_check.sh [build]   (logs under $LOGS or /tmp/plan_check)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export PATH=/opt/torch/.venv/bin:$PATH
-P=/opt/torch/.venv/lib/python3.12/site-packages
+source scripts/detect_torch.sh
+weft_detect_torch
+weft_cmake_args
 OUT=${LOGS:-/tmp/plan_check}
 mkdir -p "$OUT"
 B=build-cuda
 if [ "${1:-}" = build ]; then
-  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=$P/torch/share/cmake \
-    -DNCCL_INCLUDE_DIR=$P/nvidia/nccl/include -DNCCL_LIBRARY=$P/nvidia/nccl/lib/libnccl.so.2 \
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release "${WEFT_CMAKE_ARGS[@]}" \
     > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
   cmake --build $B -j 16 --target weft > "$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 fi

@@ -55,7 +55,7 @@ bad() {  # bad NEEDLE ARGS...: exit 2 and one line naming NEEDLE
     echo "ok   bad input names $needle" || failed "bad input '$*': rc $rc, '$err'"
 }
 bad "--mfu" --world-size 1 "${model[@]}" --mfu 0
-bad "--peak-tflops" --world-size 1 "${model[@]}" --peak-tflops -1
+bad "--peak-tflops" --world-size 1 "${model[@]}" --peak-tflops -2
 bad "--pipeline-model-parallel-size" --world-size 3 --pipeline-model-parallel-size 2 "${model[@]}"
 bad "--global-batch-size" --world-size 4 "${model[@]}" --global-batch-size 6
 
