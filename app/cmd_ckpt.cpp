@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 
@@ -91,42 +93,49 @@ int verify(const std::string& path) {
 }
 
 int diff(const std::string& a, const std::string& b, double rtol, double atol) {
+  const std::vector<std::string> d = ckpt_differences(a, b, rtol, atol);
+  for (const std::string& line : d) fmt::print("{}\n", line);
+  fmt::print("{} key(s) differ{}\n", d.size(), rtol == 0 && atol == 0 ? " (bitwise)" : "");
+  return d.empty() ? 0 : 1;
+}
+
+}  // namespace
+
+std::vector<std::string> ckpt_differences(const std::string& a, const std::string& b, double rtol,
+                                          double atol) {
   Loaded la = open_checkpoint(a), lb = open_checkpoint(b);
   CkptFileCache fa(la.dir), fb(lb.dir);
-  int differ = 0;
+  std::vector<std::string> out;
   for (const auto& [key, t] : la.index) {
     if (!lb.index.count(key)) {
-      fmt::print("only in A: {}\n", key);
-      ++differ;
+      out.push_back(fmt::format("only in A: {}", key));
       continue;
     }
     at::Tensor x, y;
     if (Status s = read_full(la, key, fa, &x); !s) fail("{}", s.message());
     if (Status s = read_full(lb, key, fb, &y); !s) fail("{}", s.message());
     if (x.sizes() != y.sizes() || x.scalar_type() != y.scalar_type()) {
-      fmt::print("differ: {} (shape or dtype)\n", key);
-      ++differ;
+      out.push_back(fmt::format("differ: {} (shape or dtype)", key));
       continue;
     }
+    // atol < 0: scaled to the key, rtol * its largest magnitude (elements near zero, e.g. Adam
+    // moments, then compare against the tensor's scale rather than their own).
+    const double key_atol =
+        atol >= 0 ? atol : rtol * std::max(x.abs().max().item<double>(), y.abs().max().item<double>());
     const bool same = (rtol == 0 && atol == 0)
                           ? at::equal(x, y)
-                          : at::allclose(x.to(at::kDouble), y.to(at::kDouble), rtol, atol);
+                          : at::allclose(x.to(at::kDouble), y.to(at::kDouble), rtol, key_atol);
     if (!same) {
       double m = x.to(at::kDouble).sub(y.to(at::kDouble)).abs().max().item<double>();
-      fmt::print("differ: {} (max abs diff {:.3g})\n", key, m);
-      ++differ;
+      out.push_back(fmt::format("differ: {} (max abs diff {:.3g})", key, m));
     }
   }
   for (const auto& [key, t] : lb.index)
     if (!la.index.count(key)) {
-      fmt::print("only in B: {}\n", key);
-      ++differ;
+      out.push_back(fmt::format("only in B: {}", key));
     }
-  fmt::print("{} key(s) differ{}\n", differ, rtol == 0 && atol == 0 ? " (bitwise)" : "");
-  return differ ? 1 : 0;
+  return out;
 }
-
-}  // namespace
 
 void add_ckpt_command(CLI::App* app) {
   CLI::App* ck = app->add_subcommand("ckpt", "inspect, verify, compare, export and import checkpoints");
@@ -149,6 +158,10 @@ void add_ckpt_command(CLI::App* app) {
   di->add_option("--rtol", *rtol, "relative tolerance (0 with --atol 0: bitwise)")->capture_default_str();
   di->add_option("--atol", *atol, "absolute tolerance")->capture_default_str();
   di->callback([=] {
+    if (!(std::isfinite(*rtol) && *rtol >= 0))
+      fail_usage("--rtol must be a finite number >= 0 (got {})", *rtol);
+    if (!(std::isfinite(*atol) && *atol >= 0))
+      fail_usage("--atol must be a finite number >= 0 (got {})", *atol);
     if (int r = diff(*dir, *other, *rtol, *atol)) throw CLI::RuntimeError(r);
   });
   auto format = std::make_shared<std::string>("hf");

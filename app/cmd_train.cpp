@@ -1,6 +1,7 @@
-// `weft train`: parses Megatron-named flags into a TrainConfig, validates everything locally
-// (before any collective, so a bad flag is one clear message from every rank), starts MPI,
-// builds and checks the process groups, and trains.
+// `weft train`: parses Megatron-named flags into a TrainConfig, starts MPI, validates every
+// flag and path flag locally and agrees on the outcome before any collective (so a bad flag is
+// one clear line and exit code 2 on every rank, without MPI_Abort), builds and checks the
+// process groups, and trains.
 #include "cmd_train.h"
 
 #include <ATen/Parallel.h>
@@ -16,14 +17,20 @@
 #include "weft/model/fused.h"
 #include "weft/model/hybrid.h"
 #include "weft/model/moe.h"
+#include "weft/train/preflight.h"
 #include "weft/train/trainer.h"
 
 namespace weft::app {
 
+void prepare_training(TrainConfig& t, const std::string& backend, MpiRuntime& mpi);
 void run_training(TrainConfig& t, int threads, const std::string& backend, bool deterministic,
                   MpiRuntime& mpi);
 
 namespace {
+
+// How long a rank that caught an error during training waits for every other rank to catch
+// one too before it aborts the job (see the handler in add_train_command).
+constexpr double kErrorAgreeSeconds = 10.0;
 
 struct TrainArgs {
   TrainConfig cfg;
@@ -101,6 +108,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--global-batch-size", t.global_batch_size, "samples per step over all replicas");
   opt("--train-iters", t.train_iters, "iterations to train");
   opt("--seed", t.seed, "seed for initialisation and the data order");
+  c->get_option("--seed")->check([](const std::string& v) {  // else "-1" wraps around
+    return v.rfind('-', 0) == 0 ? "must be an integer >= 0 (got " + v + ")" : std::string();
+  });
   opt("--lr", t.lr.lr, "peak learning rate");
   opt("--min-lr", t.lr.min_lr, "final learning rate");
   opt("--lr-warmup-iters", t.lr.warmup_iters, "linear warmup iterations");
@@ -111,6 +121,11 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--adam-beta2", t.adam.beta2, "AdamW beta2");
   opt("--adam-eps", t.adam.eps, "AdamW epsilon");
   opt("--clip-grad", t.clip_grad, "global grad-norm clip (0: off)");
+  c->add_flag("--check-for-nan-in-loss-and-grad", t.check_for_nan,
+              "stop at the first non-finite loss or gradient, naming the iteration and the first "
+              "parameter (default: skip the step and count it)");
+  opt("--max-skipped-iterations", t.max_skipped_iterations,
+      "stop, saving nothing, after K consecutive skipped (non-finite) iterations (0: never)");
   opt("--exp-avg-dtype", a->exp_avg_dtype, "fp32 | bf16");
   opt("--exp-avg-sq-dtype", a->exp_avg_sq_dtype, "fp32 | bf16");
   c->add_flag("--use-precision-aware-optimizer", t.adam.precision_aware,
@@ -122,10 +137,19 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--device", t.device, "cpu | cuda");
   opt("--log-jsonl", t.log_jsonl, "append one JSON object per iteration to FILE");
   opt("--log-interval", t.log_interval, "print every N iterations");
+  opt("--tensorboard-dir", t.tensorboard_dir, "write TensorBoard event files into DIR (rank 0)");
+  opt("--tensorboard-log-interval", t.tensorboard_log_interval,
+      "write TensorBoard scalars every N iterations");
+  opt("--peak-tflops", t.peak_tflops,
+      "peak TFLOP/s per device for MFU (-1: 989 for --device cuda --bf16, else no MFU; 0: none)");
   opt("--save", t.save, "directory to save checkpoints into");
   opt("--save-interval", t.save_interval, "save every K iterations (0: only at the end and on exit)");
   opt("--load", t.load, "directory to load the latest checkpoint from");
   opt("--ckpt-step", t.ckpt_step, "load this iteration instead of the latest (-1: latest)");
+  c->add_flag("--async-save", t.async_save,
+              "write checkpoints on a background thread; training stalls only for the copy");
+  c->add_flag("--exit-on-save-failure,!--no-exit-on-save-failure", t.exit_on_save_failure,
+              "a failed checkpoint save ends the job non-zero (default), or warns and trains on");
   c->add_flag("--finetune", t.finetune,
               "with --load: model weights only (any layout); iteration 0, fresh optimizer, no "
               "data position (e.g. a checkpoint from `weft ckpt import`)");
@@ -136,6 +160,8 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       "raise_all | raise_unexpected | log_all | log_unexpected | assume_ok_unexpected | ignore_all");
   opt("--exit-interval", t.exit_interval, "save and exit when iteration % N == 0 (0: off)");
   opt("--exit-duration-in-mins", t.exit_duration_mins, "save and exit after this many minutes (0: off)");
+  opt("--distributed-timeout-minutes", t.distributed_timeout_minutes,
+      "abort the job when a communication call waits longer than this (fractions allowed)");
   opt("--distributed-backend", a->backend,
       "auto | mpi | nccl (auto: nccl for --device cuda when every rank has its own GPU)");
   c->add_flag("--deterministic", a->deterministic,
@@ -191,6 +217,34 @@ void resolve_tokenizer(TrainArgs* a) {
   }
 }
 
+// Everything the callback of a command taking the train flags does before MPI starts: moment
+// dtypes, the hybrid or MoE layer pattern, the tokenizer, the fused-kernel switch.
+void resolve_train_args(TrainArgs* a) {
+  TrainConfig& t = a->cfg;
+  t.adam.exp_avg_dtype = moment_dtype("--exp-avg-dtype", a->exp_avg_dtype);
+  t.adam.exp_avg_sq_dtype = moment_dtype("--exp-avg-sq-dtype", a->exp_avg_sq_dtype);
+  if (t.log_interval < 1) fail_usage("--log-interval must be >= 1");
+  if (a->threads < 0) fail_usage("--threads must be >= 0 (got {})", a->threads);
+  if (!a->hybrid_pattern.empty() && !a->hybrid_override_pattern.empty() &&
+      a->hybrid_pattern != a->hybrid_override_pattern)
+    fail_usage("--hybrid-layer-pattern and its deprecated name --hybrid-override-pattern "
+               "disagree; give one");
+  const std::string pattern =
+      a->hybrid_pattern.empty() ? a->hybrid_override_pattern : a->hybrid_pattern;
+  if (!pattern.empty()) {
+    apply_hybrid_layer_pattern(pattern, &t.model);
+    if (t.first_stage_layers >= 0 || t.last_stage_layers >= 0)
+      if (!t.model.hybrid_stage_layers.empty())
+        fail_usage("--decoder-first/last-pipeline-num-layers and '|' in --hybrid-layer-pattern "
+                   "both split the stages; give one");
+  } else if (t.model.num_experts > 0 || a->moe_layer_freq_opt->count() > 0) {
+    if (t.model.num_layers < 1) fail_usage("--num-layers must be >= 1 (got {})", t.model.num_layers);
+    t.model.moe_layer_pattern = parse_moe_layer_freq(a->moe_layer_freq, t.model.num_layers);
+  }
+  resolve_tokenizer(a);
+  fused::set_enabled(!a->no_fused);
+}
+
 }  // namespace
 
 void add_train_command(CLI::App* app, int* argc, char*** argv) {
@@ -198,53 +252,82 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
   CLI::App* c = app->add_subcommand("train", "pretrain a model on Megatron indexed datasets or mock data");
   add_flags(c, a.get());
   c->callback([a, argc, argv] {
-    TrainConfig& t = a->cfg;
-    t.adam.exp_avg_dtype = moment_dtype("--exp-avg-dtype", a->exp_avg_dtype);
-    t.adam.exp_avg_sq_dtype = moment_dtype("--exp-avg-sq-dtype", a->exp_avg_sq_dtype);
-    if (t.log_interval < 1) fail_usage("--log-interval must be >= 1");
-    if (!a->hybrid_pattern.empty() && !a->hybrid_override_pattern.empty() &&
-        a->hybrid_pattern != a->hybrid_override_pattern)
-      fail_usage("--hybrid-layer-pattern and its deprecated name --hybrid-override-pattern "
-                 "disagree; give one");
-    const std::string pattern =
-        a->hybrid_pattern.empty() ? a->hybrid_override_pattern : a->hybrid_pattern;
-    if (!pattern.empty()) {
-      apply_hybrid_layer_pattern(pattern, &t.model);
-      if (t.first_stage_layers >= 0 || t.last_stage_layers >= 0)
-        if (!t.model.hybrid_stage_layers.empty())
-          fail_usage("--decoder-first/last-pipeline-num-layers and '|' in --hybrid-layer-pattern "
-                     "both split the stages; give one");
-    } else if (t.model.num_experts > 0 || a->moe_layer_freq_opt->count() > 0) {
-      if (t.model.num_layers < 1) fail_usage("--num-layers must be >= 1 (got {})", t.model.num_layers);
-      t.model.moe_layer_pattern = parse_moe_layer_freq(a->moe_layer_freq, t.model.num_layers);
-    }
-    resolve_tokenizer(a.get());
-    fused::set_enabled(!a->no_fused);
     MpiRuntime mpi(argc, argv);
     set_error_rank(mpi.world_rank());
+    // Phase 1, local on every rank: every flag and path is checked; then one agreement that
+    // every rank reaches whatever its flags, before any collective of the trainer. A config
+    // error seen by any rank ends every rank cleanly with that rank's one line (no MPI_Abort).
+    std::string error;  // the exit code ('2' usage, '1' other) and then the message
     try {
-      run_training(t, a->threads, a->backend, a->deterministic, mpi);
+      resolve_train_args(a.get());
+      prepare_training(a->cfg, a->backend, mpi);
+    } catch (const UsageError& e) {
+      error = std::string("2") + e.what();
     } catch (const std::exception& e) {
-      // Usage errors are raised identically on every rank (validated before any collective or
-      // agreed on by one), so rank 0 alone prints them; any other error is printed by the rank
-      // that raised it. With several ranks the job is then aborted, so that no peer waits in a
-      // collective forever.
+      error = std::string("1") + e.what();
+    }
+    std::string first;
+    if (mpi.first_failure(!error.empty(), error, &first) >= 0) {
+      const bool usage = first[0] == '2';
+      if (mpi.world_rank() == 0)
+        std::fprintf(stderr, "weft: %s: %s\n", usage ? "error" : "fatal", first.c_str() + 1);
+      throw CLI::RuntimeError(usage ? 2 : 1);
+    }
+    // Phase 2, collective: an error here may be raised by every rank (agreed through a
+    // collective, e.g. a bad checkpoint, or found from the same state, e.g. a NaN gradient
+    // with --check-for-nan-in-loss-and-grad) or by some ranks only (their peers then wait in
+    // a collective). The handler tells them apart by a timed barrier on a communicator of its
+    // own: when every rank arrives, each exits with the code and rank 0 alone prints its line;
+    // otherwise this rank prints its line and aborts the job, so that no peer waits forever.
+    try {
+      run_training(a->cfg, a->threads, a->backend, a->deterministic, mpi);
+    } catch (const std::exception& e) {
       const bool usage = dynamic_cast<const UsageError*>(&e) != nullptr;
-      if (!usage || mpi.world_rank() == 0)
-        std::fprintf(stderr, "weft: %s: %s\n", usage ? "error" : "fatal", e.what());
-      if (mpi.world_size() > 1) MpiRuntime::abort(usage ? 2 : 1);
+      const char* kind = usage ? "error" : "fatal";
+      if (mpi.world_size() > 1 && !mpi.all_ranks_failed_within(kErrorAgreeSeconds)) {
+        std::fprintf(stderr, "weft: %s: %s\n", kind, e.what());
+        MpiRuntime::abort(usage ? 2 : 1);
+      }
+      if (mpi.world_rank() == 0) std::fprintf(stderr, "weft: %s: %s\n", kind, e.what());
       throw CLI::RuntimeError(usage ? 2 : 1);
     }
   });
 }
 
+void prepare_training(TrainConfig& t, const std::string& backend_flag, MpiRuntime& mpi) {
+  validate_train_config(t, mpi.world_size());
+  if (backend_flag != "auto" && backend_flag != "mpi" && backend_flag != "nccl")
+    fail_usage("--distributed-backend must be auto, mpi or nccl (got '{}')", backend_flag);
+  if (t.device == "cuda") {
+    set_cuda_device(mpi.local_rank());  // fails with a clear message without CUDA
+  } else if (backend_flag == "nccl") {
+    fail_usage("--distributed-backend nccl needs --device cuda");
+  }
+  check_train_paths(t, mpi.world_rank());
+}
+
 void run_training(TrainConfig& t, int threads, const std::string& backend_flag,
                   bool deterministic, MpiRuntime& mpi) {
+  {
+    const Backend backend = start_runtime(t, threads, backend_flag, deterministic, mpi);
+    LayoutConfig layout = t.layout;
+    layout.world_size = mpi.world_size();
+    Mesh mesh(layout);
+    ProcessGroups groups(mesh, backend);
+    Trainer trainer(t, groups);
+    trainer.train();
+  }
+}
+
+Backend start_runtime(const TrainConfig& t, int threads, const std::string& backend_flag,
+                      bool deterministic, MpiRuntime& mpi) {
   {
     // Every rank validates the same flags before the first collective.
     validate_train_config(t, mpi.world_size());
     if (backend_flag != "auto" && backend_flag != "mpi" && backend_flag != "nccl")
       fail_usage("--distributed-backend must be auto, mpi or nccl (got '{}')", backend_flag);
+    if (backend_flag == "nccl" && t.device != "cuda")
+      fail_usage("--distributed-backend nccl needs --device cuda");
     if (deterministic) set_deterministic_mode();
     Backend backend = Backend::kMpi;
     if (t.device == "cuda") {
@@ -253,18 +336,21 @@ void run_training(TrainConfig& t, int threads, const std::string& backend_flag,
       const bool own_gpu = mpi.world_size() <= devices;  // single-host assumption for auto
       if (backend_flag == "nccl" || (backend_flag == "auto" && nccl_available() && own_gpu))
         backend = Backend::kNccl;
-    } else if (backend_flag == "nccl") {
-      fail_usage("--distributed-backend nccl needs --device cuda");
     }
+    mpi.start_watchdog(t.distributed_timeout_minutes * 60);  // before any group exists
     if (threads <= 0) threads = mpi.threads_per_rank();
     at::set_num_threads(threads);
-    LayoutConfig layout = t.layout;
-    layout.world_size = mpi.world_size();
-    Mesh mesh(layout);
-    ProcessGroups groups(mesh, backend);
-    Trainer trainer(t, groups);
-    trainer.train();
+    return backend;
   }
+}
+
+ParsedTrainFlags add_train_flags(CLI::App* c) {
+  auto a = std::make_shared<TrainArgs>();
+  add_flags(c, a.get());
+  return [a] {
+    resolve_train_args(a.get());
+    return TrainFlags{a->cfg, a->threads, a->backend, a->deterministic, !a->no_fused};
+  };
 }
 
 }  // namespace weft::app

@@ -3,9 +3,31 @@
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
+#include <string>
+
+#include "weft/train/trainer.h"
+
 namespace weft::app {
 
 // Adds the `train` subcommand. argc/argv are handed to MPI at start-up.
 void add_train_command(CLI::App* app, int* argc, char*** argv);
+
+// The train flags as other commands (plan, verify-resume) take them.
+struct TrainFlags {
+  TrainConfig cfg;
+  int threads = 0;             // --threads
+  std::string backend;         // --distributed-backend
+  bool deterministic = false;  // --deterministic
+  bool fused_kernels = true;   // not --no-fused-kernels
+};
+// Registers every `weft train` flag on `c`; the returned function, called in c's callback,
+// resolves them as `weft train` does before MPI starts (throws UsageError on bad input).
+using ParsedTrainFlags = std::function<TrainFlags()>;
+ParsedTrainFlags add_train_flags(CLI::App* c);
+// Validates `t` for this world (before any collective), sets the CUDA device, deterministic
+// mode and threads, and returns the backend --distributed-backend resolves to.
+Backend start_runtime(const TrainConfig& t, int threads, const std::string& backend,
+                      bool deterministic, MpiRuntime& mpi);
 
 }  // namespace weft::app

@@ -4,7 +4,10 @@
 #include "cmd_ckpt.h"
 #include "cmd_data.h"
 #include "cmd_generate.h"
+#include "cmd_plan.h"
+#include "cmd_plot.h"
 #include "cmd_train.h"
+#include "cmd_verify_resume.h"
 
 namespace weft::app {
 
@@ -17,6 +20,9 @@ void add_more_commands(CLI::App* app, int argc, char** argv) {
   add_ckpt_command(app);
   add_data_command(app);
   add_generate_command(app);
+  add_plan_command(app);
+  add_verify_resume_command(app, &s_argc, &s_argv);
+  add_plot_command(app);
 }
 
 }  // namespace weft::app

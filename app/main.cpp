@@ -5,6 +5,7 @@
 #include <torch/version.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <iostream>
 
 #include "cmd_mesh.h"
@@ -13,6 +14,18 @@
 #include "weft/core/error.h"
 
 namespace {
+
+// Under a launcher every rank parses the same command line, so a bad flag is found by every
+// rank before MPI starts; rank 0 alone prints it, so that the user reads one line. (Known
+// limit: a rank > 0 started with other flags by an MPMD mpirun line, failing alone, stays
+// silent; mpirun reports its exit code 2.)
+bool this_rank_prints_parse_errors() {
+  static const char* const kRankVars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK",
+                                          "SLURM_PROCID"};
+  for (const char* v : kRankVars)
+    if (const char* r = std::getenv(v)) return std::string(r) == "0";
+  return true;
+}
 
 std::string version_string() {
   std::string nccl = weft::nccl_available() ? weft::nccl_version() : "not built";
@@ -39,10 +52,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::RuntimeError& e) {
     return e.get_exit_code();  // a command's own non-zero result (e.g. ckpt diff: differences)
   } catch (const CLI::ParseError& e) {
-    std::cerr << "weft: error: " << e.what() << " (see weft --help)\n";
+    if (this_rank_prints_parse_errors()) std::cerr << "weft: error: " << e.what() << " (see weft --help)\n";
     return 2;
   } catch (const weft::UsageError& e) {
-    std::cerr << "weft: error: " << e.what() << "\n";
+    if (this_rank_prints_parse_errors()) std::cerr << "weft: error: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "weft: fatal: " << e.what() << "\n";

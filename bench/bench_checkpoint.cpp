@@ -28,6 +28,13 @@
 // deleted (--no-prewarm turns this off), so that every write gets page-cache pages that were
 // freed a moment ago; see prewarm_page_cache(). Rounds alternate which side goes first.
 //
+// async    --async-save's AsyncCheckpointSaver on the same state into <dir>/async: `stall_ms`
+//          is the time the training thread is blocked (barrier to barrier: the copy into the
+//          reused host snapshot, pinned when --device cuda), `async_done_ms` when the background
+//          write and the commit are finished; printed next to `sync_save_ms` (the save above)
+//          as `stall/sync`. The first round includes allocating and first touching the snapshot
+//          buffer; later rounds reuse it, as training does.
+//
 // --phases also runs an instrumented copy of the save and load steps of every rank (the
 // library is not touched): collect, CRC-32C, write() to the page cache, fsync, metadata; and for
 // load: header + metadata, allocation + first touch of the temporary chunk buffer, pread, CRC-32C,
@@ -60,6 +67,7 @@
 #include <thread>
 #include <vector>
 
+#include "weft/checkpoint/async_save.h"
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/comm/device.h"
 #include "weft/checkpoint/crc32c.h"
@@ -513,6 +521,7 @@ struct Sample {
   std::string loadavg;  // /proc/loadavg at the start of the round: how busy the machine was
   SavePhases sp;
   LoadPhases lp, lp_direct;
+  double stall = 0, async_done = 0;  // seconds: --async-save's blocking part and its whole
   double ratio(OpKind a, OpKind b) const { return op[a].gbps() / op[b].gbps(); }
   double load_ckpt_gbps() const { return static_cast<double>(save_bytes) / 1e9 / op[kLoad].seconds; }
 };
@@ -541,6 +550,10 @@ void print_sample(int r, int n, const Sample& s) {
               pct(s.ckpt_evict.before, s.ckpt_evict.bytes),
               pct(s.ckpt_evict.after, s.ckpt_evict.bytes), pct(s.raw_evict.before, s.raw_evict.bytes),
               pct(s.raw_evict.after, s.raw_evict.bytes));
+  std::printf("async save: stall_ms %.1f  sync_save_ms %.1f  stall/sync %.3f  (written and "
+              "committed after async_done_ms %.1f)\n",
+              1e3 * s.stall, 1e3 * s.op[kSave].seconds, s.stall / s.op[kSave].seconds,
+              1e3 * s.async_done);
   if (s.phases) {
     std::printf("raw write phases (s): write %.3f  fsync %.3f; state buf: write %.3f  fsync %.3f\n",
                 s.op[kRawWrite].seconds - s.op[kRawWrite].fsync_seconds,
@@ -690,6 +703,7 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
   lreq.dir = save_dir;
   lreq.layout = weft::layout_to_json(mesh, cfg);
   std::vector<Sample> samples;
+  weft::AsyncCheckpointSaver saver(groups);  // its snapshot buffer is reused by every round
   int64_t last_save_bytes = state_bytes;  // the estimate until the first save
   auto warm = [&](int64_t my_bytes) {
     if (prewarm) prewarm_page_cache(warm_path, my_bytes, buf);
@@ -721,6 +735,20 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
           [&] { weft::load_checkpoint(lreq, trainer.stage(), trainer.optimizer(), groups); });
       load.io = io_delta_over_ranks(a, io_counters());
       load.bytes = load.io.rchar;
+      // The same state saved with --async-save's saver: the stall, then the background write.
+      const std::string async_dir = dir + "/async";
+      if (rank == 0) (void)weft::remove_tree(async_dir);
+      barrier();
+      warm(last_save_bytes / world);
+      weft::SaveRequest req;
+      req.dir = async_dir;
+      req.iteration = trainer.iteration();
+      req.meta = {{"bench", "async"}};
+      s.stall = timed([&] { saver.start(req, trainer.stage(), trainer.optimizer()); });
+      s.async_done = s.stall + timed([&] { saver.finish(); });
+      if (rank == 0) (void)weft::remove_tree(async_dir);
+      barrier();
+      sync_fs(dir);
     };
     auto raw_round = [&] {
       // This rank's share: its shard file (rank 0 also everything else in the checkpoint).
@@ -816,6 +844,10 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
     stat("save/raw-write(state buf)", [](const Sample& s) { return s.ratio(kSave, kRawWriteBig); }, "");
     stat("load/raw-read", [](const Sample& s) { return s.ratio(kLoad, kRawRead); }, "");
     stat("load/raw-read(state buf)", [](const Sample& s) { return s.ratio(kLoad, kRawReadBig); }, "");
+    stat("stall_ms", [](const Sample& s) { return 1e3 * s.stall; }, "ms (--async-save blocks training)");
+    stat("sync_save_ms", [](const Sample& s) { return 1e3 * s.op[kSave].seconds; }, "ms");
+    stat("stall/sync", [](const Sample& s) { return s.stall / s.op[kSave].seconds; }, "");
+    stat("async_done_ms", [](const Sample& s) { return 1e3 * s.async_done; }, "ms (write + commit)");
     const bool evicted = last.ckpt_evict.after * 100 < last.ckpt_evict.bytes;
     std::printf("# page-cache eviction (posix_fadvise DONTNEED): %s (%.1f%% of the checkpoint "
                 "resident after it)\n",

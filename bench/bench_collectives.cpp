@@ -8,6 +8,8 @@
 // link must carry. Baseline (STYLE.md rule 7): a local copy of the same bytes on one rank of
 // the same run; `bus/copy` is busbw over that copy bandwidth. Timing is collective: every rank
 // runs every size; a closing barrier (host-synchronising on NCCL) ends each timed loop.
+// --distributed-timeout-minutes M runs the collective watchdog (comm/watchdog.h) as `weft train`
+// does; comparing small sizes with and without it shows what watching each call costs.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -63,16 +65,19 @@ double time_per_call(int warmup, int iters, Fn&& fn, Sync&& sync) {
   return dt;
 }
 
-int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
+int run(int argc, char** argv, weft::MpiRuntime& mpi) {
   CLI::App app{"all_gather / reduce_scatter bandwidth per message size"};
   std::string backend = "mpi", dtype_name = "fp32", min_bytes = "1K", max_bytes = "64M";
   int iters = 20, warmup = 5;
+  double watchdog_minutes = 0;
   app.add_option("--backend", backend, "mpi (CPU tensors) or nccl (CUDA tensors)");
   app.add_option("--dtype", dtype_name, "fp32, bf16, fp16 or fp64");
   app.add_option("--min-bytes", min_bytes, "smallest total buffer, e.g. 1K");
   app.add_option("--max-bytes", max_bytes, "largest total buffer, e.g. 64M (sizes step x4)");
   app.add_option("--iters", iters, "timed calls per size");
   app.add_option("--warmup", warmup, "untimed calls per size");
+  app.add_option("--distributed-timeout-minutes", watchdog_minutes,
+                 "run the collective watchdog with this timeout (0: no watchdog)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -92,6 +97,7 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
     dev = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(mpi.local_rank()));
     impl->setDevice(dev);
   }
+  if (watchdog_minutes > 0) mpi.start_watchdog(watchdog_minutes * 60);
   const int n = mpi.world_size();
   weft::Mesh mesh(weft::LayoutConfig{.world_size = n});
   weft::ProcessGroups groups(mesh, nccl ? weft::Backend::kNccl : weft::Backend::kMpi);
@@ -101,10 +107,10 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
 
   if (mpi.world_rank() == 0) {
     std::printf("# bench_collectives: %d ranks, backend %s (%s), dtype %s, %d iters after %d "
-                "warm-up, MPI %s%s%s\n",
+                "warm-up, MPI %s%s%s, watchdog %s\n",
                 n, backend.c_str(), dev.str().c_str(), c10::toString(dtype), iters, warmup,
                 weft::MpiRuntime::library_version().c_str(), nccl ? ", NCCL " : "",
-                nccl ? weft::nccl_version().c_str() : "");
+                nccl ? weft::nccl_version().c_str() : "", watchdog_minutes > 0 ? "on" : "off");
     std::printf("# bytes: whole buffer; time in us; bandwidths in GB/s; bus/copy = busbw over a "
                 "local copy of the same bytes\n");
     std::printf("%8s %12s | %10s %8s %8s %9s | %10s %8s %8s %9s | %8s\n", "bytes", "elements",

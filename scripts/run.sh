@@ -6,6 +6,7 @@
 #   3. Megatron .bin/.idx datasets                 (weft data preprocess --append-eod)
 #   4. pretraining, pp 2 x dp 2, with the valid split evaluated every 100 iterations
 #   5. a checkpoint, then a sample generated from it (weft generate)
+#   6. its curves as runs/main/train.png (weft plot), TensorBoard files in runs/main/tensorboard
 # Work files go to runs/main/. Extra arguments go to `weft train` (e.g. --train-iters 100).
 # `bash scripts/run.sh --mock-data` runs the same training on mock data instead.
 set -euo pipefail
@@ -36,11 +37,12 @@ if [ ! -s "$R/fortunes_text_document.idx" ]; then
     --tokenizer-type SentencePieceTokenizer --tokenizer-model "$R/tokenizer.model" --append-eod \
     --workers 2 --log-interval 100000
 fi
-rm -rf "$R/checkpoints"
+rm -rf "$R/checkpoints" "$R/tensorboard" "$R/train.jsonl"
 mpirun -np 4 --bind-to none $W train "${MODEL[@]}" \
   --data-path "$R/fortunes_text_document" --split 949,50,1 \
   --tokenizer-type SentencePieceTokenizer --tokenizer-model "$R/tokenizer.model" \
-  --save "$R/checkpoints" --log-jsonl "$R/train.jsonl" "$@"
+  --save "$R/checkpoints" --log-jsonl "$R/train.jsonl" --tensorboard-dir "$R/tensorboard" "$@"
+$W plot "$R/train.jsonl" -o "$R/train.png" --title "weft main job (scripts/run.sh)"
 PROMPT="The secret of life is"
 echo "weft generate, prompt: \"$PROMPT\""
 $W generate --load "$R/checkpoints" --tokenizer-type SentencePieceTokenizer \

@@ -18,6 +18,8 @@
 #   bash bench/gpu/run.sh profhyb     a Kineto trace of weft's hybrid step, summarised
 #   bash bench/gpu/run.sh hfcheck     Hugging Face export/import against transformers'
 #                                     LlamaForCausalLM (docs/hf-interop.md)
+#   bash bench/gpu/run.sh tbcheck     --tensorboard-dir files read by TensorBoard's
+#                                     EventAccumulator against the jsonl (tests/gpu/tb_check.py)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # The same CUDA PyTorch detection as scripts/setup.sh (WEFT_PYTHON picks the interpreter).
@@ -48,7 +50,11 @@ case $stage in
 build)
   [ "$WEFT_CUDA" = 1 ] || { echo "no CUDA PyTorch found (set WEFT_PYTHON)"; exit 1; }
   echo "torch $WEFT_TORCH_VERSION from $WEFT_PYTHON"
+  # WEFT_PROTOBUF_PREFIX: an unpacked protobuf (scripts/protobuf_prefix.sh) where the machine
+  # has no libprotobuf-dev; without any, --tensorboard-dir is refused.
+  [ -n "${WEFT_PROTOBUF_PREFIX:-}" ] && export LD_LIBRARY_PATH=$WEFT_PROTOBUF_PREFIX/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DWEFT_BUILD_BENCH=ON "${WEFT_CMAKE_ARGS[@]}" \
+    ${WEFT_PROTOBUF_PREFIX:+"-DCMAKE_PREFIX_PATH=$WEFT_TORCH_CMAKE;$WEFT_PROTOBUF_PREFIX"} \
     > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
   cmake --build $B -j 16 --target weft test_parity test_checkpoint test_model test_communicator bench_checkpoint test_moe test_moe_parity test_moe_checkpoint test_mamba ${WEFT_EXTRA_TARGETS:-} -- -k 0 > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
   ./$B/app/weft --version
@@ -141,6 +147,26 @@ hfcheck)
   echo "finetune pp2xdp2 rc=$?"
   python3 tests/gpu/hf_llama_check.py loss "$H/random" "$H/b1p.npy" "$H/ft4.jsonl" 1
   echo "hf_llama_check import pp2xdp2 rc=$?"
+  ;;
+tbcheck)
+  # --tensorboard-dir read back by TensorBoard's EventAccumulator and compared with the jsonl
+  # (tests/gpu/tb_check.py): a small MoE model with MTP, bf16 on CUDA (MFU against the default
+  # H200 peak), validation on mock data; 1 rank, then pp 2 on 2 ranks sharing the GPU.
+  grep -h "TensorBoard (protobuf)" "$OUT/configure.log" 2>/dev/null
+  [ -n "${WEFT_PROTOBUF_PREFIX:-}" ] && export LD_LIBRARY_PATH=$WEFT_PROTOBUF_PREFIX/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  T="$OUT/tb"; rm -rf "$T"; mkdir -p "$T"
+  TBM=(--num-layers 4 --hidden-size 256 --num-attention-heads 8 --num-query-groups 4
+       --ffn-hidden-size 704 --vocab-size 1024 --seq-length 128 --micro-batch-size 2
+       --global-batch-size 8 --num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 0.01
+       --mtp-num-layers 1 --train-iters 20 --eval-interval 10 --eval-iters 2 --lr 1e-3
+       --device cuda --bf16 --mock-data)
+  ./$B/app/weft train "${TBM[@]}" --tensorboard-dir "$T/np1" --log-jsonl "$T/np1.jsonl" > "$T/np1.log" 2>&1
+  echo "train np1 rc=$?"; grep "iteration  *20/" "$T/np1.log" | cut -c1-400; tail -2 "$T/np1.log" | cut -c1-300
+  python3 tests/gpu/tb_check.py "$T/np1" "$T/np1.jsonl"; echo "tb_check np1 rc=$?"
+  mpirun -np 2 --bind-to none ./$B/app/weft train "${TBM[@]}" --pipeline-model-parallel-size 2 \
+    --tensorboard-dir "$T/pp2" --tensorboard-log-interval 3 --log-jsonl "$T/pp2.jsonl" > "$T/pp2.log" 2>&1
+  echo "train pp2 rc=$?"; tail -2 "$T/pp2.log" | cut -c1-300
+  python3 tests/gpu/tb_check.py "$T/pp2" "$T/pp2.jsonl" --interval 3; echo "tb_check pp2 rc=$?"
   ;;
 moetests)
   export WEFT_TEST_DEVICE=cuda

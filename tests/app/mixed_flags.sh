@@ -35,4 +35,10 @@ expect "rank 1 was started with another value of 'micro_batch_size' than rank 0"
 expect "rank 1 was started with another value of 'lr.lr' than rank 0" \
   "--num-layers 2 --pipeline-model-parallel-size 2 --lr 0.01" \
   "--num-layers 2 --pipeline-model-parallel-size 2 --lr 0.02"
-[ "$fails" -eq 0 ] && echo "4 passed, 0 failed" || { echo "$fails failed"; exit 1; }
+save=$(mktemp -d /tmp/weft-mixed-XXXXXX)
+trap 'rm -rf "$save"' EXIT
+expect "rank 1 was started with another value of 'async_save' than rank 0" \
+  "--num-layers 2 --save $save --async-save" "--num-layers 2 --save $save"
+expect "rank 1 was started with another value of 'check_for_nan_in_loss_and_grad' than rank 0" \
+  "--num-layers 2 --check-for-nan-in-loss-and-grad" "--num-layers 2"
+[ "$fails" -eq 0 ] && echo "all passed" || { echo "$fails failed"; exit 1; }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Preemption test: SIGTERM, and then SIGINT, to one rank during training finishes the current
 # iteration on every rank, saves, and exits 0; the saved iteration is the one the log reached.
-# Then --exit-duration-in-mins with a duration shorter than any iteration saves and exits 0
-# after iteration 1.
+# SIGTERM once more with --async-save --save-interval 1: the pending background write and the
+# final save are committed before exit. Then --exit-duration-in-mins with a duration shorter
+# than any iteration saves and exits 0 after iteration 1.
 # The victim is rank 1, found by pid: among the processes whose command line names this run's
 # save directory, the one whose executable is the weft binary (not mpirun, whose command line
 # names it too) and whose MPI rank (OMPI_COMM_WORLD_RANK, or PMIX_RANK, in its environment) is
@@ -27,13 +28,13 @@ rank_of() {
   [ -n "$r" ] || r=$(printf '%s\n' "$env" | sed -n 's/^PMIX_RANK=//p')
   echo "$r"
 }
-# One preemption by signal SIG (TERM or INT) sent to rank 1.
+# One preemption by signal SIG (TERM or INT) sent to rank 1; further arguments go to weft train.
 preempt() {
-  SIG=$1
+  SIG=$1; shift
   rm -rf "$DIR/ck" "$DIR/log.jsonl" "$DIR/run.log"
   "${MPIRUN[@]}" -np 2 "$WEFT" train --pipeline-model-parallel-size 2 --num-layers 2 --hidden-size 32 \
     --ffn-hidden-size 48 --seq-length 16 --global-batch-size 8 --train-iters 100000 \
-    --save "$DIR/ck" --log-jsonl "$DIR/log.jsonl" > "$DIR/run.log" 2>&1 &
+    --save "$DIR/ck" --log-jsonl "$DIR/log.jsonl" "$@" > "$DIR/run.log" 2>&1 &
   JOB=$!
   for _ in $(seq 1 600); do
     [ -s "$DIR/log.jsonl" ] && [ "$(wc -l < "$DIR/log.jsonl")" -ge 3 ] && break
@@ -66,6 +67,8 @@ preempt() {
 }
 
 for sig in TERM INT; do preempt $sig; done
+preempt TERM --async-save --save-interval 1
+grep -q "saved checkpoint .* at iteration $LAST" "$DIR/run.log" || fail "no commit message for $LAST"
 
 # --exit-duration-in-mins shorter than one iteration: exits after iteration 1, saved.
 # Bounded by `timeout`: a run that ignores the flag fails here instead of training on.
@@ -83,4 +86,4 @@ TRAINED=$(grep -c '"lm_loss"' "$DIR/log.jsonl")  # training lines (validation li
 [ "$TRAINED" = 1 ] || fail "trained $TRAINED iterations, not 1"
 [ "$(cat "$DIR/ck/latest_checkpointed_iteration.txt")" = "1" ] || fail "saved iteration is not 1"
 "$WEFT" ckpt verify "$DIR/ck" > /dev/null || fail "checkpoint does not verify"
-echo "3 passed, 0 failed"
+echo "4 passed, 0 failed"

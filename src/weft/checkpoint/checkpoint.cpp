@@ -21,6 +21,7 @@
 #include "weft/core/error.h"
 #include "weft/core/remove_tree.h"
 #include "weft/core/fault.h"
+#include "weft/comm/device.h"
 #include "weft/parallel/grad_access.h"
 
 namespace weft {
@@ -224,15 +225,31 @@ Status commit(const SaveRequest& req, const std::vector<std::string>& chunk_list
 
 }  // namespace
 
-void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, ShardedAdamW& opt,
-                     const ProcessGroups& groups) {
+// One save in flight (checkpoint.h): what phase 1 collected, phase 2 wrote, phase 3 commits.
+struct CkptSave {
+  SaveRequest req;
+  int rank = 0;
+  std::string tmp;                   // the temporary directory every rank writes into
+  std::vector<LocalTensor> tensors;  // views of the live state, or of the snapshot buffer
+  std::vector<std::string> rngs, pgroups;  // every rank's, gathered in phase 1
+  Status written = Status::error("not written");
+  nlohmann::json chunk_list = nlohmann::json::array();
+};
+
+void CkptSaveDeleter::operator()(CkptSave* s) const { delete s; }
+
+CkptSavePtr ckpt_save_begin(const SaveRequest& req, const PipelineStage& stage, ShardedAdamW& opt,
+                            const ProcessGroups& groups, at::Tensor* snapshot) {
   at::NoGradGuard no_grad;
   Communicator& world = groups.control();
-  const int rank = world.rank();
-  const std::string tmp = ckpt_tmp_dir(req.dir, req.iteration);
+  CkptSavePtr save(new CkptSave);
+  save->req = req;
+  save->rank = world.rank();
+  save->tmp = ckpt_tmp_dir(req.dir, req.iteration);
+  const std::string& tmp = save->tmp;
 
   Status st = Status::ok();
-  if (rank == 0) {
+  if (save->rank == 0) {
     std::error_code ec;
     fs::create_directories(req.dir, ec);
     if (Status s = remove_tree(tmp); !s)
@@ -242,14 +259,47 @@ void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, Sharded
   }
   if (Status s = agree(world, st); !s) fail("checkpoint save failed: {}", s.message());
 
-  // This rank's chunks: only the main replica of each shard writes.
-  nlohmann::json chunk_list = nlohmann::json::array();
-  st = Status::ok();
   // Each unit's main replica writes it (dense and expert units have different replicate groups).
-  std::vector<LocalTensor> tensors = local_tensors(stage, opt, req.debug_stage_local_names);
+  save->tensors = local_tensors(stage, opt, req.debug_stage_local_names);
+  if (snapshot) {
+    // Copy every chunk into one host buffer (64-byte aligned pieces), pinned when any chunk is
+    // on a GPU so the device-to-host copies run at PCIe speed and asynchronously.
+    int64_t total = 0;
+    bool on_device = false;
+    c10::Device device(c10::kCPU);
+    for (const auto& t : save->tensors) {
+      total += (t.data.numel() * t.data.element_size() + 63) / 64 * 64;
+      if (!t.data.device().is_cpu()) on_device = true, device = t.data.device();
+    }
+    if (!snapshot->defined() || snapshot->numel() < total ||
+        (on_device && !snapshot->is_pinned()))
+      *snapshot = at::empty({std::max<int64_t>(total, 1)},
+                            at::TensorOptions().dtype(at::kByte).pinned_memory(on_device));
+    int64_t off = 0;
+    for (auto& t : save->tensors) {
+      const int64_t n = t.data.numel() * t.data.element_size();
+      at::Tensor host =
+          snapshot->narrow(0, off, n).view(t.data.scalar_type()).view(t.data.sizes());
+      host.copy_(t.data, /*non_blocking=*/true);
+      t.data = host;
+      off += (n + 63) / 64 * 64;
+    }
+    if (on_device) device_synchronize(device);  // the copies are done before training goes on
+  }
+  save->rngs = all_gather_strings(world, rng_state_hex());
+  save->pgroups = all_gather_strings(world, req.local_param_groups.dump());
+  return save;
+}
+
+void ckpt_save_write(CkptSave& save, const std::atomic<bool>* cancel) {
+  const SaveRequest& req = save.req;
+  const int rank = save.rank;
+  const std::vector<LocalTensor>& tensors = save.tensors;
+  Status st = Status::ok();
   if (!tensors.empty()) {
     std::vector<SafetensorsWriteEntry> entries;
     const std::string file = ckpt_shard_file_name(rank);
+    const std::string path = save.tmp + "/" + file;
     for (const auto& t : tensors) {
       SafetensorsWriteEntry e;
       e.name = fmt::format("{}@{}", t.key, t.row_start);
@@ -288,7 +338,16 @@ void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, Sharded
     // one pinned staging buffer (D2H at PCIe speed, then checksum and write while hot).
     constexpr size_t kBlock = size_t{64} << 20;
     at::Tensor staging;
+    const size_t middle = tensors.size() / 2;
     auto source = [&](size_t i, size_t off, size_t n, const void** out) -> Status {
+      if (cancel && cancel->load()) return Status::error("abandoned (the job is ending)");
+      if (i == middle && off == 0) {
+        // Half of the file is written: the fault points of the crash and disk-full tests.
+        fault_point("checkpoint.during_shard_write", rank, req.iteration);
+        if (int err = fault_errno("checkpoint.shard_write", rank, req.iteration))
+          return Status::error(
+              fmt::format("injected write error (WEFT_FAULT): {}", std::strerror(err)));
+      }
       const at::Tensor& t = tensors[i].data;
       if (t.device().is_cpu()) {
         *out = static_cast<const char*>(t.data_ptr()) + off;
@@ -304,26 +363,47 @@ void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, Sharded
       return Status::ok();
     };
     std::vector<uint32_t> crcs;
-    st = write_safetensors_streamed(tmp + "/" + file, entries, source, metadata, kBlock, &crcs);
-    if (st && fault_error("checkpoint.shard_write", rank, req.iteration))
-      st = Status::error(fmt::format("{}: injected write error (WEFT_FAULT)", tmp + "/" + file));
-    if (st) chunk_list = chunks_with(crcs);
+    try {
+      st = write_safetensors_streamed(path, entries, source, metadata, kBlock, &crcs);
+    } catch (const std::exception& e) {
+      st = Status::error(fmt::format("{}: {}", path, e.what()));
+    }
+    if (st) save.chunk_list = chunks_with(crcs);
   }
   fault_point("checkpoint.after_shard_write", rank, req.iteration);
-  auto lists = all_gather_strings(world, chunk_list.dump());
-  auto rngs = all_gather_strings(world, rng_state_hex());
-  auto pgroups = all_gather_strings(world, req.local_param_groups.dump());
+  save.written = st;
+}
+
+void ckpt_save_commit(CkptSave& save, const ProcessGroups& groups) {
+  Communicator& world = groups.control();
+  const int rank = save.rank;
+  const Status& st = save.written;
+  auto lists = all_gather_strings(world, save.chunk_list.dump());
   if (Status s = agree(world, st ? st : Status::error(fmt::format("rank {}: {}", rank, st.message())));
       !s) {
-    if (rank == 0) (void)remove_tree(tmp);
+    if (rank == 0) (void)remove_tree(save.tmp);
     fail("checkpoint save failed, nothing was listed: {}", s.message());
   }
-  fault_point("checkpoint.before_commit", rank, req.iteration);
-  st = rank == 0 ? commit(req, lists, rngs, pgroups) : Status::ok();
-  if (Status s = agree(world, st); !s) {
-    if (rank == 0) (void)remove_tree(tmp);
+  fault_point("checkpoint.before_commit", rank, save.req.iteration);
+  Status committed = rank == 0 ? commit(save.req, lists, save.rngs, save.pgroups) : Status::ok();
+  if (Status s = agree(world, committed); !s) {
+    if (rank == 0) (void)remove_tree(save.tmp);
     fail("checkpoint save failed, nothing was listed: {}", s.message());
   }
+}
+
+void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, ShardedAdamW& opt,
+                     const ProcessGroups& groups) {
+  CkptSavePtr save = ckpt_save_begin(req, stage, opt, groups, nullptr);
+  ckpt_save_write(*save);
+  ckpt_save_commit(*save, groups);
+}
+
+int64_t checkpoint_bytes_on_rank(const PipelineStage& stage, ShardedAdamW& opt) {
+  int64_t bytes = 0;
+  for (const LocalTensor& t : local_tensors(stage, opt, false))
+    bytes += t.data.numel() * static_cast<int64_t>(t.data.element_size());
+  return bytes;
 }
 
 Strictness parse_strictness(const std::string& v) {
@@ -393,10 +473,21 @@ void check_keys(const std::string& dir, const CkptIndex& index, const ModelConfi
                first_keys(unexpected));
 }
 
+// Reads in flight at once while loading (each a pread of one chunk and its CRC-32C): enough
+// queue depth for an NVMe device and the checksums of several chunks on several cores.
+// WEFT_CKPT_LOAD_THREADS overrides it (1: one read at a time; for measurements).
+int load_threads() {
+  const char* v = std::getenv("WEFT_CKPT_LOAD_THREADS");
+  const int n = v ? std::atoi(v) : 4;
+  return n >= 1 ? n : 4;
+}
+
 // Copies rows [row_start, row_start + rows) of `key` into `dst` ([rows, ...] view of a live
-// buffer), reading every overlapping chunk (checksum verified).
+// buffer), reading every overlapping chunk (checksum verified). With `deferred`, a chunk that
+// is exactly these rows is not read now but queued for CkptFileCache::read_chunks.
 Status load_rows(const std::string& dir, const CkptTensorInfo& t, const std::string& key,
-                 int64_t row_start, int64_t rows, at::Tensor dst, CkptFileCache& files) {
+                 int64_t row_start, int64_t rows, at::Tensor dst, CkptFileCache& files,
+                 std::vector<CkptFileCache::Read>* deferred = nullptr) {
   const int64_t end = row_start + rows;
   for (const CkptChunk& c : t.chunks) {
     const int64_t c0 = c.offsets[0], c1 = c0 + c.lengths[0];
@@ -406,6 +497,10 @@ Status load_rows(const std::string& dir, const CkptTensorInfo& t, const std::str
     // temporary, which on a fresh page costs more than the read itself).
     if (c0 == row_start && c1 == end && dst.is_cpu() && dst.is_contiguous() &&
         dst.scalar_type() == ckpt_torch_dtype(c.dtype)) {
+      if (deferred) {
+        deferred->push_back({c, dst.data_ptr()});
+        continue;
+      }
       if (Status s = files.read_chunk(c, dst.data_ptr()); !s) return s;
       continue;
     }
@@ -468,6 +563,13 @@ nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, Sha
   Status st = Status::ok();
   at::Tensor staging;  // pinned host bytes for device destinations
   CkptFileCache files(dir);
+  // Same-layout chunks are queued and read load_threads() at a time (flush() before anything
+  // reads a destination, and at the end).
+  std::vector<CkptFileCache::Read> deferred;
+  auto flush = [&] {
+    if (st && !deferred.empty()) st = files.read_chunks(std::move(deferred), load_threads());
+    deferred.clear();
+  };
   const auto& units = opt.units();
   try {
     for (size_t k = 0; k < units.size() && st; ++k) {
@@ -487,7 +589,7 @@ nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, Sha
           if (it == index.end()) return false;
           at::Tensor dst = view(flat);
           if (dst.device().is_cpu()) {
-            st = load_rows(dir, it->second, key, seg.row_start, seg.valid_rows, dst, files);
+            st = load_rows(dir, it->second, key, seg.row_start, seg.valid_rows, dst, files, &deferred);
           } else {
             // Device destinations: through one grow-only pinned buffer (no fresh pages per
             // chunk, and the host-to-device copy runs at PCIe speed).
@@ -504,20 +606,28 @@ nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, Sha
           // Weights only: the master from the stored master, else from the model tensor (any
           // dtype, converted); the compute copy follows it as after an optimizer step.
           if (!load(state_key("fp32_param", name), state.master) && st) load(name, state.master);
+          flush();
           if (st && !u.param_shard().is_same(state.master))
             view(u.param_shard()).copy_(view(state.master));
           continue;
         }
         const bool has_master = load(state_key("fp32_param", name), state.master);
         if (st && !u.param_shard().is_same(state.master)) {
-          if (!load(name, u.param_shard()) && has_master) view(u.param_shard()).copy_(view(state.master));
+          if (!load(name, u.param_shard()) && has_master) {
+            flush();
+            if (st) view(u.param_shard()).copy_(view(state.master));
+          }
         } else if (st && !has_master) {
           load(name, u.param_shard());
         }
         if (st) load(state_key("exp_avg", name), state.exp_avg);
-        if (st) load(state_key("exp_avg_sq", name), state.exp_avg_sq);
+        // WEFT_FAULT=checkpoint.skip_exp_avg_sq:<rank>:<iteration>:error plants a broken restore
+        // (the second moments stay fresh) for tests of `weft verify-resume`.
+        if (st && !fault_error("checkpoint.skip_exp_avg_sq", world.rank(), iteration))
+          load(state_key("exp_avg_sq", name), state.exp_avg_sq);
       }
     }
+    flush();
   } catch (const std::exception& e) {
     st = Status::error(e.what());
   }

@@ -14,6 +14,8 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <atomic>
+#include <memory>
 #include <string>
 
 #include "weft/comm/communicator.h"
@@ -39,6 +41,37 @@ struct SaveRequest {
 // nothing new is listed and the previous checkpoint stays the latest.
 void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, ShardedAdamW& opt,
                      const ProcessGroups& groups);
+
+// A save in three phases, so that --async-save (async_save.h) can run the middle one on a
+// background thread; save_checkpoint runs all three back to back on the calling thread, and
+// both produce the same files byte for byte.
+struct CkptSave;  // one save in flight; defined in checkpoint.cpp
+struct CkptSaveDeleter {
+  void operator()(CkptSave* s) const;
+};
+using CkptSavePtr = std::unique_ptr<CkptSave, CkptSaveDeleter>;
+
+// Phase 1. Collective over groups.control(), training thread: rank 0 recreates the temporary
+// directory; every rank collects its chunks and the RNG streams and parameter groups of every
+// rank. Without `snapshot` the chunks are views of the live state (training must not step
+// before phase 2 ends); with it they are copied into *snapshot (one byte buffer, grown as
+// needed, pinned when the state is on a GPU; it must stay untouched until phase 2 ends), so
+// training may go on at once. Throws weft::Error (same on every rank) when the directory fails.
+CkptSavePtr ckpt_save_begin(const SaveRequest& req, const PipelineStage& stage, ShardedAdamW& opt,
+                            const ProcessGroups& groups, at::Tensor* snapshot);
+// Phase 2. Local (no collective; any one thread): writes, checksums and fsyncs this rank's
+// shard file into the temporary directory and keeps the result for phase 3; never throws. When
+// *cancel turns true it stops early with an error (the save is then abandoned, never listed).
+void ckpt_save_write(CkptSave& save, const std::atomic<bool>* cancel = nullptr);
+// Phase 3. Collective over groups.control(), training thread, after phase 2 on every rank:
+// agrees on every rank's result; rank 0 commits (coverage, metadata.json, rename, tracker).
+// Throws like save_checkpoint; the temporary directory is then removed.
+void ckpt_save_commit(CkptSave& save, const ProcessGroups& groups);
+// Bytes of tensor data this rank writes into one checkpoint: exactly what save_checkpoint
+// writes (the main replica's shards of the model tensors in compute dtype, the float32 master
+// and both moments in their dtypes; the tied copy on the last stage not). Safetensors headers
+// and metadata.json are not counted. Local.
+int64_t checkpoint_bytes_on_rank(const PipelineStage& stage, ShardedAdamW& opt);
 
 // Megatron's --dist-ckpt-strictness values.
 enum class Strictness {

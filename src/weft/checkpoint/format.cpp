@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -149,26 +151,70 @@ Status ckpt_read_metadata(const std::string& dir, nlohmann::json* meta, CkptInde
   return Status::ok();
 }
 
-Status CkptFileCache::read_chunk(const CkptChunk& c, void* dst) {
-  const std::string path = dir_ + "/" + c.file;
+Status CkptFileCache::header_of(const CkptChunk& c, const SafetensorsHeader** out) {
   auto it = headers_.find(c.file);
   if (it == headers_.end()) {
     SafetensorsHeader h;
-    if (Status s = read_safetensors_header(path, &h); !s) return s;
+    if (Status s = read_safetensors_header(dir_ + "/" + c.file, &h); !s) return s;
     it = headers_.emplace(c.file, std::move(h)).first;
   }
-  auto e = it->second.entries.find(c.entry);
-  if (e == it->second.entries.end())
+  *out = &it->second;
+  return Status::ok();
+}
+
+Status CkptFileCache::read_cached(const CkptChunk& c, const SafetensorsHeader& h, void* dst) const {
+  const std::string path = dir_ + "/" + c.file;
+  auto e = h.entries.find(c.entry);
+  if (e == h.entries.end())
     return Status::error(fmt::format("{}: no entry '{}' for key '{}'", path, c.entry, c.key));
   if (e->second.dtype != c.dtype || static_cast<int64_t>(e->second.end - e->second.begin) != c.nbytes())
     return Status::error(fmt::format("{}: entry '{}' does not match the index (dtype or size)",
                                      path, c.entry));
-  if (Status s = read_safetensors_entry(path, it->second, c.entry, dst, c.nbytes()); !s) return s;
+  if (Status s = read_safetensors_entry(path, h, c.entry, dst, c.nbytes()); !s) return s;
   const uint32_t crc = crc32c(dst, static_cast<size_t>(c.nbytes()));
   if (crc != c.crc32c)
     return Status::error(fmt::format("{}: checksum mismatch for key '{}' (entry '{}'): stored "
                                      "{:08x}, computed {:08x}; the file is corrupted",
                                      path, c.key, c.entry, c.crc32c, crc));
+  return Status::ok();
+}
+
+Status CkptFileCache::read_chunk(const CkptChunk& c, void* dst) {
+  const SafetensorsHeader* h = nullptr;
+  if (Status s = header_of(c, &h); !s) return s;
+  return read_cached(c, *h, dst);
+}
+
+Status CkptFileCache::read_chunks(std::vector<Read> reads, int threads) {
+  std::vector<const SafetensorsHeader*> hs(reads.size());
+  for (size_t i = 0; i < reads.size(); ++i)
+    if (Status s = header_of(reads[i].chunk, &hs[i]); !s) return s;
+  // File order: the threads walk each file front to back together (queue depth `threads`).
+  std::vector<size_t> order(reads.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto begin_of = [&](size_t i) {
+    auto e = hs[i]->entries.find(reads[i].chunk.entry);
+    return e == hs[i]->entries.end() ? uint64_t{0} : e->second.begin;
+  };
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (reads[a].chunk.file != reads[b].chunk.file) return reads[a].chunk.file < reads[b].chunk.file;
+    return begin_of(a) < begin_of(b);
+  });
+  std::vector<Status> results(reads.size(), Status::ok());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k; (k = next.fetch_add(1)) < order.size();) {
+      const size_t i = order[k];
+      results[i] = read_cached(reads[i].chunk, *hs[i], reads[i].dst);
+    }
+  };
+  const int n = std::max(1, std::min<int>(threads, static_cast<int>(reads.size())));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < n; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  for (const Status& s : results)
+    if (!s) return s;
   return Status::ok();
 }
 

@@ -59,8 +59,19 @@ class CkptFileCache {
   explicit CkptFileCache(std::string dir) : dir_(std::move(dir)) {}
   // Reads chunk `c` into dst (c.nbytes() bytes) and verifies its CRC-32C.
   Status read_chunk(const CkptChunk& c, void* dst);
+  // Reads many chunks, each into its own destination, with up to `threads` reads (and their
+  // checksums) in flight at once, in file order; the first error (in `reads` order) is returned.
+  // Destinations must not overlap. Thread-safe against nothing else on this cache.
+  struct Read {
+    CkptChunk chunk;
+    void* dst = nullptr;
+  };
+  Status read_chunks(std::vector<Read> reads, int threads);
 
  private:
+  Status header_of(const CkptChunk& c, const SafetensorsHeader** out);
+  // read_chunk once the header is cached; const, so several threads may call it.
+  Status read_cached(const CkptChunk& c, const SafetensorsHeader& h, void* dst) const;
   std::string dir_;
   std::map<std::string, SafetensorsHeader> headers_;
 };

@@ -237,7 +237,8 @@ int comm_rank_of(MPI_Comm comm) {
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(std::string name, Group members, MPI_Comm comm)
-    : Communicator(std::move(name), std::move(members), comm_rank_of(comm)), comm_(comm) {
+    : Communicator(std::move(name), std::move(members), comm_rank_of(comm)), comm_(comm),
+      watch_(this->name(), comm) {
   int n = 0;
   MPI_Comm_size(comm_, &n);
   WEFT_CHECK(n == size(), "group '{}': the MPI communicator has {} ranks but {} members [{}]",
@@ -247,8 +248,6 @@ MpiCommunicator::MpiCommunicator(std::string name, Group members, MPI_Comm comm)
   int found = 0;
   MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found);
   if (found && ub) tag_ub_ = *static_cast<int*>(ub);
-  send_seq_.assign(static_cast<size_t>(n), 0);
-  recv_seq_.assign(static_cast<size_t>(n), 0);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -258,10 +257,8 @@ MpiCommunicator::~MpiCommunicator() {
     MPI_Comm_free(&comm_);
 }
 
-int MpiCommunicator::next_tag(Dir dir, int peer) {
-  std::lock_guard<std::mutex> lock(tag_mu_);
-  uint64_t& seq = (dir == Dir::kSend ? send_seq_ : recv_seq_)[static_cast<size_t>(peer)];
-  return static_cast<int>(seq++ % (static_cast<uint64_t>(tag_ub_) + 1));
+int MpiCommunicator::tag_of(uint64_t index) const {
+  return static_cast<int>(index % (static_cast<uint64_t>(tag_ub_) + 1));
 }
 
 void MpiCommunicator::check(int rc, const char* op) const {
@@ -295,9 +292,12 @@ void MpiCommunicator::all_gather(const at::Tensor& in, const at::Tensor& out) {
     host_in = host_view(in, in.scalar_type(), true);
     if (comm_overlaps(host_in, host_out)) host_in = host_in.clone();
   }
-  check(MPI_Allgather(in_place ? MPI_IN_PLACE : buf(host_in), n, u.type, buf(host_out), n, u.type,
-                      comm_),
-        "all_gather");
+  {
+    WatchScope w(watch_, "all_gather", watch_.enter_collective());
+    check(MPI_Allgather(in_place ? MPI_IN_PLACE : buf(host_in), n, u.type, buf(host_out), n,
+                        u.type, comm_),
+          "all_gather");
+  }
   store(host_out, out);
 }
 
@@ -318,9 +318,12 @@ void MpiCommunicator::reduce_scatter(const at::Tensor& in, const at::Tensor& out
   comm_check_reduce_scatter(*this, in, out, op);
   if (size() == 1) return copy_flat(in, out);
   StagedReduceScatter r = stage_reduce_scatter(in, out);
-  check(MPI_Reduce_scatter_block(buf(r.host_in), buf(r.host_out), r.n, r.type,
-                                 reduce_mpi_op(op), comm_),
-        "reduce_scatter");
+  {
+    WatchScope w(watch_, "reduce_scatter", watch_.enter_collective());
+    check(MPI_Reduce_scatter_block(buf(r.host_in), buf(r.host_out), r.n, r.type,
+                                   reduce_mpi_op(op), comm_),
+          "reduce_scatter");
+  }
   if (op == ReduceOp::kAvg) r.host_out.div_(size());
   store(r.host_out, out);
 }
@@ -329,9 +332,9 @@ namespace {
 
 class MpiWork final : public Work {
  public:
-  MpiWork(MpiCommunicator* comm, MPI_Request req, at::Tensor in, at::Tensor host_out,
-          at::Tensor out, bool avg)
-      : comm_(comm), req_(req), in_(std::move(in)), host_out_(std::move(host_out)),
+  MpiWork(MpiCommunicator* comm, MPI_Request req, uint64_t seq, at::Tensor in,
+          at::Tensor host_out, at::Tensor out, bool avg)
+      : comm_(comm), req_(req), seq_(seq), in_(std::move(in)), host_out_(std::move(host_out)),
         out_(std::move(out)), avg_(avg) {}
   ~MpiWork() override {
     if (!done_) {
@@ -345,6 +348,7 @@ class MpiWork final : public Work {
     if (done_) return;
     done_ = true;
     if (req_ != MPI_REQUEST_NULL) {
+      WatchScope w(comm_->watched(), "reduce_scatter_async", seq_);
       const int rc = MPI_Wait(&req_, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS)
         comm_abort(fmt::format("MPI_Wait(reduce_scatter) on group {} failed ({})", comm_->name(), rc));
@@ -356,6 +360,7 @@ class MpiWork final : public Work {
  private:
   MpiCommunicator* comm_;
   MPI_Request req_;
+  uint64_t seq_;  // its collective number on the group
   at::Tensor in_, host_out_, out_;  // kept alive until the request completes
   bool avg_;
   bool done_ = false;
@@ -368,14 +373,16 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(const at::Tensor& in
   comm_check_reduce_scatter(*this, in, out, op);
   if (size() == 1) {
     copy_flat(in, out);
-    return std::make_unique<MpiWork>(this, MPI_REQUEST_NULL, at::Tensor(), out, out, false);
+    return std::make_unique<MpiWork>(this, MPI_REQUEST_NULL, 0, at::Tensor(), out, out, false);
   }
   StagedReduceScatter r = stage_reduce_scatter(in, out);
   MPI_Request req = MPI_REQUEST_NULL;
+  const uint64_t seq = watch_.enter_collective();
   check(MPI_Ireduce_scatter_block(buf(r.host_in), buf(r.host_out), r.n, r.type,
                                   reduce_mpi_op(op), comm_, &req),
         "reduce_scatter_async");
-  return std::make_unique<MpiWork>(this, req, r.host_in, r.host_out, out, op == ReduceOp::kAvg);
+  return std::make_unique<MpiWork>(this, req, seq, r.host_in, r.host_out, out,
+                                   op == ReduceOp::kAvg);
 }
 
 void MpiCommunicator::all_reduce(const at::Tensor& t, ReduceOp op) {
@@ -384,8 +391,11 @@ void MpiCommunicator::all_reduce(const at::Tensor& t, ReduceOp op) {
   const at::ScalarType w = reduce_dtype(t.scalar_type());
   const int n = count(t.numel(), "all_reduce", "t");
   at::Tensor host = host_view(t, w, true);
-  check(MPI_Allreduce(MPI_IN_PLACE, buf(host), n, reduce_mpi_type(w), reduce_mpi_op(op), comm_),
-        "all_reduce");
+  {
+    WatchScope s(watch_, "all_reduce", watch_.enter_collective());
+    check(MPI_Allreduce(MPI_IN_PLACE, buf(host), n, reduce_mpi_type(w), reduce_mpi_op(op), comm_),
+          "all_reduce");
+  }
   if (op == ReduceOp::kAvg) host.div_(size());
   store(host, t);
 }
@@ -396,7 +406,10 @@ void MpiCommunicator::broadcast(const at::Tensor& t, int root) {
   const MoveUnit u = move_unit(t);
   const int n = count(t.numel() * u.per_element, "broadcast", "t");
   at::Tensor host = host_view(t, t.scalar_type(), rank() == root);
-  check(MPI_Bcast(buf(host), n, u.type, root, comm_), "broadcast");
+  {
+    WatchScope s(watch_, "broadcast", watch_.enter_collective());
+    check(MPI_Bcast(buf(host), n, u.type, root, comm_), "broadcast");
+  }
   if (rank() != root) store(host, t);
 }
 
@@ -405,7 +418,9 @@ void MpiCommunicator::send(const at::Tensor& t, int peer) {
   const MoveUnit u = move_unit(t);
   const int n = count(t.numel() * u.per_element, "send", "t");
   at::Tensor host = host_view(t, t.scalar_type(), true);
-  check(MPI_Send(buf(host), n, u.type, peer, next_tag(Dir::kSend, peer), comm_), "send");
+  const uint64_t k = watch_.next_send(peer);
+  WatchScope s(watch_, "send", 0, {{peer, true, k}});
+  check(MPI_Send(buf(host), n, u.type, peer, tag_of(k), comm_), "send");
 }
 
 void MpiCommunicator::recv(const at::Tensor& t, int peer) {
@@ -414,7 +429,11 @@ void MpiCommunicator::recv(const at::Tensor& t, int peer) {
   const int n = count(t.numel() * u.per_element, "recv", "t");
   at::Tensor host = host_view(t, t.scalar_type(), false);
   MPI_Status st;
-  check(MPI_Recv(buf(host), n, u.type, peer, next_tag(Dir::kRecv, peer), comm_, &st), "recv");
+  {
+    const uint64_t k = watch_.next_recv(peer);
+    WatchScope s(watch_, "recv", 0, {{peer, false, k}});
+    check(MPI_Recv(buf(host), n, u.type, peer, tag_of(k), comm_, &st), "recv");
+  }
   int got = 0;
   MPI_Get_count(&st, u.type, &got);
   // Both sides have completed, so throwing here leaves nobody waiting.
@@ -439,19 +458,29 @@ void MpiCommunicator::batch_p2p(const std::vector<P2POp>& ops) {
     posted.push_back({host_view(op.tensor, op.tensor.scalar_type(), op.kind == P2POp::kSend), u, n});
   }
   std::vector<MPI_Request> reqs(ops.size(), MPI_REQUEST_NULL);
+  std::vector<WatchMessage> messages;
+  messages.reserve(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
     const Posted& p = posted[i];
-    if (ops[i].kind == P2POp::kSend)
-      check(MPI_Isend(buf(p.host), p.count, p.unit.type, ops[i].peer,
-                      next_tag(Dir::kSend, ops[i].peer), comm_, &reqs[i]),
+    const int peer = ops[i].peer;
+    if (ops[i].kind == P2POp::kSend) {
+      messages.push_back({peer, true, watch_.next_send(peer)});
+      check(MPI_Isend(buf(p.host), p.count, p.unit.type, peer, tag_of(messages.back().index),
+                      comm_, &reqs[i]),
             "batch_p2p (isend)");
-    else
-      check(MPI_Irecv(buf(p.host), p.count, p.unit.type, ops[i].peer,
-                      next_tag(Dir::kRecv, ops[i].peer), comm_, &reqs[i]),
+    } else {
+      messages.push_back({peer, false, watch_.next_recv(peer)});
+      check(MPI_Irecv(buf(p.host), p.count, p.unit.type, peer, tag_of(messages.back().index),
+                      comm_, &reqs[i]),
             "batch_p2p (irecv)");
+    }
   }
   std::vector<MPI_Status> sts(ops.size());
-  check(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), sts.data()), "batch_p2p (wait)");
+  {
+    WatchScope s(watch_, "batch_p2p", 0, std::move(messages));
+    check(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), sts.data()),
+          "batch_p2p (wait)");
+  }
   for (size_t i = 0; i < ops.size(); ++i) {
     if (ops[i].kind != P2POp::kRecv) continue;
     int got = 0;
@@ -484,12 +513,18 @@ void MpiCommunicator::all_to_all(const at::Tensor& in, const std::vector<int64_t
   at::Tensor host_in = host_view(in, in.scalar_type(), true);
   at::Tensor host_out = host_view(out, out.scalar_type(), false);
   if (comm_overlaps(host_in, host_out)) host_in = host_in.clone();
-  check(MPI_Alltoallv(buf(host_in), sc.data(), sd.data(), u.type, buf(host_out), rc.data(),
-                      rd.data(), u.type, comm_),
-        "all_to_all");
+  {
+    WatchScope s(watch_, "all_to_all", watch_.enter_collective());
+    check(MPI_Alltoallv(buf(host_in), sc.data(), sd.data(), u.type, buf(host_out), rc.data(),
+                        rd.data(), u.type, comm_),
+          "all_to_all");
+  }
   store(host_out, out);
 }
 
-void MpiCommunicator::barrier() { check(MPI_Barrier(comm_), "barrier"); }
+void MpiCommunicator::barrier() {
+  WatchScope s(watch_, "barrier", watch_.enter_collective());
+  check(MPI_Barrier(comm_), "barrier");
+}
 
 }  // namespace weft

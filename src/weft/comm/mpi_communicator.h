@@ -15,19 +15,23 @@
 // Threading: MPI runs with MPI_THREAD_MULTIPLE, so different communicators may be used from
 // different threads at once. Collectives on one communicator must still be issued in the same
 // order on every member; the caller serializes them. Point-to-point tags are per-peer sequence
-// numbers kept under a lock (see next_tag), so the k-th message from A to B on this
-// communicator always meets the k-th receive at B from A, whichever call (send, recv,
+// numbers (atomic counters of the WatchedGroup, see tag_of), so the k-th message from A to B
+// on this communicator always meets the k-th receive at B from A, whichever call (send, recv,
 // batch_p2p) posts them.
+//
+// Watchdog: every blocking MPI call is made inside a WatchScope naming the operation and its
+// collective number or messages, so a running Watchdog (watchdog.h) can abort the job when one
+// waits too long and name the ranks it waits for.
 #pragma once
 
 #include <mpi.h>
 
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "weft/comm/communicator.h"
+#include "weft/comm/watchdog.h"
 
 namespace weft {
 
@@ -43,6 +47,7 @@ class MpiCommunicator final : public Communicator {
 
   std::string backend() const override { return "mpi"; }
   MPI_Comm comm() const { return comm_; }
+  WatchedGroup& watched() { return watch_; }  // this rank's progress on the group
 
   void all_gather(const at::Tensor& in, const at::Tensor& out) override;
   void reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op) override;
@@ -60,7 +65,6 @@ class MpiCommunicator final : public Communicator {
   void barrier() override;
 
  private:
-  enum class Dir { kSend, kRecv };
   // The host buffers, count and MPI type of a reduce-scatter (blocking or not): `in` and `out`
   // themselves when they are host tensors of the reduction dtype, else staged copies.
   struct StagedReduceScatter {
@@ -69,14 +73,14 @@ class MpiCommunicator final : public Communicator {
     MPI_Datatype type = MPI_DATATYPE_NULL;
   };
   StagedReduceScatter stage_reduce_scatter(const at::Tensor& in, const at::Tensor& out);
-  int next_tag(Dir dir, int peer);  // thread-safe
+  // The tag of message `index` (WatchedGroup::next_send/next_recv) to or from a peer.
+  int tag_of(uint64_t index) const;
   void check(int rc, const char* op) const;  // aborts the job on an MPI error
   int count(int64_t n, const char* op, const char* what) const;  // n must fit MPI's int
 
   MPI_Comm comm_;
   int tag_ub_ = 32767;  // the MPI standard's guaranteed minimum until MPI_TAG_UB is read
-  std::mutex tag_mu_;
-  std::vector<uint64_t> send_seq_, recv_seq_;  // per peer group rank
+  WatchedGroup watch_;  // collective numbers, per-peer message counts (tags), watchdog identity
 };
 
 // ---- Checks shared by every backend. Each throws weft::Error naming the op, the group, this

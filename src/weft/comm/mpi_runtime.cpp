@@ -9,10 +9,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <thread>
 
 #include "weft/comm/communicator.h"
+#include "weft/comm/watchdog.h"
 #include "weft/core/error.h"
 
 namespace weft {
@@ -74,6 +76,7 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   mpi_runtime_check(MPI_Comm_rank(local, &local_rank_), "MPI_Comm_rank(local)");
   mpi_runtime_check(MPI_Comm_size(local, &local_size_), "MPI_Comm_size(local)");
   MPI_Comm_free(&local);
+  mpi_runtime_check(MPI_Comm_dup(MPI_COMM_WORLD, &errors_), "MPI_Comm_dup(errors)");
 }
 
 int MpiRuntime::threads_per_rank() const {
@@ -81,11 +84,50 @@ int MpiRuntime::threads_per_rank() const {
   return std::max(1, cores / std::max(1, local_size_));
 }
 
+void MpiRuntime::start_watchdog(double timeout_s) {
+  WEFT_CHECK(!watchdog_, "MpiRuntime: the watchdog was already started");
+  watchdog_ = std::make_unique<Watchdog>(timeout_s);
+}
+
 MpiRuntime::~MpiRuntime() {
-  if (!finalize_) return;
+  watchdog_.reset();  // its thread makes MPI calls: stop it while MPI still runs
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  if (errors_ != MPI_COMM_NULL) MPI_Comm_free(&errors_);
+  if (finalize_) MPI_Finalize();
+}
+
+int MpiRuntime::first_failure(bool failed, const std::string& message,
+                              std::string* first_message) const {
+  int mine = failed ? rank_ : size_, first = size_;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, errors_);
+  if (first == size_) {
+    if (first_message) first_message->clear();
+    return -1;
+  }
+  // The failing rank's message, length first.
+  int len = rank_ == first ? static_cast<int>(message.size()) : 0;
+  MPI_Bcast(&len, 1, MPI_INT, first, errors_);
+  std::string text = rank_ == first ? message : std::string(static_cast<size_t>(len), '\0');
+  MPI_Bcast(text.data(), len, MPI_CHAR, first, errors_);
+  if (first_message) *first_message = text;
+  return first;
+}
+
+bool MpiRuntime::all_ranks_failed_within(double seconds) const {
+  if (size_ == 1) return true;
+  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_Ibarrier(errors_, &req);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    int done = 0;
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;  // the request is left open:
+                                                                     // the job is aborted next
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 // The first line of MPI_Get_library_version, up to its first comma, trimmed: Open MPI reports

@@ -17,6 +17,13 @@
 // differ in the last bits from the MPI backend's fp32 reduction. Avg is ncclAvg. NCCL cannot
 // check that a send and its receive have the same size: a mismatch is undefined behaviour.
 // Failures after ranks entered NCCL abort the job (comm_abort).
+//
+// Watchdog (watchdog.h): the host does not wait for NCCL work, so each enqueued operation is
+// watched until an event recorded after it on the communicator's stream completes (the watchdog
+// thread queries it; run() retires finished ones in order). An operation unfinished after the
+// timeout, or an asynchronous NCCL error (ncclCommGetAsyncError, polled by the watchdog thread
+// every tick), makes the watchdog name the missing ranks, call ncclCommAbort on every NCCL
+// communicator of the process (so no kernel keeps spinning), and abort the job.
 #include "weft/comm/nccl_communicator.h"
 
 #include <ATen/ops/empty.h>
@@ -28,11 +35,13 @@
 #include <fmt/format.h>
 #include <nccl.h>
 
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <vector>
 
 #include "weft/comm/mpi_communicator.h"
+#include "weft/comm/watchdog.h"
 #include "weft/core/error.h"
 
 namespace weft {
@@ -100,9 +109,14 @@ class NcclCommunicator final : public Communicator {
   // ordered against the current stream as the file comment says; `tensors` are recorded there.
   // With `finished` set, the current stream does not wait: an event recorded after the work
   // on the communicator's stream is returned there instead (for a Work to wait on later).
+  // `seq` is the collective number (WatchedGroup::enter_collective), or 0 for point-to-point
+  // work, whose `messages` say what it waits for; the operation is watched until it finishes.
   template <class Enqueue>
-  void run(const char* op, const std::vector<at::Tensor>& tensors, Enqueue&& enqueue,
+  void run(const char* op, uint64_t seq, std::vector<WatchMessage> messages,
+           const std::vector<at::Tensor>& tensors, Enqueue&& enqueue,
            cudaEvent_t* finished = nullptr);
+  // Ends the watch of enqueued operations that have finished, oldest first (caller holds mu_).
+  void retire_finished();
   void check_device(const char* op, const at::Tensor& t) const;
   void* ptr(const at::Tensor& t) const;  // a valid device address even for empty tensors
   std::string where(const char* op) const;
@@ -117,6 +131,15 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t done_ = nullptr;   // recorded on stream_, waited on by the current stream
   std::mutex mu_;                // the events are reused: one call at a time enqueues
   at::Tensor scratch_;           // one float on the device: barrier payload, empty-buffer address
+  // Operations enqueued and watched, in stream order, each with the event recorded after it;
+  // finished events are reused. Guarded by mu_.
+  struct Pending {
+    cudaEvent_t event;
+    WatchToken token;
+  };
+  std::deque<Pending> pending_;
+  std::vector<cudaEvent_t> spare_events_;
+  std::optional<WatchedGroup> watch_;  // set once comm_ exists; reset first in the destructor
 };
 
 NcclCommunicator::NcclCommunicator(std::string name, Group members, MPI_Comm mpi_comm)
@@ -142,14 +165,30 @@ NcclCommunicator::NcclCommunicator(std::string name, Group members, MPI_Comm mpi
   cuda_check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
   cuda_check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
   scratch_ = at::empty({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, device_));
+
+  WatchHooks hooks;
+  ncclComm_t comm = comm_;
+  hooks.async_error = [comm]() -> std::string {
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm, &async) != ncclSuccess) return "ncclCommGetAsyncError failed";
+    if (async == ncclSuccess || async == ncclInProgress) return "";
+    const char* last = ncclGetLastError(comm);
+    return fmt::format("asynchronous NCCL error '{}' ({})", ncclGetErrorString(async),
+                       last ? last : "");
+  };
+  hooks.abort = [comm] { ncclCommAbort(comm); };
+  watch_.emplace(this->name(), mpi_comm_, std::move(hooks));
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  watch_.reset();  // unregisters: the watchdog no longer calls the hooks or queries the events
   {
     c10::cuda::CUDAGuard guard(device_);
     if (comm_) ncclCommDestroy(comm_);  // finalizes: flushes this communicator's pending work
     if (ready_) cudaEventDestroy(ready_);
     if (done_) cudaEventDestroy(done_);
+    for (const Pending& p : pending_) cudaEventDestroy(p.event);
+    for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
   }
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -185,9 +224,18 @@ void* NcclCommunicator::ptr(const at::Tensor& t) const {
   return p ? p : scratch_.data_ptr();
 }
 
+void NcclCommunicator::retire_finished() {
+  while (!pending_.empty() && cudaEventQuery(pending_.front().event) != cudaErrorNotReady) {
+    watch_end(pending_.front().token);
+    spare_events_.push_back(pending_.front().event);
+    pending_.pop_front();
+  }
+}
+
 template <class Enqueue>
-void NcclCommunicator::run(const char* op, const std::vector<at::Tensor>& tensors,
-                           Enqueue&& enqueue, cudaEvent_t* finished) {
+void NcclCommunicator::run(const char* op, uint64_t seq, std::vector<WatchMessage> messages,
+                           const std::vector<at::Tensor>& tensors, Enqueue&& enqueue,
+                           cudaEvent_t* finished) {
   std::lock_guard<std::mutex> lock(mu_);
   c10::cuda::CUDAGuard guard(device_);
   const cudaStream_t current = c10::cuda::getCurrentCUDAStream(device_).stream();
@@ -205,6 +253,24 @@ void NcclCommunicator::run(const char* op, const std::vector<at::Tensor>& tensor
     cuda_check(cudaEventRecord(done_, comm_stream), op);
     cuda_check(cudaStreamWaitEvent(current, done_, 0), op);
   }
+  retire_finished();
+  cudaEvent_t watched = nullptr;
+  if (spare_events_.empty()) {
+    cuda_check(cudaEventCreateWithFlags(&watched, cudaEventDisableTiming), op);
+  } else {
+    watched = spare_events_.back();
+    spare_events_.pop_back();
+  }
+  cuda_check(cudaEventRecord(watched, comm_stream), op);
+  // Asked on the watchdog thread, which must make the event's device current first (else the
+  // runtime would create a context on device 0 for that thread).
+  const c10::DeviceIndex dev = device_;
+  const WatchToken token = watch_begin(*watch_, op, seq, std::move(messages), [watched, dev] {
+    cudaSetDevice(dev);
+    return cudaEventQuery(watched) != cudaErrorNotReady;
+  });
+  if (token == 0) spare_events_.push_back(watched);  // no watchdog running
+  else pending_.push_back({watched, token});
   ncclResult_t async = ncclSuccess;
   nccl_check(ncclCommGetAsyncError(comm_, &async), op);
   if (async != ncclInProgress) nccl_check(async, op);
@@ -221,7 +287,7 @@ void NcclCommunicator::all_gather(const at::Tensor& in, const at::Tensor& out) {
   const bool in_place = static_cast<char*>(in.data_ptr()) ==
                         static_cast<char*>(out.data_ptr()) + static_cast<size_t>(rank()) * bytes;
   const at::Tensor src = (!in_place && comm_overlaps(in, out)) ? in.clone() : in;
-  run("all_gather", {src, out}, [&](cudaStream_t s) {
+  run("all_gather", watch_->enter_collective(), {}, {src, out}, [&](cudaStream_t s) {
     return ncclAllGather(src.data_ptr(), out.data_ptr(), bytes, ncclUint8, comm_, s);
   });
 }
@@ -236,7 +302,7 @@ void NcclCommunicator::reduce_scatter(const at::Tensor& in, const at::Tensor& ou
                         static_cast<char*>(in.data_ptr()) +
                             static_cast<size_t>(rank()) * out.nbytes();
   const at::Tensor src = (!in_place && comm_overlaps(in, out)) ? in.clone() : in;
-  run("reduce_scatter", {src, out}, [&](cudaStream_t s) {
+  run("reduce_scatter", watch_->enter_collective(), {}, {src, out}, [&](cudaStream_t s) {
     return ncclReduceScatter(src.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
                              nccl_reduce_type(out.scalar_type()), nccl_op(op), comm_, s);
   });
@@ -287,7 +353,7 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter_async(const at::Tensor& i
                             static_cast<size_t>(rank()) * out.nbytes();
   const at::Tensor src = (!in_place && comm_overlaps(in, out)) ? in.clone() : in;
   cudaEvent_t done = nullptr;
-  run("reduce_scatter_async", {src, out}, [&](cudaStream_t s) {
+  run("reduce_scatter_async", watch_->enter_collective(), {}, {src, out}, [&](cudaStream_t s) {
     return ncclReduceScatter(src.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
                              nccl_reduce_type(out.scalar_type()), nccl_op(op), comm_, s);
   }, &done);
@@ -298,7 +364,7 @@ void NcclCommunicator::all_reduce(const at::Tensor& t, ReduceOp op) {
   comm_check_all_reduce(*this, t, op);
   check_device("all_reduce", t);
   if (size() == 1 || t.numel() == 0) return;
-  run("all_reduce", {t}, [&](cudaStream_t s) {
+  run("all_reduce", watch_->enter_collective(), {}, {t}, [&](cudaStream_t s) {
     return ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()),
                          nccl_reduce_type(t.scalar_type()), nccl_op(op), comm_, s);
   });
@@ -308,7 +374,7 @@ void NcclCommunicator::broadcast(const at::Tensor& t, int root) {
   comm_check_broadcast(*this, t, root);
   check_device("broadcast", t);
   if (size() == 1 || t.numel() == 0) return;
-  run("broadcast", {t}, [&](cudaStream_t s) {
+  run("broadcast", watch_->enter_collective(), {}, {t}, [&](cudaStream_t s) {
     return ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, comm_, s);
   });
 }
@@ -316,7 +382,7 @@ void NcclCommunicator::broadcast(const at::Tensor& t, int root) {
 void NcclCommunicator::send(const at::Tensor& t, int peer) {
   comm_check_p2p(*this, "send", t, peer);
   check_device("send", t);
-  run("send", {t}, [&](cudaStream_t s) {
+  run("send", 0, {{peer, true, watch_->next_send(peer)}}, {t}, [&](cudaStream_t s) {
     return ncclSend(ptr(t), t.nbytes(), ncclUint8, peer, comm_, s);
   });
 }
@@ -324,7 +390,7 @@ void NcclCommunicator::send(const at::Tensor& t, int peer) {
 void NcclCommunicator::recv(const at::Tensor& t, int peer) {
   comm_check_p2p(*this, "recv", t, peer);
   check_device("recv", t);
-  run("recv", {t}, [&](cudaStream_t s) {
+  run("recv", 0, {{peer, false, watch_->next_recv(peer)}}, {t}, [&](cudaStream_t s) {
     return ncclRecv(ptr(t), t.nbytes(), ncclUint8, peer, comm_, s);
   });
 }
@@ -338,8 +404,13 @@ void NcclCommunicator::batch_p2p(const std::vector<P2POp>& ops) {
     tensors.push_back(op.tensor);
   }
   if (ops.empty()) return;
+  std::vector<WatchMessage> messages;
+  for (const P2POp& op : ops)
+    messages.push_back(op.kind == P2POp::kSend
+                           ? WatchMessage{op.peer, true, watch_->next_send(op.peer)}
+                           : WatchMessage{op.peer, false, watch_->next_recv(op.peer)});
   // Inside one NCCL group, the sends to a peer match that peer's receives in posting order.
-  run("batch_p2p", tensors, [&](cudaStream_t s) {
+  run("batch_p2p", 0, std::move(messages), tensors, [&](cudaStream_t s) {
     ncclResult_t r = ncclGroupStart();
     for (size_t i = 0; i < ops.size() && r == ncclSuccess; ++i) {
       const at::Tensor& t = ops[i].tensor;
@@ -360,7 +431,7 @@ void NcclCommunicator::all_to_all(const at::Tensor& in, const std::vector<int64_
   if (size() == 1) return copy_flat(in, out);
   const at::Tensor src = comm_overlaps(in, out) ? in.clone() : in;
   const size_t item = static_cast<size_t>(in.element_size());
-  run("all_to_all", {src, out}, [&](cudaStream_t s) {
+  run("all_to_all", watch_->enter_collective(), {}, {src, out}, [&](cudaStream_t s) {
     char* send_base = static_cast<char*>(ptr(src));
     char* recv_base = static_cast<char*>(ptr(out));
     size_t soff = 0, roff = 0;
@@ -382,7 +453,7 @@ void NcclCommunicator::all_to_all(const at::Tensor& in, const std::vector<int64_
 // An NCCL all-reduce of one float, then the host waits for it: when barrier() returns, every
 // member has reached its barrier() and this rank's earlier work on the current stream is done.
 void NcclCommunicator::barrier() {
-  run("barrier", {scratch_}, [&](cudaStream_t s) {
+  run("barrier", watch_->enter_collective(), {}, {scratch_}, [&](cudaStream_t s) {
     return ncclAllReduce(scratch_.data_ptr(), scratch_.data_ptr(), 1, ncclFloat32, ncclSum,
                          comm_, s);
   });

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <limits>
+#include <map>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
@@ -16,12 +18,18 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "weft/checkpoint/async_save.h"
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/data/tokenizer.h"
 #include "weft/comm/device.h"
 #include "weft/core/error.h"
+#include "weft/core/fault.h"
 #include "weft/parallel/grad_access.h"
 #include "weft/parallel/schedule.h"
+#include "weft/train/preflight.h"
+#include "weft/train/validate_numbers.h"
+#include "weft/train/tensorboard.h"
+#include "weft/train/train_log.h"
 
 namespace weft {
 namespace {
@@ -109,6 +117,7 @@ nlohmann::json layout_to_json(const Mesh& mesh, const TrainConfig& c) {
 }
 
 void validate_train_config(const TrainConfig& c, int world_size) {
+  validate_numeric_flags(c);
   LayoutConfig l = c.layout;
   l.world_size = world_size;
   Mesh mesh(l);  // validates the layout
@@ -164,15 +173,24 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   parse_strictness(c.strictness);
   if (c.save_interval < 0) fail_usage("--save-interval must be >= 0");
   if (c.save_interval > 0 && c.save.empty()) fail_usage("--save-interval needs --save DIR");
+  if (c.async_save && c.save.empty()) fail_usage("--async-save needs --save DIR");
   if (c.ckpt_step >= 0 && c.load.empty()) fail_usage("--ckpt-step needs --load DIR");
   if (c.finetune && c.load.empty()) fail_usage("--finetune needs --load DIR");
   if (c.exit_interval < 0) fail_usage("--exit-interval must be >= 0");
   if (c.exit_duration_mins < 0) fail_usage("--exit-duration-in-mins must be >= 0");
+  if (!(c.distributed_timeout_minutes > 0))
+    fail_usage("--distributed-timeout-minutes must be > 0 (got {})", c.distributed_timeout_minutes);
   validate_profile_config(c.profile);
   validate_data_config(c);
   for (int r : c.profile.ranks)
     if (c.profile.enabled && r >= world_size)
       fail_usage("--profile-ranks: rank {} is outside the world of {} ranks", r, world_size);
+  if (!c.tensorboard_dir.empty() && !tensorboard_available())
+    fail_usage("--tensorboard-dir: weft was built without protobuf (install libprotobuf-dev "
+               "protobuf-compiler and rebuild)");
+  if (c.tensorboard_log_interval < 1) fail_usage("--tensorboard-log-interval must be >= 1");
+  if (c.peak_tflops < 0 && c.peak_tflops != -1)
+    fail_usage("--peak-tflops must be >= 0 (0: no MFU; -1: the default) (got {})", c.peak_tflops);
 }
 
 namespace {
@@ -194,6 +212,14 @@ void check_same_config_on_every_rank(const TrainConfig& cfg, Communicator& world
         for (const auto& [k, v] : j.items()) walk(v, path.empty() ? k : path + "." + k);
       };
   walk(train_config_to_json(cfg), "");
+  // Settings that decide collectives but are not stored in checkpoints (a checkpoint saved
+  // with --async-save is byte for byte a synchronous one).
+  leaves.emplace_back("async_save", cfg.async_save ? "true" : "false");
+  leaves.emplace_back("exit_on_save_failure", cfg.exit_on_save_failure ? "true" : "false");
+  // Not stored in checkpoints, but a rank without --check-for-nan-in-loss-and-grad would skip
+  // the collective that names the parameter.
+  leaves.emplace_back("check_for_nan_in_loss_and_grad", cfg.check_for_nan ? "true" : "false");
+  leaves.emplace_back("max_skipped_iterations", std::to_string(cfg.max_skipped_iterations));
   const int64_t n = static_cast<int64_t>(leaves.size());
   at::Tensor mine = at::empty({n}, at::kLong);
   for (int64_t i = 0; i < n; ++i)
@@ -232,6 +258,7 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   optimizer_ = std::make_unique<ShardedAdamW>(units, cfg_.adam);
   num_microbatches_ = cfg_.global_batch_size / (cfg_.micro_batch_size * mesh.dp());
   dp_rank_ = mesh.group_rank("dp_cp", groups.rank());
+  if (!cfg_.save.empty()) check_save_space();
   if (!cfg_.load.empty()) {
     LoadRequest req;
     req.dir = cfg_.load;
@@ -260,6 +287,52 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
                    iteration_, consumed_samples_);
     }
   }
+}
+
+void Trainer::check_save_space() const {
+  // [bytes, free]: every rank's bytes, rank 0's free space; summed, so that every rank takes
+  // the same decision from the same numbers.
+  constexpr int64_t kMetadataPerRank = int64_t{1} << 20;  // safetensors header, metadata share
+  at::Tensor v = at::zeros({2}, at::kLong);
+  v[0] = checkpoint_bytes_on_rank(*stage_, *optimizer_) + kMetadataPerRank;
+  if (groups_.rank() == 0) v[1] = free_bytes(cfg_.save);
+  groups_.control().all_reduce(v, ReduceOp::kSum);
+  const int64_t need = v[0].item<int64_t>(), free = v[1].item<int64_t>();
+  if (free >= 0 && free < need)
+    fail_usage("--save {}: one checkpoint needs {:.3f} GB (all ranks' shards) but only {:.3f} GB "
+               "are free there", cfg_.save, need / 1e9, free / 1e9);
+}
+
+void Trainer::fail_non_finite(const IterationStats& s) const {
+  // The global index (model order) of each parameter; the lowest non-finite one over all ranks
+  // wins, found as a max of (count - index) so that "none" (0) loses.
+  const std::vector<ParamSpec> specs = all_param_specs(cfg_.model);
+  std::map<std::string, int64_t> index;
+  for (size_t i = 0; i < specs.size(); ++i) index.emplace(specs[i].name, static_cast<int64_t>(i));
+  const int64_t n = static_cast<int64_t>(specs.size());
+  int64_t best = 0;
+  for (auto& u : stage_->units()) {
+    const at::Tensor g = grad_shard(*u);
+    for (int i = 0; i < u->num_params(); ++i) {
+      const ShardSegment& seg = u->segment(i);
+      if (seg.valid_rows == 0) continue;
+      auto it = index.find(u->spec(i).name);
+      if (it == index.end() || n - it->second <= best) continue;
+      if (!at::isfinite(g.narrow(0, seg.offset, seg.valid_numel())).all().item<bool>())
+        best = n - it->second;
+    }
+  }
+  at::Tensor v = at::tensor({best}, at::kLong);
+  groups_.control().all_reduce(v, ReduceOp::kMax);
+  best = v.item<int64_t>();
+  const std::string loss = fmt::format("lm loss {}, load-balancing loss {}, mtp loss {}",
+                                       s.lm_loss, s.aux_loss, s.mtp_loss);
+  if (best == 0)
+    fail("--check-for-nan-in-loss-and-grad: iteration {}: the loss is not finite ({}) while every "
+         "gradient is finite; stopped without saving", s.iteration, loss);
+  fail("--check-for-nan-in-loss-and-grad: iteration {}: the gradient of {} is not finite (the "
+       "first such parameter in model order; grad norm {}, {}); stopped without saving",
+       s.iteration, specs[static_cast<size_t>(n - best)].name, s.grad_norm, loss);
 }
 
 void Trainer::save() {
@@ -291,10 +364,44 @@ void Trainer::save() {
     }
   m["optimizer"] = {{"steps", optimizer_->steps()}};
   req.local_param_groups = groups;  // merged over all stages by save_checkpoint
-  save_checkpoint(req, *stage_, *optimizer_, groups_);
+  if (cfg_.async_save) {
+    wait_for_save();  // a second save waits for the first
+    if (!async_saver_) async_saver_ = std::make_unique<AsyncCheckpointSaver>(groups_);
+  }
+  try {
+    if (async_saver_) async_saver_->start(req, *stage_, *optimizer_);
+    else save_checkpoint(req, *stage_, *optimizer_, groups_);
+  } catch (const Error& e) {
+    on_save_failure(e, iteration_);
+    return;
+  }
   last_saved_ = iteration_;
-  if (groups_.rank() == 0 && !cfg_.quiet)
+  if (groups_.rank() == 0 && !cfg_.quiet && !async_saver_)
     fmt::print("weft train: saved checkpoint {} at iteration {}\n", cfg_.save, iteration_);
+}
+
+void Trainer::wait_for_save() { finish_save(true); }
+
+void Trainer::finish_save(bool wait) {
+  if (!async_saver_ || !async_saver_->pending()) return;
+  const int pending = async_saver_->pending_iteration();
+  int committed = -1;
+  try {
+    committed = wait ? async_saver_->finish() : async_saver_->poll();
+  } catch (const Error& e) {
+    on_save_failure(e, pending);
+    return;
+  }
+  if (committed >= 0 && groups_.rank() == 0 && !cfg_.quiet)
+    fmt::print("weft train: saved checkpoint {} at iteration {}\n", cfg_.save, committed);
+}
+
+void Trainer::on_save_failure(const std::exception& e, int iteration) {
+  if (cfg_.exit_on_save_failure) throw;
+  if (last_saved_ == iteration) last_saved_ = -1;  // the end of training saves it again
+  if (groups_.rank() == 0)
+    fmt::print(stderr, "weft train: warning: the checkpoint of iteration {} was not saved; "
+               "training goes on (--no-exit-on-save-failure): {}\n", iteration, e.what());
 }
 
 Trainer::~Trainer() = default;
@@ -373,6 +480,10 @@ IterationStats Trainer::train_step() {
   const auto t0 = std::chrono::steady_clock::now();
   const int it = iteration_ + 1;
   const double lr = lr_at(cfg_.lr, it);
+  // Fault injection (core/fault.h): a usage error on one rank only, after collectives started
+  // (tests that the command aborts the job instead of leaving the peers waiting).
+  if (fault_error("train.usage_error", groups_.rank(), it))
+    fail_usage("WEFT_FAULT train.usage_error: injected on this rank only, at iteration {}", it);
   optimizer_->zero_grad();
 
   const double loss_scale =
@@ -380,6 +491,7 @@ IterationStats Trainer::train_step() {
   const at::Tensor losses =
       run_1f1b(*stage_, *groups_.get("pp"), num_microbatches_, cfg_.micro_batch_size,
                [this](int m) { return microbatch(m); }, loss_scale);
+  fault_point("train.after_backward", groups_.rank(), it);  // crash and hang tests
 
   for (auto& u : stage_->units())
     if (Communicator* rep = u->replicate_comm(); rep && rep->size() > 1)
@@ -389,6 +501,21 @@ IterationStats Trainer::train_step() {
     FsdpUnit* e = stage_->is_first() ? stage_->embedding_unit() : stage_->embedding_copy_unit();
     if (e) groups_.get("embedding")->all_reduce(grad_shard(*e), ReduceOp::kSum);
   }
+
+  // Fault injection for the NaN tests (core/fault.h), after every gradient reduction:
+  // WEFT_FAULT=train.nan_grad:<rank>:<it>:error plants a NaN in this rank's gradient of the
+  // last parameter it holds rows of; train.nan_loss:<rank>:<it>:error makes its loss NaN.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (fault_error("train.nan_grad", groups_.rank(), it))
+    for (auto u = stage_->units().rbegin(); u != stage_->units().rend(); ++u) {
+      if (!(*u)->main_replica() || stage_->is_embedding_copy(u->get())) continue;
+      int i = (*u)->num_params() - 1;
+      while (i >= 0 && (*u)->segment(i).valid_rows == 0) --i;
+      if (i < 0) continue;
+      grad_shard(**u).narrow(0, (*u)->segment(i).offset, 1).fill_(nan);
+      break;
+    }
+  if (fault_error("train.nan_loss", groups_.rank(), it)) losses[0].fill_(nan);
 
   // One world all-reduce carries the losses and the squared gradient norm; it runs on the
   // compute device so that the NCCL backend can take it.
@@ -410,6 +537,7 @@ IterationStats Trainer::train_step() {
 
   if (!std::isfinite(s.grad_norm) || !std::isfinite(s.lm_loss) || !std::isfinite(s.aux_loss) ||
       !std::isfinite(s.mtp_loss)) {
+    if (cfg_.check_for_nan) fail_non_finite(s);
     s.skipped = true;
     ++skipped_iters_;
     ++nan_iters_;
@@ -490,6 +618,7 @@ void Trainer::report_validation(const std::string& when, FILE* jsonl) {
   const double ppl = std::exp(std::min(20.0, loss));  // as Megatron: capped at exp(20)
   last_valid_loss_ = loss;
   if (groups_.rank() != 0) return;
+  if (log_) log_->tensorboard_validation(iteration_, consumed_samples_, loss, ppl);
   if (!cfg_.quiet) {
     const std::string line = fmt::format(" validation loss at {} | lm loss value: {:.6E} | lm "
                                          "loss PPL: {:.6E} | ", when, loss, ppl);
@@ -521,11 +650,38 @@ std::vector<IterationStats> Trainer::train() {
     if (ok.item<int>() < groups_.control().size())
       fail_usage("--log-jsonl {}: cannot open for appending", cfg_.log_jsonl);
   }
+  {
+    // Rank 0 writes the TensorBoard file (--tensorboard-dir); every rank learns whether it could.
+    at::Tensor ok = at::ones({1}, at::kInt);
+    std::string why;
+    try {
+      log_ = std::make_unique<TrainLog>(cfg_, groups_.mesh().world_size(), rank0);
+    } catch (const UsageError& e) {
+      why = e.what();
+      ok.fill_(0);
+    }
+    const bool agree = !cfg_.tensorboard_dir.empty();  // only then can rank 0 fail here
+    if (agree) groups_.control().all_reduce(ok, ReduceOp::kSum);
+    if (ok.item<int>() < (agree ? groups_.control().size() : 1))
+      fail_usage("{}", why.empty() ? "--tensorboard-dir: rank 0 cannot write its event file" : why);
+  }
   if (rank0 && !cfg_.quiet) fmt::print("{}", summary());
   if (rank0 && !cfg_.dump_first_batch.empty()) dump_first_batch();
   g_exit_signal = 0;
   auto old_term = std::signal(SIGTERM, on_exit_signal);
   auto old_int = std::signal(SIGINT, on_exit_signal);
+  // Restores the handlers and closes the log also when an iteration throws
+  // (--check-for-nan-in-loss-and-grad, --max-skipped-iterations, a failed save).
+  struct Cleanup {
+    FILE* jsonl;
+    void (*term)(int);
+    void (*intr)(int);
+    ~Cleanup() {
+      std::signal(SIGTERM, term);
+      std::signal(SIGINT, intr);
+      if (jsonl) std::fclose(jsonl);
+    }
+  } cleanup{jsonl, old_term, old_int};
   const auto start = std::chrono::steady_clock::now();
   std::vector<IterationStats> all;
   IterationProfiler profiler(cfg_.profile, groups_.rank());
@@ -534,6 +690,7 @@ std::vector<IterationStats> Trainer::train() {
     profiler.before_iteration(iteration_ + 1);
     IterationStats s = train_step();
     all.push_back(s);
+    log_->record(s);
     const std::string trace = profiler.after_iteration(s.iteration);
     if (!trace.empty() && !cfg_.quiet)
       fmt::print("weft train: rank {} wrote the profile of iterations {}..{} to {}\n",
@@ -541,11 +698,11 @@ std::vector<IterationStats> Trainer::train() {
     if (rank0 && !cfg_.quiet && (s.iteration % cfg_.log_interval == 0)) {
       fmt::print(
           " [{}] iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration "
-          "(ms): {:.1f} | throughput (tokens/s): {:.1f} | learning rate: {:.6E} | global batch "
+          "(ms): {:.1f} | throughput (tokens/s): {:.1f} |{} learning rate: {:.6E} | global batch "
           "size: {:>5} | lm loss: {:.6E} |{}{} grad norm: {:.3f} | number of skipped iterations: "
           "{:>3} | number of nan iterations: {:>3} | peak memory (MB): {:.1f}\n",
           now_string(), s.iteration, cfg_.train_iters, s.consumed_samples, s.ms, s.tokens_per_sec,
-          s.lr, cfg_.global_batch_size, s.lm_loss,
+          log_->line_fields(s), s.lr, cfg_.global_batch_size, s.lm_loss,
           cfg_.model.moe() ? fmt::format(" load_balancing_loss: {:.6E} |", s.aux_loss) : "",
           cfg_.model.mtp_num_layers > 0 ? fmt::format(" mtp_loss: {:.6E} |", s.mtp_loss) : "",
           s.grad_norm, skipped_iters_, nan_iters_, device_peak_memory_mb(stage_->options().device));
@@ -556,13 +713,23 @@ std::vector<IterationStats> Trainer::train() {
                    "{\"iteration\": %d, \"consumed_samples\": %lld, \"lm_loss\": %.17g, "
                    "\"aux_loss\": %.17g, \"mtp_loss\": %.17g, "
                    "\"grad_norm\": %.17g, \"lr\": %.17g, \"tokens_per_sec\": %.17g, "
-                   "\"ms\": %.17g, \"skipped\": %s}\n",
+                   "\"ms\": %.17g, \"skipped\": %s%s}\n",
                    s.iteration, static_cast<long long>(s.consumed_samples), s.lm_loss,
-                   s.aux_loss, s.mtp_loss, s.grad_norm, s.lr, s.tokens_per_sec, s.ms, s.skipped ? "true" : "false");
+                   s.aux_loss, s.mtp_loss, s.grad_norm, s.lr, s.tokens_per_sec, s.ms, s.skipped ? "true" : "false",
+                   log_->jsonl_fields(s).c_str());
       std::fflush(jsonl);
     }
+    if (rank0)
+      log_->tensorboard_iteration(s, skipped_iters_, nan_iters_,
+                                  device_peak_memory_mb(stage_->options().device));
+    consecutive_skipped_ = s.skipped ? consecutive_skipped_ + 1 : 0;
+    if (cfg_.max_skipped_iterations > 0 && consecutive_skipped_ >= cfg_.max_skipped_iterations)
+      fail("--max-skipped-iterations {}: iterations {}..{} were all skipped (non-finite loss or "
+           "gradients); stopped without saving a checkpoint", cfg_.max_skipped_iterations,
+           s.iteration - consecutive_skipped_ + 1, s.iteration);
     if (data_->has_valid() && iteration_ % cfg_.eval_interval == 0)
       report_validation(fmt::format("iteration {}", iteration_), jsonl);
+    finish_save(false);  // commits a pending --async-save once every rank has written it
     if (!cfg_.save.empty() && cfg_.save_interval > 0 && iteration_ % cfg_.save_interval == 0)
       save();
     // Every rank takes the same exit decision: one all-reduce of the local reasons.
@@ -586,9 +753,7 @@ std::vector<IterationStats> Trainer::train() {
   if (data_->has_valid() && iteration_ > 0 && iteration_ % cfg_.eval_interval != 0)
     report_validation("the end of training", jsonl);
   if (!cfg_.save.empty() && last_saved_ != iteration_ && iteration_ > 0) save();
-  std::signal(SIGTERM, old_term);
-  std::signal(SIGINT, old_int);
-  if (jsonl) std::fclose(jsonl);
+  wait_for_save();  // every exit path finishes the pending --async-save
   return all;
 }
 

@@ -34,6 +34,8 @@
 
 namespace weft {
 
+class AsyncCheckpointSaver;
+
 struct TrainConfig {
   ModelConfig model;
   LayoutConfig layout;
@@ -51,6 +53,9 @@ struct TrainConfig {
   bool overlap_grad_reduce = true;   // --overlap-grad-reduce / --no-overlap-grad-reduce
   std::string log_jsonl;        // --log-jsonl FILE
   int log_interval = 1;         // --log-interval
+  std::string tensorboard_dir;       // --tensorboard-dir DIR (rank 0 writes event files)
+  int tensorboard_log_interval = 1;  // --tensorboard-log-interval
+  double peak_tflops = -1;           // --peak-tflops per device for MFU (-1: train/flops.h)
   bool quiet = false;           // no per-iteration lines (tests)
   // Checkpoints (docs/checkpoint-format.md).
   std::string save;             // --save DIR
@@ -64,6 +69,9 @@ struct TrainConfig {
   std::string dump_first_batch;
   int exit_interval = 0;        // --exit-interval N: save and exit when iteration % N == 0
   double exit_duration_mins = 0;  // --exit-duration-in-mins: save and exit after this long
+  double distributed_timeout_minutes = 10;  // --distributed-timeout-minutes (collective watchdog)
+  bool async_save = false;      // --async-save: write checkpoints on a background thread
+  bool exit_on_save_failure = true;  // --exit-on-save-failure / --no-exit-on-save-failure
   ProfileConfig profile;        // --profile, --profile-step-start/-end, --profile-ranks, --profile-dir
   std::string moe_token_dispatcher_type = "alltoall";  // --moe-token-dispatcher-type
   // Data (docs/data-format.md, docs/data-sampling.md): Megatron indexed datasets through
@@ -78,11 +86,19 @@ struct TrainConfig {
   // in checkpoints; a load with another tokenizer is refused unless override_tokenizer.
   nlohmann::json tokenizer_identity;
   bool override_tokenizer = false;     // --override-tokenizer
+  // Non-finite loss or gradients: skipped and counted by default. --check-for-nan-in-loss-and-grad
+  // makes the first one an error naming the iteration and the first parameter (model order)
+  // with a non-finite gradient; --max-skipped-iterations K ends the run, saving nothing, after
+  // K consecutive skipped iterations (0: never).
+  bool check_for_nan = false;          // --check-for-nan-in-loss-and-grad
+  int max_skipped_iterations = 0;      // --max-skipped-iterations
 };
 
 // The whole config as JSON (stored in checkpoints) and the layout part of it.
 nlohmann::json train_config_to_json(const TrainConfig& cfg);
 nlohmann::json layout_to_json(const Mesh& mesh, const TrainConfig& cfg);
+
+class TrainLog;
 
 struct IterationStats {
   int iteration = 0;
@@ -115,8 +131,13 @@ class Trainer {
   double evaluate();
   bool has_validation() const { return data_->has_valid(); }
   double last_validation_loss() const { return last_valid_loss_; }  // 0 before the first
-  // Saves the current state to cfg.save as this iteration (collective).
+  // Saves the current state to cfg.save as this iteration (collective). With --async-save it
+  // returns once the state is copied and the write goes on in the background (a pending save
+  // is finished first); wait_for_save() or the end of train() commits it. A failed save throws
+  // weft::Error with --exit-on-save-failure (the default), else warns and training goes on.
   void save();
+  // With --async-save: waits for the pending save and commits it (collective); else nothing.
+  void wait_for_save();
   int64_t consumed_samples() const { return consumed_samples_; }
 
   int iteration() const { return iteration_; }
@@ -141,6 +162,19 @@ class Trainer {
   void check_tokenizer(const nlohmann::json& meta) const;
   // Evaluates, prints Megatron's validation block on rank 0 and appends it to the JSONL.
   void report_validation(const std::string& when, FILE* jsonl);
+  // Commits a pending asynchronous save: when every rank's writer is done, or after waiting
+  // (`wait`). Collective.
+  void finish_save(bool wait);
+  // A save of `iteration` failed (the same on every rank): rethrows with
+  // --exit-on-save-failure, else warns on rank 0. Call only inside the catch block.
+  void on_save_failure(const std::exception& e, int iteration);
+  // --save: the filesystem has room for one checkpoint (the bytes of every rank's shards, all
+  // ranks assumed to share the filesystem, as the checkpoint directory requires). Collective.
+  void check_save_space() const;
+  // --check-for-nan-in-loss-and-grad: throws weft::Error on every rank naming iteration `it`
+  // and the first parameter (lowest index in model order over all ranks) whose gradient holds
+  // a NaN or Inf, or the loss when every gradient is finite. Collective.
+  [[noreturn]] void fail_non_finite(const IterationStats& s) const;
 
   TrainConfig cfg_;
   const ProcessGroups& groups_;
@@ -153,8 +187,11 @@ class Trainer {
   int64_t consumed_samples_ = 0;
   int skipped_iters_ = 0;
   int nan_iters_ = 0;
+  int consecutive_skipped_ = 0;  // for --max-skipped-iterations
   int last_saved_ = -1;
   double last_valid_loss_ = 0;
+  std::unique_ptr<AsyncCheckpointSaver> async_saver_;  // with --async-save
+  std::unique_ptr<TrainLog> log_;  // MFU, ETA, TensorBoard (train_log.h); set by train()
 };
 
 // Set by SIGTERM/SIGINT while Trainer::train runs; checked once per iteration by every rank.

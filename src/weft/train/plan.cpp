@@ -1,0 +1,413 @@
+// The training plan (see plan.h). Shards follow FsdpUnit's arithmetic exactly; activations
+// follow what weft's ops save for backward, tensor by tensor, in bytes per token of a
+// microbatch (T = micro batch size * seq length tokens; B = compute dtype bytes, 2 for bf16,
+// 4 for fp32; h hidden, nh/ng/hd heads/groups/head dim, f ffn, V vocab, s seq length):
+//
+//   RMSNorm      fused: its input (B h) + rstd (4)            ATen chain: x in fp32 (4 h) +
+//                                                             x_hat (B h) + rstd (4), and
+//                                                             x^2 (4 h) under libtorch 1.x
+//   linear       its input, when that is not saved already (the norm's output, B h)
+//   attention    fused RoPE's q, k, v copies (B (nh + 2 ng) hd) + the flash output (B nh hd) +
+//                its logsumexp (4 nh) -- the output is also linear_proj's input
+//                ATen chain, torch < 2 (Debian's CPU libtorch): q, k and v expanded to nh heads
+//                (3 B nh hd), the float32 softmax (4 nh s) and its compute-dtype copy
+//                (B nh s, bf16 only), the re-laid-out output (B h)
+//   SwiGLU MLP   fc1 output (2 B f) + the activation (B f)    ATen chain: + silu(gate) (B f)
+//   MoE          router: softmax over experts (4 E) + top-k bookkeeping (k (4 + B) + 16 k
+//                int64 permutations, 32 k with ep > 1); per routed copy (k per token): the
+//                permuted input (B h), the expert's SwiGLU as above (3 B fe, 4 B fe ATen),
+//                the un-permuted output (B h); shared experts: a SwiGLU of fs
+//   Mamba-2      (an estimate of the ATen op chain of model/mamba.cpp, chunk Q = min(128, s),
+//                di = nh_m * p, c = di + 2 g n, io = B, float32 = 4):
+//                norm + in_proj input, conv (padded, pre- and post-SiLU in fp32: 12 c), dt
+//                (3 x 4 nh_m), the SSD's u, its copy for the matmul and weighted u (3 io di), B and C per group
+//                (2 io g n), C.B^T (io g Q), the decay matrix (4 + 1 + io) nh_m Q, states and
+//                their inter-chunk forms (3 io di n / Q, only with s > Q), the gated norm
+//                (5 x 4 di, and its squares under libtorch 1.x) and out_proj's input (B di)
+//   last stage   final norm + output input (B h) + logits (fused cross-entropy: B V + 4;
+//                ATen: the float32 log-softmax, 4 V) + int64 labels; per MTP depth: its
+//                tokens, enorm, hnorm (rstd only, fused), eh_proj's input (2 B h), its layers,
+//                final norm, output input and logits again
+//   first stage  int64 tokens (8)
+//
+// Peak = state + gathered weights + buffers + inflight * activations + the backward's working
+// set (dlogits on the last stage: B V fused, 8 V for the ATen log-softmax backward; elsewhere a
+// layer's gradients, B (3 f + 2 h) per token). 1F1B keeps min(pp - stage, microbatches)
+// microbatches in flight on a stage.
+#include "weft/train/plan.h"
+
+#include <fmt/format.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <map>
+
+#include "weft/core/error.h"
+#include "weft/model/transformer.h"
+#include "weft/parallel/pipeline_stage.h"
+
+namespace weft {
+namespace {
+
+int64_t numel(const ParamSpec& s) {
+  int64_t n = 1;
+  for (auto d : s.shape) n *= d;
+  return n;
+}
+
+int64_t dtype_bytes(c10::ScalarType t) { return t == at::kBFloat16 ? 2 : 4; }
+
+// One FSDP unit as this rank holds it: its parameters and the size of its shard group.
+struct UnitShape {
+  std::vector<ParamSpec> specs;
+  int64_t D = 1;  // shard group size
+  int64_t shard_numel() const {
+    int64_t n = 0;
+    for (const auto& s : specs) {
+      const int64_t rows = s.shape.empty() ? 1 : s.shape[0];
+      n += (rows + D - 1) / D * (numel(s) / std::max<int64_t>(rows, 1));
+    }
+    return n;
+  }
+};
+
+// Activation bytes per token of one microbatch for one piece of the model (see the file comment).
+struct ActModel {
+  const ModelConfig& m;
+  int64_t B;      // compute dtype bytes
+  bool fused;     // weft's fused CUDA kernels (and torch >= 2 flash attention)
+  bool flash;     // scaled_dot_product_attention saves O(s) per token (torch >= 2)
+  int ep;
+
+  int64_t norm() const {
+    if (fused) return B * m.hidden_size + 4;
+    // libtorch 1.x's mean(dim) keeps its input (x^2 in fp32) for backward; 2.x only its shape.
+    return (TORCH_VERSION_MAJOR < 2 ? 8 : 4) * m.hidden_size + B * m.hidden_size + 4;
+  }
+  int64_t swiglu(int64_t f) const { return (fused ? 3 : 4) * B * f; }
+  int64_t attention() const {
+    const int64_t h = m.hidden_size, nh = m.num_attention_heads, ng = m.num_query_groups;
+    const int64_t hd = m.head_dim(), s = m.seq_length;
+    int64_t a = norm() + B * h;  // input_layernorm, linear_qkv's input
+    if (flash)
+      a += B * (nh + 2 * ng) * hd + B * nh * hd + 4 * nh;
+    else
+      a += 3 * B * nh * hd + 4 * nh * s + (B == 2 ? 2 * nh * s : 0) + B * h;
+    return a;
+  }
+  int64_t mlp(bool moe) const {
+    const int64_t h = m.hidden_size;
+    int64_t a = norm() + B * h;  // pre_mlp_layernorm, fc1's (or the router's) input
+    if (!moe) return a + swiglu(m.ffn_hidden_size);
+    const int64_t k = m.moe_router_topk, E = m.num_experts;
+    a += 4 * E + k * (4 + B) + 16 * k + (ep > 1 ? 16 * k : 0);
+    a += k * (2 * B * h + swiglu(m.expert_ffn()));
+    if (m.moe_shared_expert_intermediate_size > 0) a += swiglu(m.moe_shared_expert_intermediate_size);
+    return a;
+  }
+  int64_t mamba() const {
+    const int64_t h = m.hidden_size, H = m.mamba_heads(), P = m.mamba_head_dim;
+    const int64_t G = m.mamba_num_groups, N = m.mamba_state_dim, di = H * P, c = di + 2 * G * N;
+    const int64_t Q = std::min<int64_t>(m.mamba_chunk_size, m.seq_length), io = B;
+    int64_t a = norm() + B * h + 12 * c + 12 * H + 3 * io * di + 2 * io * G * N + io * G * Q +
+                (5 + io) * H * Q + 2 * (4 + io) * H + (TORCH_VERSION_MAJOR < 2 ? 6 : 5) * 4 * di +
+                B * di;
+    if (m.seq_length > Q) a += 3 * io * di * N / Q + io * di;
+    return a;
+  }
+  // A decoder layer of symbol `sym` ('T' transformer, '*', '-', 'E', 'M').
+  int64_t layer(char sym, bool moe) const {
+    switch (sym) {
+      case '*': return attention();
+      case '-': return mlp(false);
+      case 'E': return mlp(true);
+      case 'M': return mamba();
+      default: return attention() + mlp(moe);
+    }
+  }
+  // Cross-entropy over V classes: saved part, and the backward's working set.
+  int64_t logits() const { return fused ? B * m.vocab_size + 4 : 4 * m.vocab_size; }
+  int64_t dlogits() const { return fused ? B * m.vocab_size : 8 * m.vocab_size; }
+  // A layer's backward working set (its gradients), per token.
+  int64_t layer_backward(char sym, bool moe) const {
+    const int64_t h = m.hidden_size;
+    int64_t f = sym == 'M' ? 2 * m.mamba_heads() * m.mamba_head_dim : m.ffn_hidden_size;
+    if (moe || sym == 'E') f = m.moe_router_topk * m.expert_ffn();
+    return B * (3 * f + 2 * h);
+  }
+};
+
+bool is_matmul_or_norm(const ParamSpec& s) {
+  return s.shape.size() == 2 || s.name.find("layernorm") != std::string::npos ||
+         s.name.find("layer_norm_weight") != std::string::npos;
+}
+
+// FLOPs per token of one decoder layer or MTP layer of symbol `sym` (see plan_flops_per_token).
+double layer_flops(const ModelConfig& m, const std::string& prefix, char sym, bool moe) {
+  double params = 0;
+  for (const ParamSpec& s : block_param_specs(m, prefix, sym, moe))
+    if (is_matmul_or_norm(s)) params += static_cast<double>(numel(s));
+  if (moe)  // the top-k experts a token runs through
+    for (const ParamSpec& s : expert_param_specs(m, prefix, 0, 1))
+      params += static_cast<double>(m.moe_router_topk) * static_cast<double>(numel(s));
+  double extra = 0;
+  const double s = m.seq_length, h = m.hidden_size;
+  if (sym == '*' || sym == 'T') extra += 6 * s * h;
+  if (sym == 'M') {
+    const double H = m.mamba_heads(), P = m.mamba_head_dim, N = m.mamba_state_dim;
+    const double Q = std::min<double>(m.mamba_chunk_size, s);
+    extra += 3 * H * (2 * Q * N + 2 * Q * P + 2 * P * N + 2 * P * N);
+  }
+  return 6 * params + extra;
+}
+
+}  // namespace
+
+double plan_flops_per_token(const ModelConfig& m) {
+  const double output = static_cast<double>(m.vocab_size) * m.hidden_size;
+  double f = 6 * output;
+  for (int l = 0; l < m.num_layers; ++l)
+    f += layer_flops(m, layer_prefix(l), m.layer_symbol(l), m.is_moe_layer(l));
+  const std::string sym = m.mtp_symbols();
+  for (int k = 0; k < m.mtp_num_layers; ++k) {
+    f += 6 * (2.0 * m.hidden_size * m.hidden_size + output);  // eh_proj and the shared output
+    for (size_t j = 0; j < sym.size(); ++j)
+      f += layer_flops(m, mtp_layer_prefix(m, k, static_cast<int>(j)), sym[j],
+                       m.mtp_layer_is_moe(j));
+  }
+  return f;
+}
+
+TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, double peak_tflops,
+                          bool fused) {
+  validate_train_config(cfg, world_size);
+  if (!(mfu > 0 && mfu <= 1)) fail_usage("--mfu must be in (0, 1] (got {})", mfu);
+  if (!(peak_tflops > 0)) fail_usage("--peak-tflops must be > 0 (got {})", peak_tflops);
+  LayoutConfig lc = cfg.layout;
+  lc.world_size = world_size;
+  const Mesh mesh(lc);
+  const ModelConfig& m = cfg.model;
+  const c10::ScalarType dtype = m.bf16 ? at::kBFloat16 : at::kFloat;
+  const int64_t B = dtype_bytes(dtype);
+  const int pp = mesh.pp();
+  const std::vector<int> split =
+      m.hybrid_stage_layers.empty()
+          ? split_layers(m.num_layers, pp, cfg.first_stage_layers, cfg.last_stage_layers)
+          : m.hybrid_stage_layers;
+  const int64_t T = static_cast<int64_t>(cfg.micro_batch_size) * m.seq_length;
+  const bool flash = fused || TORCH_VERSION_MAJOR >= 2;
+  const ActModel act{m, B, fused, flash, mesh.ep()};
+
+  TrainPlan plan;
+  plan.microbatches = cfg.global_batch_size / (cfg.micro_batch_size * mesh.dp());
+  plan.tokens_per_step = static_cast<int64_t>(cfg.global_batch_size) * m.seq_length;
+  for (const ParamSpec& s : all_param_specs(m)) plan.total_params += numel(s);
+  plan.checkpoint_bytes =
+      plan.total_params * (B + 4 + dtype_bytes(cfg.adam.exp_avg_dtype) +
+                           dtype_bytes(cfg.adam.exp_avg_sq_dtype));
+  plan.flops_per_token = plan_flops_per_token(m);
+  plan.step_seconds = plan.flops_per_token * static_cast<double>(plan.tokens_per_step) /
+                      (world_size * mfu * peak_tflops * 1e12);
+
+  for (int r = 0; r < world_size; ++r) {
+    RankPlan rp;
+    rp.rank = r;
+    const int stage = mesh.coord(r, "pp");
+    rp.stage = stage;
+    const int64_t D = static_cast<int64_t>(mesh.group_of("fsdp_shard", r).size());
+    const int64_t De = mesh.has_group("expert_fsdp_shard", r)
+                           ? static_cast<int64_t>(mesh.group_of("expert_fsdp_shard", r).size())
+                           : D;
+    const int ep = mesh.ep(), ep_rank = mesh.coord(r, "ep");
+    const int local = m.moe() ? m.num_experts / ep : 0;
+    int first_layer = 0;
+    for (int s = 0; s < stage; ++s) first_layer += split[s];
+    const bool first = stage == 0, last = stage == pp - 1;
+
+    // Units in PipelineStage's construction order, and activations per token.
+    std::vector<UnitShape> units;
+    int64_t act_tok = 0, bwd_tok = 0;
+    auto add_experts = [&](const std::string& prefix) {
+      units.push_back({expert_param_specs(m, prefix, ep_rank * local, local), De});
+    };
+    if (first) {
+      units.push_back({{embedding_param_spec(m)}, D});
+      act_tok += 8;  // int64 tokens
+    }
+    for (int l = first_layer; l < first_layer + split[stage]; ++l) {
+      units.push_back({layer_param_specs(m, l), D});
+      if (m.is_moe_layer(l)) add_experts(layer_prefix(l));
+      act_tok += act.layer(m.layer_symbol(l), m.is_moe_layer(l));
+      bwd_tok = std::max(bwd_tok, act.layer_backward(m.layer_symbol(l), m.is_moe_layer(l)));
+    }
+    if (last) {
+      units.push_back({{final_norm_param_spec(m)}, D});
+      if (pp > 1 && (m.tied() || m.mtp_num_layers > 0)) units.push_back({{embedding_param_spec(m)}, D});
+      if (!m.tied()) units.push_back({{output_param_spec(m)}, D});
+      act_tok += act.norm() + B * m.hidden_size + act.logits() + 8;  // + int64 labels
+      const std::string sym = m.mtp_symbols();
+      for (int k = 0; k < m.mtp_num_layers; ++k) {
+        units.push_back({mtp_param_specs(m, k), D});
+        for (size_t j = 0; j < sym.size(); ++j)
+          if (m.mtp_layer_is_moe(j)) add_experts(mtp_layer_prefix(m, k, static_cast<int>(j)));
+        act_tok += 8 + act.norm() + (fused ? 4 : act.norm()) + 2 * B * m.hidden_size;
+        for (size_t j = 0; j < sym.size(); ++j)
+          act_tok += act.layer(sym[j], m.mtp_layer_is_moe(j));
+        act_tok += act.norm() + B * m.hidden_size + act.logits();
+      }
+      bwd_tok = std::max(bwd_tok, act.dlogits());
+    }
+
+    // State: exactly what FsdpUnit and ShardedAdamW allocate.
+    int64_t max_full = 0, max_full_grad = 0, max_send = 0;
+    for (const UnitShape& u : units) {
+      const int64_t S = u.shard_numel();
+      rp.params += S;
+      if (dtype != at::kFloat) rp.weights += S * B;
+      rp.grads += S * 4;
+      rp.master += S * 4;
+      rp.exp_avg += S * dtype_bytes(cfg.adam.exp_avg_dtype);
+      rp.exp_avg_sq += S * dtype_bytes(cfg.adam.exp_avg_sq_dtype);
+      if (u.D > 1) {
+        max_full = std::max(max_full, u.D * S * B);
+        int64_t full = 0;
+        for (const auto& s : u.specs) full += numel(s);
+        max_full_grad = std::max(max_full_grad, full * 4);
+        max_send = std::max(max_send, u.D * S * 4 + S * 4);
+      }
+    }
+    // The unit computing and the one prefetched are gathered at once; in backward a unit's
+    // float32 full-shape gradients, and two reduce-scatters in flight (send buffer + result).
+    rp.gathered = (cfg.overlap_param_gather ? 2 : 1) * max_full;
+    rp.comm = max_full_grad + (cfg.overlap_grad_reduce ? 2 : 1) * max_send;
+    if (pp > 1) rp.comm += 2 * T * m.hidden_size * B;  // activation recv + gradient recv
+    if (ep > 1 && m.moe())  // rows arriving by all-to-all, forward and backward
+      rp.comm += 2 * T * m.moe_router_topk * m.hidden_size * B;
+
+    rp.act_per_microbatch = act_tok * T;
+    rp.inflight = std::min(pp - stage, plan.microbatches);
+    rp.activations = rp.act_per_microbatch * rp.inflight;
+    rp.backward_transient = bwd_tok * T;
+    rp.peak = rp.state() + rp.gathered + rp.comm + rp.activations + rp.backward_transient;
+    plan.ranks.push_back(rp);
+  }
+  return plan;
+}
+
+namespace {
+
+nlohmann::ordered_json rank_json(const RankPlan& r) {
+  return {{"stage", r.stage},
+          {"params", r.params},
+          {"weights", r.weights},
+          {"grads", r.grads},
+          {"master", r.master},
+          {"exp_avg", r.exp_avg},
+          {"exp_avg_sq", r.exp_avg_sq},
+          {"gathered_weights", r.gathered},
+          {"comm_buffers", r.comm},
+          {"activations_per_microbatch", r.act_per_microbatch},
+          {"inflight_microbatches", r.inflight},
+          {"activations", r.activations},
+          {"backward_transient", r.backward_transient},
+          {"peak", r.peak}};
+}
+
+std::string human(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0) return fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("{} B", bytes);
+}
+
+// "0-3,8" from sorted ranks.
+std::string rank_list(const std::vector<int>& r) {
+  std::string out;
+  for (size_t i = 0; i < r.size();) {
+    size_t j = i;
+    while (j + 1 < r.size() && r[j + 1] == r[j] + 1) ++j;
+    if (!out.empty()) out += ",";
+    out += j == i ? fmt::format("{}", r[i]) : fmt::format("{}-{}", r[i], r[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+// Groups of ranks with identical plans, in order of their first rank.
+std::vector<std::pair<std::vector<int>, const RankPlan*>> rank_groups(const TrainPlan& p) {
+  std::map<std::string, size_t> index;
+  std::vector<std::pair<std::vector<int>, const RankPlan*>> groups;
+  for (const RankPlan& r : p.ranks) {
+    const std::string key = rank_json(r).dump();
+    auto [it, fresh] = index.emplace(key, groups.size());
+    if (fresh) groups.push_back({{}, &r});
+    groups[it->second].first.push_back(r.rank);
+  }
+  return groups;
+}
+
+}  // namespace
+
+nlohmann::ordered_json train_plan_json(const TrainPlan& p) {
+  nlohmann::ordered_json j;
+  j["microbatches"] = p.microbatches;
+  j["total_params"] = p.total_params;
+  j["checkpoint_bytes"] = p.checkpoint_bytes;
+  j["flops_per_token"] = p.flops_per_token;
+  j["tokens_per_step"] = p.tokens_per_step;
+  j["step_seconds"] = p.step_seconds;
+  nlohmann::ordered_json groups = nlohmann::ordered_json::array();
+  for (const auto& [ranks, r] : rank_groups(p)) {
+    nlohmann::ordered_json g = rank_json(*r);
+    g["ranks"] = ranks;
+    groups.push_back(g);
+  }
+  j["rank_groups"] = groups;
+  int64_t peak = 0;
+  for (const RankPlan& r : p.ranks) peak = std::max(peak, r.peak);
+  j["max_peak"] = peak;
+  return j;
+}
+
+std::string train_plan_text(const TrainPlan& p, const TrainConfig& cfg, double mfu,
+                            double peak_tflops) {
+  const ModelConfig& m = cfg.model;
+  const char* dt = m.bf16 ? "bf16" : "fp32";
+  auto mdt = [](c10::ScalarType t) { return t == at::kBFloat16 ? "bf16" : "fp32"; };
+  std::string out = fmt::format(
+      "weft plan: {} parameters | {} microbatch(es) of {} x {} tokens per step and dp rank | "
+      "{} compute, fp32 master, moments {}/{}\n",
+      p.total_params, p.microbatches, cfg.micro_batch_size, m.seq_length, dt,
+      mdt(cfg.adam.exp_avg_dtype), mdt(cfg.adam.exp_avg_sq_dtype));
+  for (const auto& [ranks, r] : rank_groups(p)) {
+    out += fmt::format("ranks {} (stage {}): {} parameters in shards\n", rank_list(ranks),
+                       r->stage, r->params);
+    auto line = [&](const char* what, int64_t b, const std::string& note = "") {
+      out += fmt::format("  {:<26} {:>12}{}\n", what, human(b), note.empty() ? "" : "  " + note);
+    };
+    line("weights", r->weights,
+         m.bf16 ? "bf16 shards" : "fp32: the master shard is the weight");
+    line("gradients", r->grads, "fp32 shards");
+    line("master weights", r->master, "fp32");
+    line("Adam exp_avg", r->exp_avg, mdt(cfg.adam.exp_avg_dtype));
+    line("Adam exp_avg_sq", r->exp_avg_sq, mdt(cfg.adam.exp_avg_sq_dtype));
+    line("gathered weights", r->gathered, "FSDP all-gather: unit computing + prefetched");
+    line("communication buffers", r->comm,
+         "reduce-scatter, pipeline send/recv, expert all-to-all");
+    line("activations", r->activations,
+         fmt::format("{} microbatch(es) in flight x {}", r->inflight, human(r->act_per_microbatch)));
+    line("backward working set", r->backward_transient);
+    line("estimated peak", r->peak);
+  }
+  out += fmt::format("checkpoint: {} (model {}, fp32 master, moments)\n", human(p.checkpoint_bytes), dt);
+  const std::string step = p.step_seconds >= 1 ? fmt::format("{:.3g} s", p.step_seconds)
+                                                : fmt::format("{:.3g} ms", p.step_seconds * 1e3);
+  out += fmt::format(
+      "compute: {:.4g} GFLOPs per token x {} tokens per step -> {} per step at MFU {} of {} "
+      "TFLOP/s per GPU\n",
+      p.flops_per_token / 1e9, p.tokens_per_step, step, mfu, peak_tflops);
+  return out;
+}
+
+}  // namespace weft

@@ -1,0 +1,100 @@
+// MFU, ETA and TensorBoard scalars of the training loop (see train_log.h).
+#include "weft/train/train_log.h"
+
+#include <cmath>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "weft/train/flops.h"
+#include "weft/train/tensorboard.h"
+
+namespace weft {
+namespace {
+
+constexpr size_t kEtaWindow = 10;  // recent step times averaged for the ETA
+
+}  // namespace
+
+std::string format_eta(double seconds) {
+  const int64_t s = std::max<int64_t>(0, std::llround(seconds));
+  return fmt::format("{}h{:02}m{:02}s", s / 3600, s / 60 % 60, s % 60);
+}
+
+TrainLog::TrainLog(const TrainConfig& cfg, int world_size, bool writer_rank)
+    : cfg_(cfg),
+      world_size_(world_size),
+      flops_per_token_(model_flops_per_token(cfg.model)),
+      peak_flops_(cfg.peak_tflops >= 0 ? cfg.peak_tflops * 1e12
+                                       : default_peak_flops(cfg.device, cfg.model.bf16)) {
+  if (writer_rank && !cfg.tensorboard_dir.empty())
+    tb_ = std::make_unique<TensorBoardWriter>(cfg.tensorboard_dir);
+}
+
+TrainLog::~TrainLog() = default;
+
+void TrainLog::record(const IterationStats& s) {
+  recent_ms_.push_back(s.ms);
+  if (recent_ms_.size() > kEtaWindow) recent_ms_.pop_front();
+  last_iteration_ = s.iteration;
+}
+
+double TrainLog::mfu(const IterationStats& s) const {
+  if (peak_flops_ <= 0) return -1;
+  return flops_per_token_ * s.tokens_per_sec / (static_cast<double>(world_size_) * peak_flops_);
+}
+
+double TrainLog::eta_seconds() const {
+  if (recent_ms_.empty()) return 0;
+  const double mean_ms =
+      std::accumulate(recent_ms_.begin(), recent_ms_.end(), 0.0) / recent_ms_.size();
+  return std::max(0, cfg_.train_iters - last_iteration_) * mean_ms / 1000.0;
+}
+
+std::string TrainLog::line_fields(const IterationStats& s) const {
+  const double m = mfu(s);
+  return fmt::format("{} ETA: {} |", m >= 0 ? fmt::format(" MFU: {:.1f}% |", 100 * m) : "",
+                     format_eta(eta_seconds()));
+}
+
+std::string TrainLog::jsonl_fields(const IterationStats& s) const {
+  const double m = mfu(s);
+  return fmt::format(", \"mfu\": {}, \"eta_s\": {:.17g}",
+                     m >= 0 ? fmt::format("{:.17g}", m) : "null",
+                     eta_seconds());
+}
+
+void TrainLog::tensorboard_iteration(const IterationStats& s, int skipped, int nan,
+                                     double peak_memory_mb) {
+  if (!tb_ || s.iteration % cfg_.tensorboard_log_interval != 0) return;
+  const int64_t it = s.iteration, samples = s.consumed_samples;
+  auto both = [&](const std::string& tag, double v) {  // Megatron's tag and its "vs samples" twin
+    tb_->add_scalar(tag, v, it);
+    tb_->add_scalar(tag + " vs samples", v, samples);
+  };
+  both("learning-rate", s.lr);
+  both("batch-size", cfg_.global_batch_size);
+  both("lm loss", s.lm_loss);
+  if (cfg_.model.moe()) tb_->add_scalar("load_balancing_loss", s.aux_loss, it);
+  if (cfg_.model.mtp_num_layers > 0) tb_->add_scalar("mtp loss", s.mtp_loss, it);
+  both("grad-norm", s.grad_norm);
+  tb_->add_scalar("iteration-time", s.ms / 1000.0, it);
+  tb_->add_scalar("throughput", flops_per_token_ * s.tokens_per_sec / world_size_ / 1e12, it);
+  tb_->add_scalar("tokens-per-sec", s.tokens_per_sec, it);
+  if (const double m = mfu(s); m >= 0) tb_->add_scalar("mfu", m, it);
+  tb_->add_scalar("mem-max-allocated-bytes", peak_memory_mb * 1024.0 * 1024.0, it);
+  tb_->add_scalar("skipped-iterations", skipped, it);
+  tb_->add_scalar("nan-iterations", nan, it);
+  tb_->flush();
+}
+
+void TrainLog::tensorboard_validation(int iteration, int64_t consumed_samples, double loss,
+                                      double ppl) {
+  if (!tb_) return;
+  tb_->add_scalar("lm loss validation", loss, iteration);
+  tb_->add_scalar("lm loss validation vs samples", loss, consumed_samples);
+  tb_->add_scalar("lm loss validation ppl", ppl, iteration);
+  tb_->flush();
+}
+
+}  // namespace weft

@@ -1,0 +1,62 @@
+// What the trainer reports about each iteration beyond losses and timings: the MFU and the ETA
+// (for the Megatron-style log line and the --log-jsonl line), and the TensorBoard scalars of
+// --tensorboard-dir, written by the rank that logs (rank 0: the losses and the grad norm are
+// all-reduced over the world, so rank 0 holds the same values as the last stage).
+//
+// TensorBoard tags follow Megatron's training_log where Megatron has the value ("lm loss",
+// "learning-rate", "grad-norm", "batch-size", "iteration-time", "throughput" in TFLOP/s per
+// device, "mem-max-allocated-bytes", "load_balancing_loss", "lm loss validation", the
+// " vs samples" twins); weft's own are "tokens-per-sec", "mfu", "mtp loss" (the mean over the
+// MTP depths), "skipped-iterations" and "nan-iterations" (the log line's counters).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "weft/train/trainer.h"
+
+namespace weft {
+
+class TensorBoardWriter;
+
+// 3723.4 -> "1h02m03s" (whole seconds, rounded; hours not bounded).
+std::string format_eta(double seconds);
+
+class TrainLog {
+ public:
+  // `writer_rank`: this rank writes the TensorBoard file (when --tensorboard-dir is set).
+  // Throws UsageError naming --tensorboard-dir when that file cannot be created.
+  TrainLog(const TrainConfig& cfg, int world_size, bool writer_rank);
+  ~TrainLog();
+
+  // Records a finished iteration (its step time feeds the ETA). Call on every rank.
+  void record(const IterationStats& s);
+  // The iteration's model FLOPs utilisation: flops per token x tokens/s / (world x peak);
+  // < 0 when no peak is known (CPU without --peak-tflops).
+  double mfu(const IterationStats& s) const;
+  // Seconds left: the iterations to --train-iters times the mean of the last 10 step times.
+  double eta_seconds() const;
+  // " MFU: 41.2% | ETA: 0h01m02s |" for the log line (MFU only with a peak).
+  std::string line_fields(const IterationStats& s) const;
+  // ", \"mfu\": x, \"eta_s\": y" for the jsonl line (mfu null without a peak).
+  std::string jsonl_fields(const IterationStats& s) const;
+  // TensorBoard scalars of one iteration (every --tensorboard-log-interval) and of one
+  // validation; no-ops without a writer. `skipped`/`nan`: the run's counters so far.
+  void tensorboard_iteration(const IterationStats& s, int skipped, int nan, double peak_memory_mb);
+  void tensorboard_validation(int iteration, int64_t consumed_samples, double loss, double ppl);
+  double flops_per_token() const { return flops_per_token_; }
+  double peak_flops() const { return peak_flops_; }
+
+ private:
+  TrainConfig cfg_;
+  int world_size_;
+  double flops_per_token_;
+  double peak_flops_;  // per device; 0: unknown
+  std::deque<double> recent_ms_;
+  int last_iteration_ = 0;
+  std::unique_ptr<TensorBoardWriter> tb_;
+};
+
+}  // namespace weft

@@ -1,0 +1,94 @@
+// weft plan's activation estimate (train/plan.h) against a measurement: the bytes one
+// microbatch's forward leaves for backward, measured on the CPU as the growth of the bytes malloc
+// holds across the forward (one thread, so glibc's main arena and mmap see all of it), are within
+// 5% of the plan's estimate for the ATen op chains, for dense fp32/bf16, MoE, MTP and hybrid
+// Mamba-2 models. One rank.
+#include <ATen/Functions.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+#include <malloc.h>
+
+#include "job.h"
+#include "weft/model/hybrid.h"
+#include "weft/train/plan.h"
+
+namespace weft {
+namespace {
+
+TrainConfig base_config() {
+  TrainConfig c;
+  c.model.num_layers = 4;
+  c.model.hidden_size = 256;
+  c.model.ffn_hidden_size = 688;
+  c.model.num_attention_heads = 8;
+  c.model.num_query_groups = 4;
+  c.model.seq_length = 128;
+  c.model.vocab_size = 1024;
+  c.micro_batch_size = 2;
+  c.global_batch_size = 2;
+  c.train_iters = 0;
+  return c;
+}
+
+// Bytes malloc holds now (main arena + mmapped chunks; one thread allocates everything).
+int64_t malloc_in_use() {
+  const struct mallinfo2 mi = mallinfo2();
+  return static_cast<int64_t>(mi.uordblks + mi.hblkhd);
+}
+
+// Activation bytes one microbatch's forward leaves for backward on a single rank.
+int64_t measured_activations(const TrainConfig& cfg) {
+  int64_t grew = -1;
+  test::run_job(cfg, 1, /*self_only=*/true, nullptr, nullptr, [&](Trainer& t, const ProcessGroups&) {
+    const ModelConfig& m = cfg.model;
+    const at::Tensor tokens = at::randint(m.vocab_size, {cfg.micro_batch_size, m.seq_length}, at::kLong);
+    const at::Tensor labels = at::randint(m.vocab_size, {cfg.micro_batch_size, m.seq_length}, at::kLong);
+    // A first microbatch warms up what libraries allocate once (kernel caches, workspaces).
+    for (int mb = 0; mb < 2; ++mb) {
+      const int64_t before = malloc_in_use();
+      at::Tensor loss = t.stage().forward(mb, tokens, labels, 1.0 / tokens.numel());
+      grew = malloc_in_use() - before;
+      t.stage().backward(mb, loss, at::Tensor());
+    }
+  });
+  return grew;
+}
+
+void expect_activations_close(const TrainConfig& cfg, const std::string& what) {
+  const int64_t got = measured_activations(cfg);
+  const int64_t want = make_train_plan(cfg, 1, 0.4, 989, false).ranks[0].act_per_microbatch;
+  const double ratio = static_cast<double>(want) / static_cast<double>(got);
+  std::printf("activations %s: measured %lld, plan %lld, plan/measured %.3f\n", what.c_str(),
+              static_cast<long long>(got), static_cast<long long>(want), ratio);
+  EXPECT_NEAR(ratio, 1.0, 0.05) << what;
+}
+
+TEST(Plan, ActivationEstimateMatchesMeasuredCpuForward) {
+  at::set_num_threads(1);
+  const TrainConfig c = base_config();
+  expect_activations_close(c, "dense fp32");
+  TrainConfig b = c;
+  b.model.bf16 = true;
+  expect_activations_close(b, "dense bf16");
+  TrainConfig moe = b;
+  moe.model.num_experts = 4;
+  moe.model.moe_router_topk = 2;
+  moe.model.moe_ffn_hidden_size = 256;
+  expect_activations_close(moe, "MoE bf16");
+  TrainConfig mtp = b;
+  mtp.model.mtp_num_layers = 1;
+  expect_activations_close(mtp, "MTP bf16");
+  TrainConfig hybrid = b;
+  hybrid.model.mamba_state_dim = 16;
+  hybrid.model.mamba_head_dim = 32;
+  hybrid.model.mamba_num_groups = 2;
+  hybrid.model.mamba_chunk_size = 32;  // 4 chunks: the inter-chunk terms too
+  apply_hybrid_layer_pattern("M*M-", &hybrid.model);
+  expect_activations_close(hybrid, "hybrid Mamba-2 bf16");
+  TrainConfig hybrid32 = hybrid;
+  hybrid32.model.bf16 = false;
+  expect_activations_close(hybrid32, "hybrid Mamba-2 fp32");
+}
+
+}  // namespace
+}  // namespace weft

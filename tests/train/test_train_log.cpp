@@ -1,0 +1,123 @@
+// The numbers of the training log: model FLOPs per token (train/flops.h) against hand
+// computations for a dense, an MoE-with-MTP and a hybrid Mamba model (the dense, MoE and hybrid
+// values also equal bench/gpu/mfu.py's for the same shapes), the MFU and ETA of TrainLog, the
+// ETA format, and TFRecord framing against the record layout written out by hand.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "weft/checkpoint/crc32c.h"
+#include "weft/model/hybrid.h"
+#include "weft/train/flops.h"
+#include "weft/train/tensorboard.h"
+#include "weft/train/train_log.h"
+
+namespace weft {
+namespace {
+
+ModelConfig tiny() {  // h 64, 4 heads of 16, 2 query groups, ffn 172, vocab 128, seq 32
+  ModelConfig m;
+  m.num_layers = 2;
+  m.hidden_size = 64;
+  m.num_attention_heads = 4;
+  m.num_query_groups = 2;
+  m.ffn_hidden_size = 172;
+  m.vocab_size = 128;
+  m.seq_length = 32;
+  return m;
+}
+
+// Per token, per layer: attention 64*(4+2*2)*16 (qkv) + 4*16*64 (proj) + 64 (norm) = 12352
+// weights and 6*32*64 = 12288 score FLOPs; dense MLP 3*64*172 + 64 = 33088; output 128*64 =
+// 8192. 6 * (2*(12352+33088) + 8192) + 2*12288 = 619008 (mfu.py --layers 2 ... says the same).
+TEST(Flops, DenseByHand) { EXPECT_DOUBLE_EQ(model_flops_per_token(tiny()), 619008.0); }
+
+// MoE (4 experts, top 2, expert ffn 96): active MLP 2*3*64*96 + 64*4 (router) + 64 = 37184;
+// 6 * (2*(12352+37184) + 8192) + 2*12288 = 668160 (mfu.py --experts 4 --topk 2 --moe-ffn 96).
+// A shared expert of 64 adds 3*64*64 = 12288 weights per layer; one MTP depth adds eh_proj
+// 2*64*64 = 8192, three norms 192, the output layer again 8192 and one MoE transformer layer
+// 12352 + 49472, with its 12288 score FLOPs:
+// 6 * (2*61824 + 8192 + 8192 + 192 + 8192 + 61824) + 3*12288 = 1298304.
+TEST(Flops, MoeSharedExpertAndMtpByHand) {
+  ModelConfig m = tiny();
+  m.num_experts = 4;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = 96;
+  EXPECT_DOUBLE_EQ(model_flops_per_token(m), 668160.0);
+  m.moe_shared_expert_intermediate_size = 64;
+  m.mtp_num_layers = 1;
+  EXPECT_DOUBLE_EQ(model_flops_per_token(m), 1298304.0);
+}
+
+// "M*-" with state 16, head dim 16 (8 heads, inner 128), 2 groups, chunk min(128, 32) = 32:
+// Mamba weights 64*(2*128 + 2*2*16 + 8) + 128*64 + 64 = 29248, SSD 3*8*(2*32*16 + 2*32*16 +
+// 4*16*16) = 73728; 6 * (29248 + 12352 + 33088 + 8192) + 73728 + 12288 = 583296 (mfu.py
+// --pattern "M*-" --state 16 --head-dim 16 --mamba-groups 2 says the same).
+TEST(Flops, HybridMambaByHand) {
+  ModelConfig m = tiny();
+  m.mamba_state_dim = 16;
+  m.mamba_head_dim = 16;
+  m.mamba_num_groups = 2;
+  apply_hybrid_layer_pattern("M*-", &m);
+  EXPECT_DOUBLE_EQ(model_flops_per_token(m), 583296.0);
+}
+
+TEST(Flops, DefaultPeak) {
+  EXPECT_DOUBLE_EQ(default_peak_flops("cuda", true), 989e12);
+  EXPECT_DOUBLE_EQ(default_peak_flops("cpu", true), 0.0);
+}
+
+TEST(TrainLog, EtaFormat) {
+  EXPECT_EQ(format_eta(3723.4), "1h02m03s");
+  EXPECT_EQ(format_eta(59.6), "0h01m00s");
+  EXPECT_EQ(format_eta(90061), "25h01m01s");
+  EXPECT_EQ(format_eta(-3), "0h00m00s");
+}
+
+TEST(TrainLog, MfuAndEta) {
+  TrainConfig cfg;
+  cfg.model = tiny();
+  cfg.train_iters = 100;
+  cfg.peak_tflops = 2e-6;  // 2e6 FLOP/s per device
+  TrainLog log(cfg, /*world_size=*/4, /*writer_rank=*/false);
+  IterationStats s;
+  s.tokens_per_sec = 1000;
+  // 619008 FLOPs/token * 1000 tokens/s / (4 devices * 2e6 FLOP/s) = 77.376
+  EXPECT_DOUBLE_EQ(log.mfu(s), 619008.0 * 1000 / 8e6);
+  // The mean of the last 10 step times, times the iterations left.
+  for (int it = 1; it <= 12; ++it) {
+    s.iteration = it;
+    s.ms = it <= 2 ? 10000 : 100;  // two slow first steps fall out of the window
+    log.record(s);
+  }
+  EXPECT_DOUBLE_EQ(log.eta_seconds(), 88 * 0.1);
+  EXPECT_NE(log.line_fields(s).find("MFU: 7737.6% | ETA: 0h00m09s |"), std::string::npos)
+      << log.line_fields(s);
+  cfg.peak_tflops = -1;  // CPU, no peak given: no MFU
+  TrainLog cpu(cfg, 1, false);
+  EXPECT_LT(cpu.mfu(s), 0);
+  EXPECT_EQ(cpu.line_fields(s).find("MFU"), std::string::npos);
+  EXPECT_NE(cpu.jsonl_fields(s).find("\"mfu\": null"), std::string::npos);
+}
+
+// TFRecord: uint64 LE length, masked crc32c of those 8 bytes, data, masked crc32c of the data,
+// with mask(c) = ((c >> 15) | (c << 17)) + 0xa282ead8.
+TEST(TfRecord, FrameLayout) {
+  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);  // the CRC-32C check value
+  auto mask = [](uint32_t c) { return ((c >> 15) | (c << 17)) + 0xa282ead8u; };
+  const std::string data = "hello";
+  const std::string rec = tfrecord_frame(data);
+  ASSERT_EQ(rec.size(), 8 + 4 + 5 + 4u);
+  const unsigned char len[8] = {5, 0, 0, 0, 0, 0, 0, 0};
+  EXPECT_EQ(std::memcmp(rec.data(), len, 8), 0);
+  uint32_t c1, c2;
+  std::memcpy(&c1, rec.data() + 8, 4);
+  std::memcpy(&c2, rec.data() + 17, 4);
+  EXPECT_EQ(c1, mask(crc32c(len, 8)));
+  EXPECT_EQ(rec.substr(12, 5), data);
+  EXPECT_EQ(c2, mask(crc32c(data.data(), 5)));
+}
+
+}  // namespace
+}  // namespace weft
