@@ -99,6 +99,7 @@ def main():
     tps = a.tokens_per_sec
     if a.weft_jsonl:
         rows = [json.loads(l) for l in open(a.weft_jsonl) if l.strip()]
+        rows = [r for r in rows if "tokens_per_sec" in r]  # not the validation records
         tps = statistics.median(r["tokens_per_sec"] for r in rows[3:] or rows)
     f = flops_per_token(a)
     print(json.dumps({"tokens_per_sec": tps, "flops_per_token": f, "mfu": tps * f / a.peak}))
