@@ -23,7 +23,10 @@
 //                (3 x 4 nh_m), the SSD's u, its copy for the matmul and weighted u (3 io di), B and C per group
 //                (2 io g n), C.B^T (io g Q), the decay matrix (4 + 1 + io) nh_m Q, states and
 //                their inter-chunk forms (3 io di n / Q, only with s > Q), the gated norm
-//                (5 x 4 di, and its squares under libtorch 1.x) and out_proj's input (B di)
+//                (5 x 4 di, and its squares under libtorch 1.x) and out_proj's input (B di).
+//                With the fused CUDA kernels instead of the conv, decay and gated-norm chains:
+//                the in_proj output B (2 di + 2 g n + nh_m) held by their views, xbc (4 c), the
+//                weighted C.B blocks (io nh_m Q) and cs (4 nh_m), y (4 di) and rstd (4 g)
 //   last stage   final norm + output input (B h) + logits (fused cross-entropy: B V + 4;
 //                ATen: the float32 log-softmax, 4 V) + int64 labels; per MTP depth: its
 //                tokens, enorm, hnorm (rstd only, fused), eh_proj's input (2 B h), its layers,
@@ -109,9 +112,13 @@ struct ActModel {
     const int64_t h = m.hidden_size, H = m.mamba_heads(), P = m.mamba_head_dim;
     const int64_t G = m.mamba_num_groups, N = m.mamba_state_dim, di = H * P, c = di + 2 * G * N;
     const int64_t Q = std::min<int64_t>(m.mamba_chunk_size, m.seq_length), io = B;
-    int64_t a = norm() + B * h + 12 * c + 12 * H + 3 * io * di + 2 * io * G * N + io * G * Q +
-                (5 + io) * H * Q + 2 * (4 + io) * H + (TORCH_VERSION_MAJOR < 2 ? 6 : 5) * 4 * di +
-                B * di;
+    int64_t a = norm() + B * h + 12 * H + 3 * io * di + 2 * io * G * N + io * G * Q +
+                2 * (4 + io) * H + B * di;
+    if (fused)  // the projection (held by the conv's and the gated norm's views), xbc, the
+                // weighted C.B blocks and cs, y and the norm's rstd (fused.h)
+      a += B * (2 * di + 2 * G * N + H) + 4 * c + io * H * Q + 4 * H + 4 * di + 4 * G;
+    else
+      a += 12 * c + (5 + io) * H * Q + (TORCH_VERSION_MAJOR < 2 ? 6 : 5) * 4 * di;
     if (m.seq_length > Q) a += 3 * io * di * N / Q + io * di;
     return a;
   }
