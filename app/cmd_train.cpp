@@ -12,6 +12,8 @@
 #include "layout_flags.h"
 #include "weft/comm/communicator.h"
 #include "weft/comm/device.h"
+#include "weft/comm/mpi_runtime.h"
+#include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
 #include "weft/data/tokenizer.h"
 #include "weft/model/fused.h"

@@ -6,6 +6,8 @@
 #include <functional>
 #include <string>
 
+#include "weft/comm/mpi_runtime.h"
+#include "weft/comm/process_groups.h"
 #include "weft/train/trainer.h"
 
 namespace weft::app {

@@ -25,6 +25,8 @@
 #include "cmd_ckpt.h"
 #include "cmd_train.h"
 #include "layout_flags.h"
+#include "weft/comm/mpi_runtime.h"
+#include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
 #include "weft/core/remove_tree.h"
 

@@ -11,6 +11,8 @@
 #include "cmd_mesh.h"
 #include "commands.h"
 #include "weft/comm/communicator.h"
+#include "weft/comm/mpi_runtime.h"
+#include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
 
 namespace {

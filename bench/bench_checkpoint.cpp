@@ -74,6 +74,8 @@
 #include "weft/checkpoint/format.h"
 #include "weft/checkpoint/safetensors.h"
 #include "weft/comm/communicator.h"
+#include "weft/comm/mpi_runtime.h"
+#include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
 #include "weft/core/remove_tree.h"
 #include "weft/train/trainer.h"

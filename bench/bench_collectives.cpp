@@ -22,6 +22,8 @@
 #include <thread>
 
 #include "weft/comm/communicator.h"
+#include "weft/comm/mpi_runtime.h"
+#include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
 
 namespace {

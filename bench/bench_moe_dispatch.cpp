@@ -41,6 +41,8 @@
 #include <vector>
 
 #include "weft/comm/communicator.h"
+#include "weft/comm/mpi_runtime.h"
+#include "weft/comm/process_groups.h"
 #include "weft/core/compat.h"
 #include "weft/core/error.h"
 #include "weft/mesh/mesh.h"

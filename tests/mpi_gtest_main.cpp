@@ -16,6 +16,7 @@
 
 #include "weft/comm/communicator.h"
 #include "weft/comm/device.h"
+#include "weft/comm/mpi_runtime.h"
 #include "weft/core/error.h"
 
 namespace {

@@ -25,6 +25,7 @@
 #include "ckpt_diff.h"
 #include "weft/checkpoint/async_save.h"
 #include "weft/checkpoint/checkpoint.h"
+#include "weft/comm/process_groups.h"
 #include "weft/core/remove_tree.h"
 
 namespace weft {

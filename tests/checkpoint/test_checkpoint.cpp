@@ -20,6 +20,7 @@
 #include "ckpt_diff.h"
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/checkpoint/format.h"
+#include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
 #include "weft/core/remove_tree.h"
 

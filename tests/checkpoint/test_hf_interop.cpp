@@ -23,6 +23,7 @@
 #include "weft/checkpoint/hf_config.h"
 #include "weft/checkpoint/hf_import.h"
 #include "weft/checkpoint/safetensors.h"
+#include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
 #include "weft/train/hf_convert.h"
 

@@ -16,6 +16,8 @@
 
 #include "weft/comm/communicator.h"
 #include "weft/comm/mpi_communicator.h"
+#include "weft/comm/mpi_runtime.h"
+#include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
 
 namespace weft {

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "weft/comm/communicator.h"
+#include "weft/comm/process_groups.h"
 #include "weft/model/full_params.h"
 #include "weft/model/moe.h"
 #include "weft/model/transformer.h"

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "weft/comm/process_groups.h"
 #include "weft/train/trainer.h"
 
 namespace weft::test {

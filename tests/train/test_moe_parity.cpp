@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "job.h"
+#include "weft/comm/process_groups.h"
 #include "weft/model/hybrid.h"
 #include "weft/parallel/grad_access.h"
 

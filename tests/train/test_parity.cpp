@@ -13,6 +13,7 @@
 
 #include "job.h"
 #include "weft/comm/device.h"
+#include "weft/comm/process_groups.h"
 #include "weft/parallel/grad_access.h"
 
 namespace weft {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "job.h"
+#include "weft/comm/process_groups.h"
 #include "weft/model/hybrid.h"
 #include "weft/model/moe.h"
 #include "weft/train/plan.h"

@@ -9,6 +9,7 @@
 #include <malloc.h>
 
 #include "job.h"
+#include "weft/comm/process_groups.h"
 #include "weft/model/hybrid.h"
 #include "weft/train/plan.h"
 

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "weft/checkpoint/checkpoint.h"
+#include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
 #include "weft/train/preflight.h"
 #include "weft/train/trainer.h"

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "job.h"
+#include "weft/comm/process_groups.h"
 #include "weft/core/remove_tree.h"
 #include "weft/data/indexed_dataset.h"
 #include "weft/train/train_data.h"

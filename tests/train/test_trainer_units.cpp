@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
 #include "weft/data/mock_dataset.h"
 #include "weft/optim/adamw.h"

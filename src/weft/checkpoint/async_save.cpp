@@ -3,6 +3,7 @@
 
 #include <ATen/Functions.h>
 
+#include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
 
 namespace weft {

@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "weft/checkpoint/checkpoint.h"
+#include "weft/comm/process_groups.h"
 
 namespace weft {
 

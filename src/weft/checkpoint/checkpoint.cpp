@@ -18,6 +18,7 @@
 #include "weft/checkpoint/crc32c.h"
 #include "weft/checkpoint/format.h"
 #include "weft/checkpoint/safetensors.h"
+#include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
 #include "weft/core/remove_tree.h"
 #include "weft/core/fault.h"

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "weft/comm/communicator.h"
+#include "weft/comm/process_groups.h"
 #include "weft/optim/adamw.h"
 #include "weft/parallel/pipeline_stage.h"
 

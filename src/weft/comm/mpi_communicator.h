@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "weft/comm/comm_checks.h"
 #include "weft/comm/communicator.h"
 #include "weft/comm/watchdog.h"
 
@@ -82,27 +83,5 @@ class MpiCommunicator final : public Communicator {
   int tag_ub_ = 32767;  // the MPI standard's guaranteed minimum until MPI_TAG_UB is read
   WatchedGroup watch_;  // collective numbers, per-peer message counts (tags), watchdog identity
 };
-
-// ---- Checks shared by every backend. Each throws weft::Error naming the op, the group, this
-// rank's position and the offending sizes; none communicates, so when every member passes the
-// same wrong arguments every member throws and nobody waits in a collective.
-void comm_check_all_gather(const Communicator& c, const at::Tensor& in, const at::Tensor& out);
-void comm_check_reduce_scatter(const Communicator& c, const at::Tensor& in, const at::Tensor& out,
-                               ReduceOp op);
-void comm_check_all_reduce(const Communicator& c, const at::Tensor& t, ReduceOp op);
-void comm_check_broadcast(const Communicator& c, const at::Tensor& t, int root);
-// Blocking send/recv: the peer must be another member (a blocking self-send would deadlock).
-void comm_check_p2p(const Communicator& c, const char* op, const at::Tensor& t, int peer);
-void comm_check_batch_p2p(const Communicator& c, const std::vector<P2POp>& ops);
-void comm_check_all_to_all(const Communicator& c, const at::Tensor& in,
-                           const std::vector<int64_t>& send_counts, const at::Tensor& out,
-                           const std::vector<int64_t>& recv_counts);
-
-// Whether the byte ranges of two tensors' data intersect (both non-empty, same device).
-bool comm_overlaps(const at::Tensor& a, const at::Tensor& b);
-
-// For a failure after ranks entered a collective: prints `what` with the world rank to stderr
-// and aborts every rank of the job (MPI_Abort), so no peer is left waiting.
-[[noreturn]] void comm_abort(const std::string& what);
 
 }  // namespace weft

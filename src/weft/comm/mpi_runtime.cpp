@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "weft/comm/communicator.h"
+#include "weft/comm/mpi_runtime.h"
 #include "weft/comm/watchdog.h"
 #include "weft/core/error.h"
 

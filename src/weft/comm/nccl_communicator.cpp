@@ -40,7 +40,8 @@
 #include <optional>
 #include <vector>
 
-#include "weft/comm/mpi_communicator.h"
+#include "weft/comm/comm_checks.h"
+#include "weft/comm/process_groups.h"
 #include "weft/comm/watchdog.h"
 #include "weft/core/error.h"
 

@@ -14,6 +14,8 @@
 #include <string>
 
 #include "weft/comm/communicator.h"
+#include "weft/comm/mpi_runtime.h"
+#include "weft/comm/process_groups.h"
 
 namespace weft {
 

@@ -17,6 +17,8 @@
 
 #include "weft/comm/communicator.h"
 #include "weft/comm/mpi_communicator.h"
+#include "weft/comm/mpi_runtime.h"
+#include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
 #if defined(WEFT_WITH_CUDA)
 #include "weft/comm/nccl_communicator.h"

@@ -20,7 +20,7 @@
 #include <numeric>
 #include <optional>
 
-#include "weft/comm/mpi_communicator.h"
+#include "weft/comm/comm_checks.h"
 #include "weft/core/error.h"
 
 namespace weft {

@@ -40,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+
 namespace weft {
 
 // Optional backend hooks, called from the watchdog thread while the group is registered.

@@ -1,5 +1,6 @@
 // Pipeline stage (see pipeline_stage.h): builds the stage's units from the layer split and runs
 // one microbatch through them, resharding each unit right after its forward.
+#include "weft/comm/process_groups.h"
 #include "weft/parallel/pipeline_stage.h"
 
 #include <ATen/Functions.h>

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "weft/comm/communicator.h"
+#include "weft/comm/process_groups.h"
 #include "weft/model/config.h"
 #include "weft/model/transformer.h"
 #include "weft/parallel/expert_parallel.h"

@@ -1,4 +1,5 @@
 // Trainer (see trainer.h).
+#include "weft/comm/process_groups.h"
 #include "weft/train/trainer.h"
 
 #include <ATen/Functions.h>

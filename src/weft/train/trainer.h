@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "weft/comm/communicator.h"
+#include "weft/comm/process_groups.h"
 #include "weft/model/config.h"
 #include "weft/optim/adamw.h"
 #include "weft/optim/lr_schedule.h"
