@@ -15,6 +15,7 @@
 #include <mutex>
 
 #include "weft/core/error.h"
+#include "weft/core/module.h"
 #include "weft/data/sha256.h"
 #include "weft/data/spm/spm_module.h"
 
@@ -36,27 +37,12 @@ struct SpmModule {
   weft_spm_train_fn train;
 };
 
-std::string exe_dir() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string() : p.parent_path().string();
-}
-
 const SpmModule& spm_module() {
   static SpmModule m{};
   static std::string error;
   static std::once_flag once;
   std::call_once(once, [] {
-    std::vector<std::string> tried;
-    if (const char* env = std::getenv("WEFT_SPM_MODULE")) tried.push_back(env);
-    tried.push_back(WEFT_SPM_MODULE_PATH);
-    tried.push_back(exe_dir() + "/libweft_spm.so");
-    void* h = nullptr;
-    for (const auto& path : tried) {
-      h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
-      if (h != nullptr) break;
-      error += fmt::format("{}{}", error.empty() ? "" : "; ", ::dlerror());
-    }
+    void* h = open_module("WEFT_SPM_MODULE", WEFT_SPM_MODULE_PATH, "libweft_spm.so", &error);
     if (h == nullptr) return;
     auto sym = [&](const char* name) {
       void* f = ::dlsym(h, name);

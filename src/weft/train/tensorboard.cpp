@@ -13,6 +13,7 @@
 
 #include "weft/checkpoint/crc32c.h"
 #include "weft/core/error.h"
+#include "weft/core/module.h"
 #include "weft/train/tb/tb_module.h"
 
 namespace weft {
@@ -25,28 +26,13 @@ double now_seconds() {
 
 #if WEFT_WITH_TENSORBOARD
 
-std::string exe_dir() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string() : p.parent_path().string();
-}
-
 // The module's encoder, resolved once; the module stays loaded for the process lifetime.
 weft_tb_encode_event_fn tb_encoder() {
   static weft_tb_encode_event_fn encode = nullptr;
   static std::string error;
   static std::once_flag once;
   std::call_once(once, [] {
-    std::vector<std::string> tried;
-    if (const char* env = std::getenv("WEFT_TB_MODULE")) tried.push_back(env);
-    tried.push_back(WEFT_TB_MODULE_PATH);
-    tried.push_back(exe_dir() + "/libweft_tb.so");
-    void* h = nullptr;
-    for (const auto& path : tried) {
-      h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
-      if (h != nullptr) break;
-      error += fmt::format("{}{}", error.empty() ? "" : "; ", ::dlerror());
-    }
+    void* h = open_module("WEFT_TB_MODULE", WEFT_TB_MODULE_PATH, "libweft_tb.so", &error);
     if (h == nullptr) return;
     encode = reinterpret_cast<weft_tb_encode_event_fn>(::dlsym(h, "weft_tb_encode_event"));
     error = encode ? "" : "weft's TensorBoard module lacks weft_tb_encode_event";
