@@ -335,7 +335,12 @@ Backend start_runtime(const TrainConfig& t, int threads, const std::string& back
     if (t.device == "cuda") {
       const int devices = cuda_device_count();
       set_cuda_device(mpi.local_rank());  // fails with a clear message without CUDA
-      const bool own_gpu = mpi.world_size() <= devices;  // single-host assumption for auto
+      // NCCL refuses two ranks of one communicator on one GPU ("duplicate GPU").
+      const bool own_gpu = mpi.local_size() <= devices;
+      if (backend_flag == "nccl" && !own_gpu)
+        fail_usage("--distributed-backend nccl needs a GPU per rank: {} ranks on this host share "
+                   "{} GPU(s); use --distributed-backend mpi (or auto) to share a GPU",
+                   mpi.local_size(), devices);
       if (backend_flag == "nccl" || (backend_flag == "auto" && nccl_available() && own_gpu))
         backend = Backend::kNccl;
     }

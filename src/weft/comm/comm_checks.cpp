@@ -5,6 +5,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <mpi.h>
 
 #include <cstdint>

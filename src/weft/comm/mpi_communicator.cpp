@@ -172,18 +172,11 @@ MpiCommunicator::StagedReduceScatter MpiCommunicator::stage_reduce_scatter(const
   return r;
 }
 
+// The blocking reduce-scatter is the non-blocking one waited for at once: Open MPI's blocking
+// MPI_Reduce_scatter_block and non-blocking MPI_Ireduce_scatter_block (libnbc) sum the ranks in
+// different orders, and one primitive keeps --overlap-grad-reduce on and off bitwise equal.
 void MpiCommunicator::reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op) {
-  comm_check_reduce_scatter(*this, in, out, op);
-  if (size() == 1) return copy_flat(in, out);
-  StagedReduceScatter r = stage_reduce_scatter(in, out);
-  {
-    WatchScope w(watch_, "reduce_scatter", watch_.enter_collective());
-    check(MPI_Reduce_scatter_block(buf(r.host_in), buf(r.host_out), r.n, r.type,
-                                   reduce_mpi_op(op), comm_),
-          "reduce_scatter");
-  }
-  if (op == ReduceOp::kAvg) r.host_out.div_(size());
-  store(r.host_out, out);
+  reduce_scatter_async(in, out, op)->wait();
 }
 
 namespace {
