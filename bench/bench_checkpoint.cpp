@@ -32,8 +32,8 @@
 //          is the time the training thread is blocked (barrier to barrier: the copy into the
 //          reused host snapshot, pinned when --device cuda), `async_done_ms` when the background
 //          write and the commit are finished; printed next to `sync_save_ms` (the save above)
-//          as `stall/sync`. The first round includes allocating and first touching the snapshot
-//          buffer; later rounds reuse it, as training does.
+//          as `stall/sync`. The snapshot buffer is allocated before the first round (printed
+//          once), as `weft train --async-save` does at start-up; every round reuses it.
 //
 // --phases also runs an instrumented copy of the save and load steps of every rank (the
 // library is not touched): collect, CRC-32C, write() to the page cache, fsync, metadata; and for
@@ -705,7 +705,13 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
   lreq.dir = save_dir;
   lreq.layout = weft::layout_to_json(mesh, cfg);
   std::vector<Sample> samples;
-  weft::AsyncCheckpointSaver saver(groups);  // its snapshot buffer is reused by every round
+  // Its snapshot buffer is allocated once, as `weft train --async-save` does at start-up, and
+  // reused by every round.
+  weft::AsyncCheckpointSaver saver(groups);
+  const double reserve_s = timed([&] { saver.reserve(trainer.stage(), trainer.optimizer()); });
+  if (rank == 0)
+    std::printf("async save: snapshot buffer allocated at start-up in %.1f ms (not a stall)\n",
+                1e3 * reserve_s);
   int64_t last_save_bytes = state_bytes;  // the estimate until the first save
   auto warm = [&](int64_t my_bytes) {
     if (prewarm) prewarm_page_cache(warm_path, my_bytes, buf);

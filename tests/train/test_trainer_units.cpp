@@ -208,6 +208,55 @@ TEST(ShardedAdamW, GradMultiplierScalesTheGradients) {
   EXPECT_GT((p - p1).abs().max().item<double>(), 1e-3);
 }
 
+// step_on_device (the trainer's CUDA path: the clipping multiplier as a device tensor holding
+// 1 / coefficient, the skip decision as found_inf) updates bitwise like step(lr, coefficient)
+// on the host's decisions, over clipped, unclipped and skipped steps; a skipped step changes
+// neither the state nor, once uncounted, the step count. On CPU it queues nothing.
+TEST(ShardedAdamW, StepOnDeviceEqualsHostStep) {
+  const c10::Device dev = clip_test_device();
+  LayoutConfig l;
+  Mesh mesh(l);
+  ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
+  std::vector<ParamSpec> specs = {{"a.weight", {6, 5}, InitKind::kNormal, true},
+                                  {"a.norm", {5}, InitKind::kOnes, false}};
+  const at::Tensor w0 = at::randn({6, 5}, at::kDouble);
+  auto make_unit = [&] {
+    auto u = std::make_unique<FsdpUnit>("a", specs, groups.get("fsdp_shard"), at::kFloat, dev);
+    u->load_full([&](const ParamSpec& s) {
+      return (s.name == "a.weight" ? w0.to(at::kFloat) : at::ones({5})).to(dev);
+    });
+    return u;
+  };
+  auto host_unit = make_unit(), dev_unit = make_unit();
+  AdamWConfig cfg;
+  cfg.weight_decay = 0.1;
+  ShardedAdamW host({host_unit.get()}, cfg), on_dev({dev_unit.get()}, cfg);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(dev);
+  if (!dev.is_cuda()) {
+    EXPECT_FALSE(on_dev.step_on_device(0.01, at::Tensor(), at::zeros({}, f32)));
+    EXPECT_EQ(on_dev.steps(), 0);
+    return;
+  }
+  const double coefs[] = {0.3, 1.0, -1 /* skipped */, 0.02};
+  for (double c : coefs) {
+    const at::Tensor g = at::randn({35}, at::kDouble).to(f32);
+    host.zero_grad();
+    on_dev.zero_grad();
+    grad_shard(*host_unit).copy_(g);
+    grad_shard(*dev_unit).copy_(g);
+    if (c > 0) host.step(0.01, c);
+    at::Tensor scale;
+    if (c > 0) scale = at::full({}, 1.0 / c, f32);  // 1.0 too, as the trainer passes it
+    ASSERT_TRUE(on_dev.step_on_device(0.01, scale, at::full({}, c > 0 ? 0.0 : 1.0, f32)));
+    if (c < 0) on_dev.uncount_step();
+    EXPECT_EQ(on_dev.steps(), host.steps());
+    for (auto [a, b] : {std::pair{host.state(0).master, on_dev.state(0).master},
+                        std::pair{host.state(0).exp_avg, on_dev.state(0).exp_avg},
+                        std::pair{host.state(0).exp_avg_sq, on_dev.state(0).exp_avg_sq}})
+      EXPECT_TRUE(at::equal(a, b)) << "coefficient " << c;
+  }
+}
+
 // The trainer's clipping coefficient is min(1, clip / (norm + 1e-6)), applied once to the
 // gradients of the AdamW step. One step of a small model, world 1, weight decay 0, eps 1e-3 (of
 // the order of the clipped gradient entries, so that the step depends on their scale): the

@@ -41,6 +41,10 @@ class AsyncCheckpointSaver {
   AsyncCheckpointSaver(const AsyncCheckpointSaver&) = delete;
   AsyncCheckpointSaver& operator=(const AsyncCheckpointSaver&) = delete;
 
+  // Allocates the snapshot buffer for this state now (at start-up), not at the first save.
+  void reserve(const PipelineStage& stage, ShardedAdamW& opt) {
+    ckpt_reserve_snapshot(stage, opt, &snapshot_);
+  }
   // Phase 1 of a save (the stall: copies the state into the reused snapshot buffer), then
   // hands the write to the background thread and returns. Requires !pending(). Throws like
   // ckpt_save_begin.

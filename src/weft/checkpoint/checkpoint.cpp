@@ -16,6 +16,7 @@
 #include <set>
 
 #include "weft/checkpoint/crc32c.h"
+#include "weft/checkpoint/device_staging.h"
 #include "weft/checkpoint/format.h"
 #include "weft/checkpoint/safetensors.h"
 #include "weft/comm/process_groups.h"
@@ -239,6 +240,32 @@ struct CkptSave {
 
 void CkptSaveDeleter::operator()(CkptSave* s) const { delete s; }
 
+namespace {
+
+// Grows `snapshot` to hold every tensor (64-byte aligned pieces), pinned when any is on a GPU
+// so that the device-to-host copies run at PCIe speed and asynchronously. Returns the device
+// the tensors live on (CPU when all are on the host).
+c10::Device reserve_snapshot(const std::vector<LocalTensor>& tensors, at::Tensor* snapshot) {
+  int64_t total = 0;
+  c10::Device device(c10::kCPU);
+  for (const auto& t : tensors) {
+    total += (t.data.numel() * t.data.element_size() + 63) / 64 * 64;
+    if (!t.data.device().is_cpu()) device = t.data.device();
+  }
+  const bool pinned = !device.is_cpu();
+  if (!snapshot->defined() || snapshot->numel() < total || (pinned && !snapshot->is_pinned()))
+    *snapshot = at::empty({std::max<int64_t>(total, 1)},
+                          at::TensorOptions().dtype(at::kByte).pinned_memory(pinned));
+  return device;
+}
+
+}  // namespace
+
+void ckpt_reserve_snapshot(const PipelineStage& stage, ShardedAdamW& opt, at::Tensor* snapshot) {
+  at::NoGradGuard no_grad;
+  (void)reserve_snapshot(local_tensors(stage, opt, false), snapshot);
+}
+
 CkptSavePtr ckpt_save_begin(const SaveRequest& req, const PipelineStage& stage, ShardedAdamW& opt,
                             const ProcessGroups& groups, at::Tensor* snapshot) {
   at::NoGradGuard no_grad;
@@ -265,17 +292,8 @@ CkptSavePtr ckpt_save_begin(const SaveRequest& req, const PipelineStage& stage, 
   if (snapshot) {
     // Copy every chunk into one host buffer (64-byte aligned pieces), pinned when any chunk is
     // on a GPU so the device-to-host copies run at PCIe speed and asynchronously.
-    int64_t total = 0;
-    bool on_device = false;
-    c10::Device device(c10::kCPU);
-    for (const auto& t : save->tensors) {
-      total += (t.data.numel() * t.data.element_size() + 63) / 64 * 64;
-      if (!t.data.device().is_cpu()) on_device = true, device = t.data.device();
-    }
-    if (!snapshot->defined() || snapshot->numel() < total ||
-        (on_device && !snapshot->is_pinned()))
-      *snapshot = at::empty({std::max<int64_t>(total, 1)},
-                            at::TensorOptions().dtype(at::kByte).pinned_memory(on_device));
+    const c10::Device device = reserve_snapshot(save->tensors, snapshot);
+    const bool on_device = !device.is_cpu();
     int64_t off = 0;
     for (auto& t : save->tensors) {
       const int64_t n = t.data.numel() * t.data.element_size();
@@ -483,36 +501,44 @@ int load_threads() {
   return n >= 1 ? n : 4;
 }
 
-// Copies rows [row_start, row_start + rows) of `key` into `dst` ([rows, ...] view of a live
-// buffer), reading every overlapping chunk (checksum verified). With `deferred`, a chunk that
-// is exactly these rows is not read now but queued for CkptFileCache::read_chunks.
-Status load_rows(const std::string& dir, const CkptTensorInfo& t, const std::string& key,
-                 int64_t row_start, int64_t rows, at::Tensor dst, CkptFileCache& files,
-                 std::vector<CkptFileCache::Read>* deferred = nullptr) {
+// The chunk of `t` that is exactly rows [row_start, row_start + rows) in `dtype` (the same
+// layout saved it), or null.
+const CkptChunk* exact_chunk(const CkptTensorInfo& t, int64_t row_start, int64_t rows,
+                             c10::ScalarType dtype) {
+  for (const CkptChunk& c : t.chunks)
+    if (c.offsets[0] == row_start && c.lengths[0] == rows && ckpt_torch_dtype(c.dtype) == dtype)
+      return &c;
+  return nullptr;
+}
+
+// Copies rows [row_start, row_start + rows) of `t` into `dst` ([rows, ...] view of a live
+// host buffer), reading every overlapping chunk (checksum verified). With `deferred`, a chunk
+// that is exactly these rows is not read now but queued for CkptFileCache::read_chunks.
+Status load_rows(const CkptTensorInfo& t, int64_t row_start, int64_t rows, at::Tensor dst,
+                 CkptFileCache& files, std::vector<CkptFileCache::Read>* deferred = nullptr) {
+  // Same layout: read straight into the live buffer (no temporary, which on a fresh page costs
+  // more than the read itself).
+  if (dst.is_cpu() && dst.is_contiguous())
+    if (const CkptChunk* c = exact_chunk(t, row_start, rows, dst.scalar_type())) {
+      if (!deferred) return files.read_chunk(*c, dst.data_ptr());
+      deferred->push_back({*c, dst.data_ptr()});
+      return Status::ok();
+    }
   const int64_t end = row_start + rows;
   for (const CkptChunk& c : t.chunks) {
     const int64_t c0 = c.offsets[0], c1 = c0 + c.lengths[0];
     const int64_t lo = std::max(row_start, c0), hi = std::min(end, c1);
     if (lo >= hi) continue;
-    // Same layout: the chunk is exactly these rows; read straight into the live buffer (no
-    // temporary, which on a fresh page costs more than the read itself).
-    if (c0 == row_start && c1 == end && dst.is_cpu() && dst.is_contiguous() &&
-        dst.scalar_type() == ckpt_torch_dtype(c.dtype)) {
-      if (deferred) {
-        deferred->push_back({c, dst.data_ptr()});
-        continue;
-      }
-      if (Status s = files.read_chunk(c, dst.data_ptr()); !s) return s;
-      continue;
-    }
     at::Tensor buf = at::empty(c.lengths, at::TensorOptions().dtype(ckpt_torch_dtype(c.dtype)));
     if (Status s = files.read_chunk(c, buf.data_ptr()); !s) return s;
     dst.narrow(0, lo - row_start, hi - lo).copy_(buf.narrow(0, lo - c0, hi - lo));
   }
-  (void)dir;
-  (void)key;
   return Status::ok();
 }
+
+// Pinned bytes per staging buffer (two alternate) for device destinations: the largest shard
+// of the 0.8B model (the fp32 output layer, 262 MB) fits; smaller states get smaller buffers.
+constexpr int64_t kDeviceStageBytes = int64_t{512} << 20;
 
 }  // namespace
 
@@ -562,14 +588,22 @@ nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, Sha
 
   // Copy rows in place.
   Status st = Status::ok();
-  at::Tensor staging;  // pinned host bytes for device destinations
+  at::Tensor staging;  // pinned host bytes for device destinations of another layout
   CkptFileCache files(dir);
-  // Same-layout chunks are queued and read load_threads() at a time (flush() before anything
-  // reads a destination, and at the end).
+  int64_t device_bytes = 0;  // an upper bound of what this rank loads into device tensors
+  for (FsdpUnit* u : opt.units())
+    if (!u->param_shard().is_cpu())
+      device_bytes += u->param_shard().numel() * u->param_shard().element_size();
+  if (device_bytes > 0) device_bytes += opt.state_bytes();
+  DeviceLoadStager stager(std::min(kDeviceStageBytes, device_bytes));
+  // Same-layout chunks are queued and read load_threads() at a time, those of device
+  // destinations into the stager's pinned buffer, whose copies to the device run while the
+  // next batch reads (flush() before anything reads a destination, and at the end).
   std::vector<CkptFileCache::Read> deferred;
   auto flush = [&] {
     if (st && !deferred.empty()) st = files.read_chunks(std::move(deferred), load_threads());
     deferred.clear();
+    if (st) stager.issue();
   };
   const auto& units = opt.units();
   try {
@@ -585,22 +619,34 @@ nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, Sha
           return flat.narrow(0, seg.offset, seg.valid_numel()).view(shape);
         };
         const std::string name = model_key(u, i);
+        // Another layout's rows on a device: through one grow-only pinned buffer, one read at
+        // a time (no fresh pages per chunk; the host-to-device copy runs at PCIe speed).
+        auto load_device_serial = [&](const CkptTensorInfo& t, const at::Tensor& dst) {
+          const int64_t nbytes = dst.numel() * dst.element_size();
+          if (!staging.defined() || staging.numel() < nbytes)
+            staging = at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+          at::Tensor host = staging.narrow(0, 0, nbytes).view(dst.scalar_type()).view(shape);
+          st = load_rows(t, seg.row_start, seg.valid_rows, host, files);
+          if (st) dst.copy_(host);
+        };
         auto load = [&](const std::string& key, const at::Tensor& flat) {
           auto it = index.find(key);
           if (it == index.end()) return false;
           at::Tensor dst = view(flat);
           if (dst.device().is_cpu()) {
-            st = load_rows(dir, it->second, key, seg.row_start, seg.valid_rows, dst, files, &deferred);
-          } else {
-            // Device destinations: through one grow-only pinned buffer (no fresh pages per
-            // chunk, and the host-to-device copy runs at PCIe speed).
-            const int64_t nbytes = dst.numel() * dst.element_size();
-            if (!staging.defined() || staging.numel() < nbytes)
-              staging = at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-            at::Tensor host = staging.narrow(0, 0, nbytes).view(dst.scalar_type()).view(shape);
-            st = load_rows(dir, it->second, key, seg.row_start, seg.valid_rows, host, files);
-            if (st) dst.copy_(host);
+            st = load_rows(it->second, seg.row_start, seg.valid_rows, dst, files, &deferred);
+            return true;
           }
+          const CkptChunk* c = exact_chunk(it->second, seg.row_start, seg.valid_rows, dst.scalar_type());
+          void* p = c && dst.is_contiguous() ? stager.reserve(dst) : nullptr;
+          if (c && dst.is_contiguous() && !p) {  // the filling buffer is full: read it, retry
+            flush();
+            if (st) p = stager.reserve(dst);
+          }
+          if (p)
+            deferred.push_back({*c, p});
+          else if (st)
+            load_device_serial(it->second, dst);
           return true;
         };
         if (req.finetune) {
@@ -629,6 +675,7 @@ nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, Sha
       }
     }
     flush();
+    stager.finish();
   } catch (const std::exception& e) {
     st = Status::error(e.what());
   }

@@ -52,6 +52,10 @@ struct CkptSaveDeleter {
 };
 using CkptSavePtr = std::unique_ptr<CkptSave, CkptSaveDeleter>;
 
+// Allocates *snapshot (see ckpt_save_begin) at the size this rank's state needs, so that the
+// first asynchronous save does not stall on it (pinning 11 GB took 11.7 s on the H200). Local.
+void ckpt_reserve_snapshot(const PipelineStage& stage, ShardedAdamW& opt, at::Tensor* snapshot);
+
 // Phase 1. Collective over groups.control(), training thread: rank 0 recreates the temporary
 // directory; every rank collects its chunks and the RNG streams and parameter groups of every
 // rank. Without `snapshot` the chunks are views of the live state (training must not step

@@ -68,10 +68,24 @@ void ShardedAdamW::zero_grad() {
 }
 
 // The fused path: one multi-tensor kernel per parameter group, where the moments are float32
-// and the fused kernel exists (CUDA, torch 2.x). Returns false when it does not apply.
-bool ShardedAdamW::fused_step(double lr, double grad_multiplier) {
-  if (cfg_.exp_avg_dtype != at::kFloat || cfg_.exp_avg_sq_dtype != at::kFloat) return false;
-  if (units_.empty() || !units_[0]->param_shard().is_cuda()) return false;
+// and the fused kernel exists (CUDA, torch 2.x).
+bool ShardedAdamW::fused_applies() const {
+  return cfg_.exp_avg_dtype == at::kFloat && cfg_.exp_avg_sq_dtype == at::kFloat &&
+         !units_.empty() && units_[0]->param_shard().is_cuda() && compat::has_fused_adamw();
+}
+
+bool ShardedAdamW::step_on_device(double lr, const at::Tensor& grad_scale,
+                                  const at::Tensor& found_inf) {
+  if (!fused_applies()) return false;
+  at::NoGradGuard no_grad;
+  ++steps_;
+  WEFT_CHECK(fused_step(lr, grad_scale, found_inf), "optimizer: the fused AdamW kernel failed");
+  return true;
+}
+
+// Returns false when the kernel is not available (before any update: every group takes the
+// same branch).
+bool ShardedAdamW::fused_step(double lr, const at::Tensor& grad_scale, const at::Tensor& found_inf) {
   struct Lists {
     std::vector<at::Tensor> p, g, m, v;
   };
@@ -90,7 +104,7 @@ bool ShardedAdamW::fused_step(double lr, double grad_multiplier) {
   for (auto& [name, l] : by_group) {
     const ParamGroupSettings& g = groups_.at(name);
     if (!compat::fused_adamw(l.p, l.g, l.m, l.v, lr, g.beta1, g.beta2, g.weight_decay, g.eps,
-                             steps_, grad_multiplier))
+                             steps_, grad_scale, found_inf))
       return false;  // only before any update: every group takes the same branch
   }
   for (size_t k = 0; k < units_.size(); ++k)
@@ -102,7 +116,13 @@ bool ShardedAdamW::fused_step(double lr, double grad_multiplier) {
 void ShardedAdamW::step(double lr, double grad_multiplier) {
   at::NoGradGuard no_grad;
   ++steps_;
-  if (fused_step(lr, grad_multiplier)) return;
+  if (fused_applies()) {
+    at::Tensor scale;  // the kernel divides each gradient by it (AMP's unscale)
+    if (grad_multiplier != 1.0)
+      scale = at::full({}, 1.0 / grad_multiplier,
+                       units_[0]->param_shard().options().dtype(at::kFloat));
+    if (fused_step(lr, scale, at::Tensor())) return;
+  }
   if (grad_multiplier != 1.0)
     for (FsdpUnit* u : units_) grad_shard(*u).mul_(grad_multiplier);
   for (size_t k = 0; k < units_.size(); ++k) {

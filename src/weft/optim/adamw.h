@@ -60,6 +60,14 @@ class ShardedAdamW {
   // `grad_multiplier` (gradient clipping); then refreshes the weight shards. Whether the
   // gradient shards hold the multiplied gradients afterwards is unspecified.
   void step(double lr, double grad_multiplier = 1.0);
+  // The same step with the decisions left on the device, so that the host need not wait for
+  // the gradient norm before queueing it: every gradient is divided by `grad_scale` (float32,
+  // one element: 1 / the clipping multiplier; undefined: 1), and nothing changes where
+  // `found_inf` (float32, one element) is 1. Counts the step; when the host later learns that
+  // it was skipped, uncount_step(). Returns false, queueing nothing, where the fused CUDA
+  // kernel does not apply (CPU, bf16 moments): then decide on the host and call step().
+  bool step_on_device(double lr, const at::Tensor& grad_scale, const at::Tensor& found_inf);
+  void uncount_step() { --steps_; }
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
 
@@ -78,7 +86,8 @@ class ShardedAdamW {
   int64_t grad_bytes() const;
 
  private:
-  bool fused_step(double lr, double grad_multiplier);
+  bool fused_applies() const;
+  bool fused_step(double lr, const at::Tensor& grad_scale, const at::Tensor& found_inf);
 
   AdamWConfig cfg_;
   std::vector<FsdpUnit*> units_;

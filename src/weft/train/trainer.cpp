@@ -260,6 +260,10 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   num_microbatches_ = cfg_.global_batch_size / (cfg_.micro_batch_size * mesh.dp());
   dp_rank_ = mesh.group_rank("dp_cp", groups.rank());
   if (!cfg_.save.empty()) check_save_space();
+  if (cfg_.async_save) {  // pin the snapshot buffer now, not as a stall at the first save
+    async_saver_ = std::make_unique<AsyncCheckpointSaver>(groups_);
+    async_saver_->reserve(*stage_, *optimizer_);
+  }
   if (!cfg_.load.empty()) {
     LoadRequest req;
     req.dir = cfg_.load;
@@ -408,13 +412,27 @@ void Trainer::on_save_failure(const std::exception& e, int iteration) {
 Trainer::~Trainer() = default;
 
 Microbatch Trainer::microbatch(int m) const {
+  if (prefetched_for_ == consumed_samples_ && m < static_cast<int>(prefetched_.size()))
+    return prefetched_[m];
+  return fetch_microbatch(consumed_samples_, m);
+}
+
+Microbatch Trainer::fetch_microbatch(int64_t consumed, int m) const {
   const int64_t per_rank = static_cast<int64_t>(cfg_.micro_batch_size) * num_microbatches_;
-  const int64_t first = consumed_samples_ + dp_rank_ * per_rank +
-                        static_cast<int64_t>(m) * cfg_.micro_batch_size;
+  const int64_t first = consumed + dp_rank_ * per_rank + static_cast<int64_t>(m) * cfg_.micro_batch_size;
   Microbatch b;
   data_->fetch(false, first, cfg_.micro_batch_size, stage_->options().device, &b.tokens,
                &b.labels);
   return b;
+}
+
+void Trainer::prefetch_next_step(int it) {
+  prefetched_.clear();
+  prefetched_for_ = -1;
+  if (it >= cfg_.train_iters) return;  // the training split holds train_iters batches
+  const int64_t next = consumed_samples_ + cfg_.global_batch_size;
+  for (int m = 0; m < num_microbatches_; ++m) prefetched_.push_back(fetch_microbatch(next, m));
+  prefetched_for_ = next;
 }
 
 void Trainer::dump_first_batch() const {
@@ -527,6 +545,23 @@ IterationStats Trainer::train_step() {
       sumsq.add_(squared_norm(grad_shard(*u)));
   at::Tensor red = at::cat({losses.to(sumsq.options()), sumsq.reshape({1})});
   groups_.world().all_reduce(red, ReduceOp::kSum);
+  // Where the fused CUDA step applies, the skip decision and the clipping multiplier stay on
+  // the device and the step is queued before the host reads the losses: the GPU goes on from
+  // the norm into the optimizer instead of idling while the host decides. The arithmetic is
+  // the host's (float64, true division), so both paths update bitwise alike.
+  bool queued = false;
+  {
+    const at::Tensor found_inf = at::isfinite(red).all().logical_not().to(at::kFloat);
+    at::Tensor scale;  // 1 / min(1, clip / (norm + 1e-6)), float32 as the host path passes it
+    if (cfg_.clip_grad > 0) {
+      const at::Tensor one = at::ones({}, red.options());
+      const at::Tensor coef = at::clamp_max(
+          at::div(at::full({}, cfg_.clip_grad, red.options()), red[3].sqrt().add(1e-6)), 1.0);
+      scale = at::div(one, coef).to(at::kFloat);
+    }
+    queued = optimizer_->step_on_device(lr, scale, found_inf);
+  }
+  prefetch_next_step(it);  // the host prepares the next batch while the device works
   red = red.cpu();
   IterationStats s;
   s.iteration = it;
@@ -538,11 +573,12 @@ IterationStats Trainer::train_step() {
 
   if (!std::isfinite(s.grad_norm) || !std::isfinite(s.lm_loss) || !std::isfinite(s.aux_loss) ||
       !std::isfinite(s.mtp_loss)) {
+    if (queued) optimizer_->uncount_step();  // the device skipped it
     if (cfg_.check_for_nan) fail_non_finite(s);
     s.skipped = true;
     ++skipped_iters_;
     ++nan_iters_;
-  } else {
+  } else if (!queued) {
     double coef = 1.0;  // clipping by the global norm, applied inside the optimizer step
     if (cfg_.clip_grad > 0) coef = std::min(1.0, cfg_.clip_grad / (s.grad_norm + 1e-6));
     optimizer_->step(lr, coef);

@@ -156,7 +156,13 @@ class Trainer {
   StateBytes state_bytes(bool experts) const;
 
  private:
+  // Microbatch m of the current step: the prefetched one, else fetched now.
   Microbatch microbatch(int m) const;
+  // Microbatch m of the step whose first sample (over all dp ranks) is `consumed`.
+  Microbatch fetch_microbatch(int64_t consumed, int m) const;
+  // Fetches the microbatches of the step after iteration `it` (host reads, copies to the device
+  // started), while the device still works on this one. None after the last iteration.
+  void prefetch_next_step(int it);
   // --dump-first-batch: writes the next global batch's tokens and labels (rank 0 only).
   void dump_first_batch() const;
   // Refuses a checkpoint trained with another tokenizer (unless --override-tokenizer).
@@ -183,6 +189,8 @@ class Trainer {
   std::unique_ptr<ShardedAdamW> optimizer_;
   std::unique_ptr<TrainData> data_;
   int num_microbatches_ = 1;
+  int64_t prefetched_for_ = -1;         // the consumed samples the prefetched step starts at
+  std::vector<Microbatch> prefetched_;  // its microbatches
   int dp_rank_ = 0;
   int iteration_ = 0;
   int64_t consumed_samples_ = 0;
