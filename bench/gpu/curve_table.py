@@ -17,7 +17,8 @@ tokens/s: weft's median over iterations 4.. (as bench/gpu/mfu.py --weft-jsonl), 
 over its timed steps. MFU: bench/gpu/mfu.py's model FLOPs per token for the same shape
 over --peak (781 TFLOP/s, the measured dense bf16 matmul of the H200), the same for all three.
 Parameters: the exact count of the tied Llama model (embedding counted once), as `weft plan`.
-A missing or failed run prints its reason (not run, skipped, timeout, OOM, rc=N) instead.
+A missing or failed run prints its reason (not run, skipped, timeout, OOM, rc=N) instead; a
+failed run that left figures (weft's jsonl grows per iteration) prints them with that reason.
 Usage: curve_table.py DIR TAG... [--peak 781e12]
 """
 import argparse
@@ -128,12 +129,14 @@ def table(d, tags, peak):
                 cells += [failure(d, tag, impl), "", ""]
                 continue
             tps[impl] = r[0]
+            rc = (read_text(os.path.join(d, f"{tag}.{impl}.rc")) or "0").strip()
+            cut = "" if rc == "0" else f" ({failure(d, tag, impl)})"  # e.g. weft's jsonl of a timeout
             if impl == "weft" and r[1]:
                 est = plan_peak_gib(d, tag)
                 if est is not None:
                     plan.append(f"{tag} {est:.1f}/{r[1]:.1f} = {est / r[1]:.3f}")
             mem = "?" if r[1] is None else f"{r[1]:.1f}"
-            cells += [f"{r[0]:,.0f}", f"{100 * r[0] * f / peak:.1f}%", mem]
+            cells += [f"{r[0]:,.0f}{cut}", f"{100 * r[0] * f / peak:.1f}%", mem]
         ratios = [f"{tps['weft'] / tps[b]:.2f}x" if "weft" in tps and b in tps else ""
                   for b in ("eager", "compile")]
         row = [tag, f"{llama_params(s):,}", str(s["seq"]), str(s["mbs"])] + cells + ratios
