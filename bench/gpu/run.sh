@@ -297,13 +297,16 @@ curve)
   # eager, then every compiled one), so the runs a late timeout loses are the largest compiled
   # ones; each run's timeout is cut to what is left of CURVE_BUDGET_S (default 480 s) and the
   # runs after it are skipped, so the stage ends on time with its table ($OUT/curve/table.md is
-  # rewritten after every run, should the command itself be killed).
+  # rewritten after every run, should the command itself be killed). CURVE_END_S (default 570):
+  # the stage also ends by then, in seconds since run.sh started, so that `build curve` stays
+  # within one 10-minute device command whatever the build took.
   # CURVE_COMPILE=blocks (default): pytorch_llama.py --compile-blocks (each block compiled, one
   # graph shared by the identical blocks: compile time independent of depth); =model: --compile
   # (the whole model, ~60-90 s of compilation at 0.8B alone). CURVE_SIZES: a subset, in order.
   C="$OUT/curve"; rm -rf "$C"; mkdir -p "$C"
   CURVE_SIZES=${CURVE_SIZES:-125m 0.8b 1.5b 3b}
   curve_deadline=$((SECONDS + ${CURVE_BUDGET_S:-480}))
+  [ $curve_deadline -gt ${CURVE_END_S:-570} ] && curve_deadline=${CURVE_END_S:-570}
   CMODE=--compile-blocks; [ "${CURVE_COMPILE:-blocks}" = model ] && CMODE=--compile
   for tag in $CURVE_SIZES; do
     shape=$(curve_shape $tag) || { echo "curve: unknown size $tag (known: 125m 0.8b 1.5b 3b)"; exit 1; }
