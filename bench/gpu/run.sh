@@ -6,6 +6,8 @@
 #                                     8 ranks sharing the GPU over the MPI backend
 #   bash bench/gpu/run.sh bench1b     weft on the ~0.8B model, then PyTorch eager and compiled
 #   bash bench/gpu/run.sh bench125m   the same at ~125M (weft and PyTorch eager)
+#   bash bench/gpu/run.sh curve       size curve: weft, PyTorch eager and compiled at ~125M, 0.8B,
+#                                     ~1.5B and ~3B; one table at the end (bench/gpu/curve_table.py)
 #   bash bench/gpu/run.sh profile     Kineto traces of weft's 0.8B and 125M steps, summarised
 #   bash bench/gpu/run.sh ckpt        checkpoint save/load of the 0.8B state on the GPU vs raw
 #                                     disk (bench_checkpoint) and vs torch.distributed.checkpoint
@@ -44,6 +46,37 @@ HYB_MFU=(--pattern "$HYB_PATTERN" --hidden 2048 --heads 16 --groups 8 --ffn 5632
          --seq 4096 --state 128 --head-dim 64 --mamba-groups 8 --chunk 128)
 MODEL=(--num-layers 16 --hidden-size 2048 --num-attention-heads 16 --num-query-groups 8
        --ffn-hidden-size 5632 --vocab-size 32000 --seq-length 4096)
+# The size curve's Llama shapes (docs/performance.md "Size curve"; vocab 32000, seq 4096, tied):
+# TAG -> layers hidden heads groups ffn micro-batch. The micro-batch is the largest power of two
+# whose `weft plan` peak is <= ~75 GiB, so that eager PyTorch (~1.6x weft's activations) fits
+# the H200 at the same tokens per step.
+curve_shape() {
+  case $1 in
+    125m) echo 12 768 12 12 2048 16 ;;   # 109.5 M parameters, plan 27.9 GiB
+    0.8b) echo 16 2048 16 8 5632 8 ;;    # 820.6 M, plan 48.5 GiB
+    1.5b) echo 20 2560 20 4 6912 8 ;;    # 1.458 B, plan 74.0 GiB
+    3b)   echo 28 3072 24 8 8192 2 ;;    # 2.917 B, plan 69.2 GiB
+    *) return 1 ;;
+  esac
+}
+# curve_run TAG IMPL LIMIT_S COMMAND...: runs COMMAND (stdout to $C/TAG.IMPL.out, stderr .err)
+# under `timeout` of LIMIT_S cut to what is left before $curve_deadline; writes its exit status to
+# TAG.IMPL.rc ("skipped" when under 20 s are left) and rewrites $C/table.md.
+curve_run() {
+  local tag=$1 impl=$2 limit=$3; shift 3
+  local left=$((curve_deadline - SECONDS)) rc
+  if [ $left -lt 20 ]; then
+    echo skipped > "$C/$tag.$impl.rc"; echo "curve $tag $impl: skipped (${left}s left)"
+  else
+    [ $limit -gt $left ] && limit=$left
+    local t0=$SECONDS
+    timeout -k 10 $limit "$@" > "$C/$tag.$impl.out" 2> "$C/$tag.$impl.err"
+    rc=$?; echo $rc > "$C/$tag.$impl.rc"
+    echo "curve $tag $impl rc=$rc in $((SECONDS - t0))s (limit ${limit}s)"
+    [ $rc = 0 ] || tail -2 "$C/$tag.$impl.err" | cut -c1-300
+  fi
+  "$PY" bench/gpu/curve_table.py "$C" $CURVE_SIZES > "$C/table.md" 2>&1
+}
 
 for stage in "$@"; do
 case $stage in
@@ -257,6 +290,50 @@ bench125m)
   echo "pytorch 125m eager: $(cat "$OUT/pt125m.json")"
   TPS=$(python3 -c "import json;print(json.load(open('$OUT/pt125m.json'))['tokens_per_sec'])" 2>/dev/null) \
     && python3 bench/gpu/mfu.py "$TPS" "${M[@]}"
+  ;;
+curve)
+  # Size curve (issue 13): weft, PyTorch eager and PyTorch compiled at each of the sizes of
+  # curve_shape, then one table. Implementation-major, small to large (every weft run, then every
+  # eager, then every compiled one), so the runs a late timeout loses are the largest compiled
+  # ones; each run's timeout is cut to what is left of CURVE_BUDGET_S (default 480 s) and the
+  # runs after it are skipped, so the stage ends on time with its table ($OUT/curve/table.md is
+  # rewritten after every run, should the command itself be killed). CURVE_END_S (default 570):
+  # the stage also ends by then, in seconds since run.sh started, so that `build curve` stays
+  # within one 10-minute device command whatever the build took.
+  # CURVE_COMPILE=blocks (default): pytorch_llama.py --compile-blocks (each block compiled, one
+  # graph shared by the identical blocks: compile time independent of depth); =model: --compile
+  # (the whole model, ~60-90 s of compilation at 0.8B alone). CURVE_SIZES: a subset, in order.
+  C="$OUT/curve"; rm -rf "$C"; mkdir -p "$C"
+  CURVE_SIZES=${CURVE_SIZES:-125m 0.8b 1.5b 3b}
+  curve_deadline=$((SECONDS + ${CURVE_BUDGET_S:-480}))
+  [ $curve_deadline -gt ${CURVE_END_S:-570} ] && curve_deadline=${CURVE_END_S:-570}
+  CMODE=--compile-blocks; [ "${CURVE_COMPILE:-blocks}" = model ] && CMODE=--compile
+  for tag in $CURVE_SIZES; do
+    shape=$(curve_shape $tag) || { echo "curve: unknown size $tag (known: 125m 0.8b 1.5b 3b)"; exit 1; }
+    read -r L H NH NG F MBS <<< "$shape"
+    printf '{"layers": %d, "hidden": %d, "heads": %d, "groups": %d, "ffn": %d, "vocab": 32000, "seq": 4096, "mbs": %d}\n' \
+      $L $H $NH $NG $F $MBS > "$C/$tag.shape.json"
+  done
+  for impl in weft eager compile; do
+    for tag in $CURVE_SIZES; do
+      read -r L H NH NG F MBS <<< "$(curve_shape $tag)"
+      WS=(--num-layers $L --hidden-size $H --num-attention-heads $NH --num-query-groups $NG
+          --ffn-hidden-size $F --vocab-size 32000 --seq-length 4096 --micro-batch-size $MBS
+          --global-batch-size $MBS)
+      PS=(--layers $L --hidden $H --heads $NH --groups $NG --ffn $F --vocab 32000 --seq 4096
+          --mbs $MBS --steps 10 --warmup 4)
+      case $impl in
+      weft)
+        ./$B/app/weft plan --world-size 1 --device cuda --bf16 "${WS[@]}" --json > "$C/$tag.plan.json" 2>&1
+        curve_run $tag weft 150 ./$B/app/weft train --device cuda --bf16 "${WS[@]}" --train-iters 12 \
+          --lr 3e-4 --lr-warmup-iters 2 --log-jsonl "$C/$tag.weft.jsonl" ;;
+      eager) curve_run $tag eager 150 "$PY" bench/gpu/pytorch_llama.py "${PS[@]}" ;;
+      compile) curve_run $tag compile 240 "$PY" bench/gpu/pytorch_llama.py "${PS[@]}" $CMODE ;;
+      esac
+    done
+  done
+  echo "size curve (weft, PyTorch eager, PyTorch ${CMODE#--}; MFU over 781 TFLOP/s):"
+  cat "$C/table.md"
   ;;
 weft1b)  # weft alone, with and without the fused kernels (ratio in the same run)
   for v in fused unfused; do
