@@ -55,7 +55,7 @@ curve_shape() {
     125m) echo 12 768 12 12 2048 16 ;;   # 109.5 M parameters, plan 27.9 GiB
     0.8b) echo 16 2048 16 8 5632 8 ;;    # 820.6 M, plan 48.5 GiB
     1.5b) echo 20 2560 20 4 6912 8 ;;    # 1.458 B, plan 74.0 GiB
-    3b)   echo 28 3072 24 8 8192 2 ;;    # 2.917 B, plan 69.2 GiB
+    3b)   echo 28 3072 24 8 8192 4 ;;    # 2.917 B, plan 89.6 GiB (eager measured 110 GiB)
     *) return 1 ;;
   esac
 }
