@@ -18,6 +18,7 @@
 #include "weft/core/error.h"
 #include "weft/data/mock_dataset.h"
 #include "weft/optim/adamw.h"
+#include "weft/optim/grad_clip.h"
 #include "weft/optim/lr_schedule.h"
 #include "weft/parallel/grad_access.h"
 #include "weft/train/trainer.h"
@@ -206,6 +207,27 @@ TEST(ShardedAdamW, GradMultiplierScalesTheGradients) {
   }
   // The test can tell: without the coefficients the weights end far from these.
   EXPECT_GT((p - p1).abs().max().item<double>(), 1e-3);
+}
+
+// The clipping multiplier computed on the device (clip_grad_scale, fed to the fused AdamW as its
+// grad_scale) is bitwise the host's: 1 / clip_multiplier(sqrt(sumsq), clip) in float32, over
+// norms below, at and far above the clip value. Seen to fail with the min(1, ...) left out and
+// with the 1e-6 left out.
+TEST(GradClip, DeviceScaleEqualsHostMultiplier) {
+  at::Tensor draws = at::rand({2000}, at::kDouble).mul_(12).sub_(6).exp_();  // norms e^-6..e^6
+  int checked = 0;
+  for (double clip : {0.3, 1.0, 7.0}) {
+    for (int64_t i = 0; i < draws.numel(); ++i) {
+      const double norm = draws[i].item<double>();
+      const double sumsq = norm * norm;
+      const float host = static_cast<float>(1.0 / clip_multiplier(std::sqrt(sumsq), clip));
+      const float dev = clip_grad_scale(at::full({}, sumsq, at::kDouble), clip).item<float>();
+      ASSERT_EQ(host, dev) << "norm " << norm << " clip " << clip;
+      ++checked;
+    }
+    EXPECT_EQ(clip_grad_scale(at::full({}, 0.0, at::kDouble), clip).item<float>(), 1.0f);
+  }
+  EXPECT_EQ(checked, 6000);
 }
 
 // step_on_device (the trainer's CUDA path: the clipping multiplier as a device tensor holding

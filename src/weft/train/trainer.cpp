@@ -25,7 +25,9 @@
 #include "weft/comm/device.h"
 #include "weft/core/error.h"
 #include "weft/core/fault.h"
+#include "weft/optim/grad_clip.h"
 #include "weft/parallel/grad_access.h"
+#include "weft/parallel/grad_sync.h"
 #include "weft/parallel/schedule.h"
 #include "weft/train/preflight.h"
 #include "weft/train/validate_numbers.h"
@@ -40,27 +42,6 @@ std::string now_string() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
   return buf;
-}
-
-// The squared 2-norm of a float32 gradient shard, accumulated in float64 (on the shard's
-// device). A float32 accumulation loses ~1e-5 of the norm over millions of elements on the CPU
-// (libtorch's CPU reductions add sequentially per thread), which is what the logged grad norm
-// and the clipping coefficient used to show; in pieces so the float64 copy stays small.
-// On CUDA the reduction is a tree in float32 and already within ~2e-8 of float64 (issue
-// measurement), so it stays one kernel there.
-at::Tensor squared_norm(const at::Tensor& shard) {
-  if (shard.is_cuda())
-    return at::linalg_vector_norm(shard, 2, c10::nullopt, false, at::kFloat)
-        .to(at::kDouble)
-        .pow(2);
-  constexpr int64_t kPiece = int64_t{1} << 22;
-  at::Tensor acc = at::zeros({}, shard.options().dtype(at::kDouble));
-  const at::Tensor flat = shard.reshape({-1});
-  for (int64_t i = 0; i < flat.numel(); i += kPiece) {
-    const at::Tensor piece = flat.narrow(0, i, std::min(kPiece, flat.numel() - i)).to(at::kDouble);
-    acc.add_(piece.dot(piece));
-  }
-  return acc;
 }
 
 volatile std::sig_atomic_t g_exit_signal = 0;
@@ -512,14 +493,7 @@ IterationStats Trainer::train_step() {
                [this](int m) { return microbatch(m); }, loss_scale);
   fault_point("train.after_backward", groups_.rank(), it);  // crash and hang tests
 
-  for (auto& u : stage_->units())
-    if (Communicator* rep = u->replicate_comm(); rep && rep->size() > 1)
-      rep->all_reduce(grad_shard(*u), ReduceOp::kSum);
-
-  if (stage_->has_embedding_copy()) {
-    FsdpUnit* e = stage_->is_first() ? stage_->embedding_unit() : stage_->embedding_copy_unit();
-    if (e) groups_.get("embedding")->all_reduce(grad_shard(*e), ReduceOp::kSum);
-  }
+  all_reduce_stage_grads(*stage_, groups_);  // HSDP replicas, tied embedding
 
   // Fault injection for the NaN tests (core/fault.h), after every gradient reduction:
   // WEFT_FAULT=train.nan_grad:<rank>:<it>:error plants a NaN in this rank's gradient of the
@@ -538,11 +512,7 @@ IterationStats Trainer::train_step() {
 
   // One world all-reduce carries the losses and the squared gradient norm; it runs on the
   // compute device so that the NCCL backend can take it.
-  const c10::Device dev = stage_->options().device;
-  at::Tensor sumsq = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(dev));
-  for (auto& u : stage_->units())
-    if (u->main_replica() && !stage_->is_embedding_copy(u.get()))
-      sumsq.add_(squared_norm(grad_shard(*u)));
+  const at::Tensor sumsq = local_grad_sumsq(*stage_);
   at::Tensor red = at::cat({losses.to(sumsq.options()), sumsq.reshape({1})});
   groups_.world().all_reduce(red, ReduceOp::kSum);
   // Where the fused CUDA step applies, the skip decision and the clipping multiplier stay on
@@ -552,13 +522,8 @@ IterationStats Trainer::train_step() {
   bool queued = false;
   {
     const at::Tensor found_inf = at::isfinite(red).all().logical_not().to(at::kFloat);
-    at::Tensor scale;  // 1 / min(1, clip / (norm + 1e-6)), float32 as the host path passes it
-    if (cfg_.clip_grad > 0) {
-      const at::Tensor one = at::ones({}, red.options());
-      const at::Tensor coef = at::clamp_max(
-          at::div(at::full({}, cfg_.clip_grad, red.options()), red[3].sqrt().add(1e-6)), 1.0);
-      scale = at::div(one, coef).to(at::kFloat);
-    }
+    at::Tensor scale;  // undefined: no clipping
+    if (cfg_.clip_grad > 0) scale = clip_grad_scale(red[3], cfg_.clip_grad);
     queued = optimizer_->step_on_device(lr, scale, found_inf);
   }
   prefetch_next_step(it);  // the host prepares the next batch while the device works
@@ -579,9 +544,7 @@ IterationStats Trainer::train_step() {
     ++skipped_iters_;
     ++nan_iters_;
   } else if (!queued) {
-    double coef = 1.0;  // clipping by the global norm, applied inside the optimizer step
-    if (cfg_.clip_grad > 0) coef = std::min(1.0, cfg_.clip_grad / (s.grad_norm + 1e-6));
-    optimizer_->step(lr, coef);
+    optimizer_->step(lr, cfg_.clip_grad > 0 ? clip_multiplier(s.grad_norm, cfg_.clip_grad) : 1.0);
   }
   device_synchronize(stage_->options().device);
   iteration_ = it;
