@@ -160,8 +160,9 @@ TEST(AsyncSave, ResumeIsBitwiseLikeSyncSave) {
     const std::string name = ckpt_iter_dir_name(it);
     EXPECT_EQ(diff_files(a.save + "/" + name, b1.save + "/" + name), "") << name;
   }
-  if (test::world_rank() == 0)
+  if (test::world_rank() == 0) {
     EXPECT_EQ(file_bytes(b1.save + "/latest_checkpointed_iteration.txt"), "4\n");
+  }
   MPI_Barrier(MPI_COMM_WORLD);
   if (test::world_rank() == 0) (void)weft::remove_tree(dir);
 }

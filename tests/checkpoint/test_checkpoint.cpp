@@ -213,8 +213,9 @@ std::string load_error(TrainConfig c, int world, const std::string& dir) {
 }
 
 void expect_refused(const std::string& err, const std::string& needle) {
-  if (test::world_rank() == 0 || !err.empty())
+  if (test::world_rank() == 0 || !err.empty()) {
     EXPECT_NE(err.find(needle), std::string::npos) << "error was: '" << err << "'";
+  }
 }
 
 TEST(Refusals, EachWithItsOwnMessage) {
@@ -257,7 +258,9 @@ TEST(Refusals, EachWithItsOwnMessage) {
     req.debug_skip_coverage_check = true;
     save_checkpoint(req, t.stage(), t.optimizer(), g);
   });
-  if (test::world_rank() < 2) EXPECT_NE(save_err.find("overlap"), std::string::npos) << save_err;
+  if (test::world_rank() < 2) {
+    EXPECT_NE(save_err.find("overlap"), std::string::npos) << save_err;
+  }
   expect_refused(load_error(fewer, 2, dir + "/local"), "overlap");
 
   // Corruption: a flipped byte in a tensor, then a truncated file.
@@ -324,12 +327,13 @@ TEST(Strictness, EachModeRaisesOrLoadsAsDocumented) {
             << "error was: '" << err << "'";
       } else {
         EXPECT_EQ(err, "");
-        if (test::world_rank() == 0)
+        if (test::world_rank() == 0) {
           EXPECT_EQ(logged.find(missing ? "missing keys not loaded: decoder.layers.6"
                                         : "unexpected keys ignored: decoder.layers.4") !=
                         std::string::npos,
                     log)
               << "stderr was: '" << logged << "'";
+        }
       }
     }
   }
@@ -420,7 +424,9 @@ TEST(RngRestore, EachRankDrawsWhatItWouldHaveDrawnAfterTheSave) {
   if (test::world_rank() < 4) {
     ASSERT_TRUE(x.defined() && y.defined());
     EXPECT_TRUE(at::equal(x, y)) << "rank " << test::world_rank() << " drew " << y << " not " << x;
-    if (test::world_rank() != 0) EXPECT_FALSE(at::equal(x, x0));
+    if (test::world_rank() != 0) {
+      EXPECT_FALSE(at::equal(x, x0));
+    }
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (test::world_rank() == 0) (void)weft::remove_tree(dir);

@@ -164,7 +164,9 @@ TEST(Backends, NcclTrainingMatchesMpi) {
   test::job_backend = Backend::kMpi;
   ASSERT_EQ(nccl.size(), mpi.size());
   for (size_t i = 0; i < mpi.size(); ++i) {
-    if (world == 1) EXPECT_EQ(nccl[i].lm_loss, mpi[i].lm_loss) << "iteration " << i + 1;
+    if (world == 1) {
+      EXPECT_EQ(nccl[i].lm_loss, mpi[i].lm_loss) << "iteration " << i + 1;
+    }
     EXPECT_NEAR(nccl[i].lm_loss, mpi[i].lm_loss, 1e-6 * mpi[i].lm_loss) << "iteration " << i + 1;
     EXPECT_NEAR(nccl[i].grad_norm, mpi[i].grad_norm, 1e-6 * mpi[i].grad_norm) << "iteration " << i + 1;
   }
