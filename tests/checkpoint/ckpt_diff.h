@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "../train/job.h"
+#include "support/job.h"
 #include "weft/checkpoint/format.h"
 
 namespace weft::test {

@@ -16,8 +16,9 @@
 #include <fstream>
 #include <set>
 
-#include "../train/job.h"
 #include "ckpt_diff.h"
+#include "support/job.h"
+#include "support/tiny_config.h"
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/checkpoint/format.h"
 #include "weft/comm/process_groups.h"
@@ -32,24 +33,8 @@ using test::run_job;
 namespace fs = std::filesystem;
 
 TrainConfig small_config() {
-  TrainConfig c;
-  ModelConfig& m = c.model;
-  m.num_layers = 6;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.ffn_hidden_size = 48;
-  m.seq_length = 16;
-  m.vocab_size = 64;
-  c.micro_batch_size = 2;
-  c.global_batch_size = 16;
-  c.train_iters = 3;
-  c.lr.lr = 1e-2;
-  c.lr.min_lr = 1e-3;
-  c.lr.warmup_iters = 1;
-  c.seed = 11;
-  c.device = test::test_device();
-  return c;
+  return test::tiny_config(
+      {.num_layers = 6, .global_batch_size = 16, .train_iters = 3, .seed = 11});
 }
 
 struct Layout {

@@ -11,7 +11,8 @@
 
 #include <cmath>
 
-#include "job.h"
+#include "support/job.h"
+#include "support/tiny_config.h"
 #include "weft/comm/process_groups.h"
 #include "weft/model/hybrid.h"
 #include "weft/parallel/grad_access.h"
@@ -21,31 +22,11 @@ namespace {
 
 using test::run_job;
 
+// The tiny MoE on 4 layers, the first dense.
 TrainConfig moe_config() {
-  TrainConfig c;
-  ModelConfig& m = c.model;
-  m.num_layers = 4;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.ffn_hidden_size = 48;
-  m.seq_length = 16;
-  m.vocab_size = 64;
-  m.num_experts = 4;
-  m.moe_router_topk = 2;
-  m.moe_ffn_hidden_size = 24;
-  m.moe_shared_expert_intermediate_size = 16;
-  m.moe_aux_loss_coeff = 0.01;
-  m.moe_layer_pattern = {0, 1, 1, 1};
-  m.mtp_num_layers = 2;
-  c.micro_batch_size = 2;
-  c.global_batch_size = 16;
-  c.train_iters = 4;
-  c.lr.lr = 1e-2;
-  c.lr.min_lr = 1e-3;
-  c.lr.warmup_iters = 1;
-  c.seed = 5;
-  c.device = test::test_device();
+  TrainConfig c =
+      test::tiny_config({.num_layers = 4, .global_batch_size = 16, .train_iters = 4, .seed = 5});
+  test::apply_tiny_moe({0, 1, 1, 1}, &c.model);
   return c;
 }
 
