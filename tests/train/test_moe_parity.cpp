@@ -11,6 +11,7 @@
 
 #include <cmath>
 
+#include "support/embedding_copies.h"
 #include "support/job.h"
 #include "support/tiny_config.h"
 #include "weft/comm/process_groups.h"
@@ -60,25 +61,6 @@ void expect_close(const std::vector<IterationStats>& got, const std::vector<Iter
   }
 }
 
-// The first stage's embedding and the last stage's copy are bitwise equal after every step.
-void check_embedding_copies(Trainer& t, const ProcessGroups& g) {
-  PipelineStage& s = t.stage();
-  if (!s.has_embedding_copy()) return;
-  Communicator* emb = g.get("embedding");
-  if (!emb) return;
-  FsdpUnit* u = s.is_first() ? s.embedding_unit() : s.embedding_copy_unit();
-  ASSERT_NE(u, nullptr);
-  size_t k = 0;
-  while (t.optimizer().units()[k] != u) ++k;
-  const UnitOptimState& st = t.optimizer().state(k);
-  for (const at::Tensor& x : {u->param_shard(), st.master, st.exp_avg, st.exp_avg_sq}) {
-    at::Tensor both = at::empty({2, x.numel()}, x.options());
-    emb->all_gather(x.contiguous(), both.view({-1}));
-    EXPECT_TRUE(at::equal(both[0], both[1]))
-        << "embedding copies differ after iteration " << t.iteration();
-  }
-}
-
 TEST(MoeParity, ExpertParallelLayoutsMatchOneRank) {
   if (test::world_size() < 8) GTEST_SKIP() << "needs 8 ranks";
   for (bool tied : {true, false}) {
@@ -96,7 +78,7 @@ TEST(MoeParity, ExpertParallelLayoutsMatchOneRank) {
       EXPECT_GT(ref.front().mtp_loss, 1.0) << "MTP loss not reported";
       for (const Layout& l : kLayouts) {
         if (!tied && l.outer > 1) continue;
-        auto got = run_job(with_layout(c, l), l.world, false, check_embedding_copies);
+        auto got = run_job(with_layout(c, l), l.world, false, test::expect_embedding_copies_equal);
         if (test::world_rank() < l.world) expect_close(got, ref, 1e-5, mode + " " + l.name);
       }
     }
@@ -124,7 +106,7 @@ TEST(MoeParity, HybridLayoutsMatchOneRank) {
   for (const Layout& l : kLayouts) {
     TrainConfig t = with_layout(c, l);
     if (l.pp != 2) t.model.hybrid_stage_layers.clear();
-    auto got = run_job(t, l.world, false, check_embedding_copies);
+    auto got = run_job(t, l.world, false, test::expect_embedding_copies_equal);
     if (test::world_rank() < l.world) expect_close(got, ref, 1e-5, std::string("hybrid ") + l.name);
   }
 }

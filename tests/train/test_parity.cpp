@@ -11,6 +11,7 @@
 
 #include <cmath>
 
+#include "support/embedding_copies.h"
 #include "support/job.h"
 #include "support/tiny_config.h"
 #include "weft/comm/device.h"
@@ -71,26 +72,6 @@ void expect_close(const std::vector<IterationStats>& got, const std::vector<Iter
   }
 }
 
-// After every step, the first stage's embedding and the last stage's tied copy are bitwise
-// equal: weights, master weights and both moments.
-void check_tied_copies(Trainer& t, const ProcessGroups& g) {
-  PipelineStage& s = t.stage();
-  if (!t.stage().model_config().tied() || s.num_stages() == 1) return;
-  Communicator* emb = g.get("embedding");
-  if (!emb) return;
-  FsdpUnit* u = s.is_first() ? s.embedding_unit() : s.embedding_copy_unit();
-  ASSERT_NE(u, nullptr);
-  size_t k = 0;
-  while (t.optimizer().units()[k] != u) ++k;
-  const UnitOptimState& st = t.optimizer().state(k);
-  for (const at::Tensor& x : {u->param_shard(), st.master, st.exp_avg, st.exp_avg_sq}) {
-    at::Tensor both = at::empty({2 * x.numel()}, x.options());
-    emb->all_gather(x.contiguous(), both);
-    EXPECT_TRUE(at::equal(both.narrow(0, 0, x.numel()), both.narrow(0, x.numel(), x.numel())))
-        << "tied embedding copies differ after iteration " << t.iteration();
-  }
-}
-
 class Parity : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(Parity, Fp32LayoutsMatchSingleRank) {
@@ -102,7 +83,7 @@ TEST_P(Parity, Fp32LayoutsMatchSingleRank) {
     auto ref = run_job(c, 1, /*self_only=*/true);
     for (const Layout& l : kLayouts) {
       if (l.tiny != tiny || l.world > test::world_size()) continue;
-      auto got = run_job(with_layout(c, l), l.world, false, check_tied_copies);
+      auto got = run_job(with_layout(c, l), l.world, false, test::expect_embedding_copies_equal);
       if (test::world_rank() < l.world) expect_close(got, ref, 1e-5, l.name);
     }
   }
@@ -133,7 +114,7 @@ TEST(ParityBf16, LayoutsAgreeAndLossDecreases) {
   EXPECT_LT(ref.back().lm_loss, ref.front().lm_loss * 0.9) << "bf16 loss does not decrease";
   for (const Layout& l : kLayouts) {
     if (l.tiny || l.world > test::world_size()) continue;
-    auto got = run_job(with_layout(c, l), l.world, false, check_tied_copies);
+    auto got = run_job(with_layout(c, l), l.world, false, test::expect_embedding_copies_equal);
     if (test::world_rank() >= l.world) continue;
     expect_close(got, ref, 1e-6, std::string("bf16 ") + l.name);
     ASSERT_EQ(got.size(), 12u);

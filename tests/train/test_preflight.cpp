@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "support/expect_usage.h"
 #include "support/tiny_config.h"
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/comm/process_groups.h"
@@ -21,16 +22,7 @@
 namespace weft {
 namespace {
 namespace fs = std::filesystem;
-
-template <typename F>
-void expect_usage(F f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "accepted; expected an error naming " << needle;
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using test::expect_usage;
 
 std::string temp_dir() {
   char tmpl[] = "/tmp/weft-preflight-XXXXXX";

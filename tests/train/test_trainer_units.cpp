@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "support/expect_usage.h"
 #include "support/tiny_config.h"
 #include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
@@ -26,15 +27,7 @@
 namespace weft {
 namespace {
 
-template <typename F>
-void expect_usage(F f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "accepted; expected an error naming " << needle;
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using test::expect_usage;
 
 TEST(SplitLayers, EvenAndUneven) {
   EXPECT_EQ(split_layers(8, 2, -1, -1), (std::vector<int>{4, 4}));
