@@ -2,13 +2,13 @@
 // that decides a resume (iteration, consumed samples and tokens, optimizer steps and parameter
 // groups, LR scheduler, data position, RNG streams). Rank 0 reads both (every chunk
 // checksum-verified by the reader); other ranks return "". Any failure to read is a difference,
-// never a silent match.
+// never a silent match. Also diff_resaved: a checkpoint loaded and saved again at once.
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "../train/job.h"
+#include "support/job.h"
 #include "weft/checkpoint/format.h"
 
 namespace weft::test {
@@ -51,6 +51,24 @@ inline std::string diff_checkpoints(const std::string& a, const std::string& b) 
     if (va != vb) out += std::string("metadata differs: ") + k + "\n";
   }
   return out;
+}
+
+// The restore half of "everything saved is restored bitwise": loads iteration `iteration` of
+// the checkpoint directory `from` with config `c` on `world` ranks, saves it again at once to
+// `to` and returns diff_checkpoints of the two saves of that iteration. `c` is the config of
+// the runs that saved: its train_iters gives the LR schedule's decay length. Collective over
+// MPI_COMM_WORLD (run_job).
+inline std::string diff_resaved(const TrainConfig& c, int world, const std::string& from,
+                                int iteration, const std::string& to) {
+  TrainConfig r = c;
+  r.load = from;
+  r.ckpt_step = iteration;
+  r.save = to;
+  r.train_iters = iteration;
+  r.lr.decay_iters = c.train_iters;  // the schedule of the runs that saved (from --train-iters)
+  run_job(r, world, false, nullptr, nullptr, [](Trainer& t, const ProcessGroups&) { t.save(); });
+  const std::string name = ckpt_iter_dir_name(iteration);
+  return diff_checkpoints(from + "/" + name, to + "/" + name);
 }
 
 }  // namespace weft::test

@@ -21,8 +21,9 @@
 #include <sstream>
 #include <thread>
 
-#include "../train/job.h"
 #include "ckpt_diff.h"
+#include "support/job.h"
+#include "support/tiny_config.h"
 #include "weft/checkpoint/async_save.h"
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/comm/process_groups.h"
@@ -35,25 +36,11 @@ using test::diff_checkpoints;
 using test::run_job;
 namespace fs = std::filesystem;
 
+// The tiny model on 2 layers in bf16.
 TrainConfig small_config() {
-  TrainConfig c;
-  ModelConfig& m = c.model;
-  m.num_layers = 2;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.ffn_hidden_size = 48;
-  m.seq_length = 16;
-  m.vocab_size = 64;
-  m.bf16 = true;
-  c.micro_batch_size = 2;
-  c.global_batch_size = 8;
-  c.train_iters = 4;
-  c.lr.lr = 1e-2;
-  c.lr.min_lr = 1e-3;
-  c.lr.warmup_iters = 1;
-  c.seed = 5;
-  c.device = test::test_device();
+  TrainConfig c =
+      test::tiny_config({.num_layers = 2, .global_batch_size = 8, .train_iters = 4, .seed = 5});
+  c.model.bf16 = true;
   return c;
 }
 
@@ -160,8 +147,9 @@ TEST(AsyncSave, ResumeIsBitwiseLikeSyncSave) {
     const std::string name = ckpt_iter_dir_name(it);
     EXPECT_EQ(diff_files(a.save + "/" + name, b1.save + "/" + name), "") << name;
   }
-  if (test::world_rank() == 0)
+  if (test::world_rank() == 0) {
     EXPECT_EQ(file_bytes(b1.save + "/latest_checkpointed_iteration.txt"), "4\n");
+  }
   MPI_Barrier(MPI_COMM_WORLD);
   if (test::world_rank() == 0) (void)weft::remove_tree(dir);
 }

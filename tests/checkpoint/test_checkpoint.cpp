@@ -16,8 +16,9 @@
 #include <fstream>
 #include <set>
 
-#include "../train/job.h"
 #include "ckpt_diff.h"
+#include "support/job.h"
+#include "support/tiny_config.h"
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/checkpoint/format.h"
 #include "weft/comm/process_groups.h"
@@ -32,24 +33,8 @@ using test::run_job;
 namespace fs = std::filesystem;
 
 TrainConfig small_config() {
-  TrainConfig c;
-  ModelConfig& m = c.model;
-  m.num_layers = 6;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.ffn_hidden_size = 48;
-  m.seq_length = 16;
-  m.vocab_size = 64;
-  c.micro_batch_size = 2;
-  c.global_batch_size = 16;
-  c.train_iters = 3;
-  c.lr.lr = 1e-2;
-  c.lr.min_lr = 1e-3;
-  c.lr.warmup_iters = 1;
-  c.seed = 11;
-  c.device = test::test_device();
-  return c;
+  return test::tiny_config(
+      {.num_layers = 6, .global_batch_size = 16, .train_iters = 3, .seed = 11});
 }
 
 struct Layout {
@@ -106,15 +91,7 @@ TEST_P(Restart, BitwiseOnSameLayout) {
     EXPECT_EQ(diff_checkpoints(dir + "/a/iter_0000003", dir + "/b/iter_0000003"), "");
     EXPECT_EQ(diff_checkpoints(dir + "/a/iter_0000002", dir + "/b/iter_0000002"), "");
     // Everything saved is restored bitwise: load iteration 2 and save it again at once.
-    TrainConfig r = c;
-    r.load = dir + "/b";
-    r.ckpt_step = 2;
-    r.save = dir + "/c";
-    r.train_iters = 2;
-    r.lr.decay_iters = c.train_iters;  // the schedule of the runs that saved (from --train-iters)
-    run_job(r, l.world, false, nullptr, nullptr,
-            [](Trainer& t, const ProcessGroups&) { t.save(); });
-    EXPECT_EQ(diff_checkpoints(dir + "/b/iter_0000002", dir + "/c/iter_0000002"), "");
+    EXPECT_EQ(test::diff_resaved(c, l.world, dir + "/b", 2, dir + "/c"), "");
     if (test::world_rank() == 0) (void)weft::remove_tree(dir);
   }
 }
@@ -213,8 +190,9 @@ std::string load_error(TrainConfig c, int world, const std::string& dir) {
 }
 
 void expect_refused(const std::string& err, const std::string& needle) {
-  if (test::world_rank() == 0 || !err.empty())
+  if (test::world_rank() == 0 || !err.empty()) {
     EXPECT_NE(err.find(needle), std::string::npos) << "error was: '" << err << "'";
+  }
 }
 
 TEST(Refusals, EachWithItsOwnMessage) {
@@ -257,7 +235,9 @@ TEST(Refusals, EachWithItsOwnMessage) {
     req.debug_skip_coverage_check = true;
     save_checkpoint(req, t.stage(), t.optimizer(), g);
   });
-  if (test::world_rank() < 2) EXPECT_NE(save_err.find("overlap"), std::string::npos) << save_err;
+  if (test::world_rank() < 2) {
+    EXPECT_NE(save_err.find("overlap"), std::string::npos) << save_err;
+  }
   expect_refused(load_error(fewer, 2, dir + "/local"), "overlap");
 
   // Corruption: a flipped byte in a tensor, then a truncated file.
@@ -324,12 +304,13 @@ TEST(Strictness, EachModeRaisesOrLoadsAsDocumented) {
             << "error was: '" << err << "'";
       } else {
         EXPECT_EQ(err, "");
-        if (test::world_rank() == 0)
+        if (test::world_rank() == 0) {
           EXPECT_EQ(logged.find(missing ? "missing keys not loaded: decoder.layers.6"
                                         : "unexpected keys ignored: decoder.layers.4") !=
                         std::string::npos,
                     log)
               << "stderr was: '" << logged << "'";
+        }
       }
     }
   }
@@ -420,7 +401,9 @@ TEST(RngRestore, EachRankDrawsWhatItWouldHaveDrawnAfterTheSave) {
   if (test::world_rank() < 4) {
     ASSERT_TRUE(x.defined() && y.defined());
     EXPECT_TRUE(at::equal(x, y)) << "rank " << test::world_rank() << " drew " << y << " not " << x;
-    if (test::world_rank() != 0) EXPECT_FALSE(at::equal(x, x0));
+    if (test::world_rank() != 0) {
+      EXPECT_FALSE(at::equal(x, x0));
+    }
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (test::world_rank() == 0) (void)weft::remove_tree(dir);

@@ -18,7 +18,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "../train/job.h"
+#include "support/job.h"
+#include "support/tiny_config.h"
 #include "weft/checkpoint/full_read.h"
 #include "weft/checkpoint/hf_config.h"
 #include "weft/checkpoint/hf_import.h"
@@ -33,25 +34,14 @@ namespace {
 namespace fs = std::filesystem;
 using test::run_job;
 
-// 4 layers, hidden 32, 4 heads in 2 query groups (r = 2, hd = 8), ffn 48, vocab 64, seq 16.
+// The tiny model on 4 layers: hidden 32, 4 heads in 2 query groups (r = 2, hd = 8), ffn 48,
+// vocab 64, seq 16; micro-batch 1, on the CPU whatever WEFT_TEST_DEVICE says.
 TrainConfig tiny(bool untied = false) {
-  TrainConfig c;
-  ModelConfig& m = c.model;
-  m.num_layers = 4;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.ffn_hidden_size = 48;
-  m.seq_length = 16;
-  m.vocab_size = 64;
-  m.untie_embeddings_and_output_weights = untied;
+  TrainConfig c =
+      test::tiny_config({.num_layers = 4, .global_batch_size = 4, .train_iters = 2, .seed = 5});
+  c.model.untie_embeddings_and_output_weights = untied;
   c.micro_batch_size = 1;
-  c.global_batch_size = 4;
-  c.train_iters = 2;
-  c.lr.lr = 1e-2;
-  c.lr.min_lr = 1e-3;
-  c.lr.warmup_iters = 1;
-  c.seed = 5;
+  c.device = "cpu";
   return c;
 }
 

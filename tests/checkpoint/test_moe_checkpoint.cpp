@@ -16,8 +16,9 @@
 #include <cmath>
 #include <set>
 
-#include "../train/job.h"
 #include "ckpt_diff.h"
+#include "support/job.h"
+#include "support/tiny_config.h"
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/checkpoint/format.h"
 #include "weft/comm/process_groups.h"
@@ -33,32 +34,12 @@ using test::run_job;
 // The scenario's model: MoE transformer layers (moe), or the hybrid pattern of Mamba-2,
 // attention, MLP and MoE layers with two MTP depths of an attention and an MoE layer (hybrid).
 TrainConfig scenario_config(bool hybrid = false) {
-  TrainConfig c;
+  TrainConfig c =
+      test::tiny_config({.num_layers = 8, .global_batch_size = 16, .train_iters = 3, .seed = 23});
   ModelConfig& m = c.model;
-  m.num_layers = 8;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.ffn_hidden_size = 48;
-  m.seq_length = 16;
-  m.vocab_size = 64;
-  m.num_experts = 4;
-  m.moe_router_topk = 2;
-  m.moe_ffn_hidden_size = 24;
-  m.moe_shared_expert_intermediate_size = 16;
-  m.moe_aux_loss_coeff = 0.01;
-  m.moe_layer_pattern = {0, 1, 1, 0, 1, 0, 1, 1};
-  m.mtp_num_layers = 2;
+  test::apply_tiny_moe({0, 1, 1, 0, 1, 0, 1, 1}, &m);
   c.layout.pp = 2;
   c.layout.ep = 2;
-  c.micro_batch_size = 2;
-  c.global_batch_size = 16;
-  c.train_iters = 3;
-  c.lr.lr = 1e-2;
-  c.lr.min_lr = 1e-3;
-  c.lr.warmup_iters = 1;
-  c.seed = 23;
-  c.device = test::test_device();
   if (hybrid) {
     m.moe_layer_pattern.clear();
     m.mtp_num_layers = 0;
@@ -127,18 +108,11 @@ TEST_P(MoeScenario, BitwiseRestartPp2Ep2Mtp2) {
     EXPECT_EQ(diff_checkpoints(dir + "/a/iter_0000002", dir + "/b/iter_0000002"), "");
     EXPECT_EQ(diff_checkpoints(dir + "/a/iter_0000003", dir + "/b/iter_0000003"), "");
     // Everything saved is restored bitwise on every rank: load iteration 2, save it again.
-    TrainConfig r = c;
-    r.load = dir + "/b";
-    r.ckpt_step = 2;
-    r.save = dir + "/c";
-    r.train_iters = 2;
-    r.lr.decay_iters = c.train_iters;  // the schedule of the runs that saved (from --train-iters)
-    run_job(r, l.world, false, nullptr, nullptr,
-            [](Trainer& t, const ProcessGroups&) { t.save(); });
-    EXPECT_EQ(diff_checkpoints(dir + "/b/iter_0000002", dir + "/c/iter_0000002"), "");
+    EXPECT_EQ(test::diff_resaved(c, l.world, dir + "/b", 2, dir + "/c"), "");
     // The comparison can fail: a checkpoint one step later differs (rank 0 compares).
-    if (test::world_rank() == 0)
+    if (test::world_rank() == 0) {
       EXPECT_NE(diff_checkpoints(dir + "/b/iter_0000002", dir + "/b/iter_0000003"), "");
+    }
     if (test::world_rank() == 0) (void)weft::remove_tree(dir);
   }
 }

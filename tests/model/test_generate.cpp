@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "support/tiny_config.h"
 #include "weft/core/compat.h"
 #include "weft/core/error.h"
 #include "weft/model/full_params.h"
@@ -33,17 +34,7 @@ namespace {
 
 constexpr uint64_t kSeed = 11;
 
-ModelConfig dense_config() {
-  ModelConfig c;
-  c.num_layers = 3;
-  c.hidden_size = 32;
-  c.ffn_hidden_size = 48;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.seq_length = 16;
-  c.vocab_size = 64;
-  return c;
-}
+ModelConfig dense_config() { return test::tiny_model(3); }
 
 ModelConfig moe_config() {
   ModelConfig c = dense_config();

@@ -11,7 +11,9 @@
 
 #include <cmath>
 
-#include "job.h"
+#include "support/embedding_copies.h"
+#include "support/job.h"
+#include "support/tiny_config.h"
 #include "weft/comm/process_groups.h"
 #include "weft/model/hybrid.h"
 #include "weft/parallel/grad_access.h"
@@ -21,31 +23,11 @@ namespace {
 
 using test::run_job;
 
+// The tiny MoE on 4 layers, the first dense.
 TrainConfig moe_config() {
-  TrainConfig c;
-  ModelConfig& m = c.model;
-  m.num_layers = 4;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.ffn_hidden_size = 48;
-  m.seq_length = 16;
-  m.vocab_size = 64;
-  m.num_experts = 4;
-  m.moe_router_topk = 2;
-  m.moe_ffn_hidden_size = 24;
-  m.moe_shared_expert_intermediate_size = 16;
-  m.moe_aux_loss_coeff = 0.01;
-  m.moe_layer_pattern = {0, 1, 1, 1};
-  m.mtp_num_layers = 2;
-  c.micro_batch_size = 2;
-  c.global_batch_size = 16;
-  c.train_iters = 4;
-  c.lr.lr = 1e-2;
-  c.lr.min_lr = 1e-3;
-  c.lr.warmup_iters = 1;
-  c.seed = 5;
-  c.device = test::test_device();
+  TrainConfig c =
+      test::tiny_config({.num_layers = 4, .global_batch_size = 16, .train_iters = 4, .seed = 5});
+  test::apply_tiny_moe({0, 1, 1, 1}, &c.model);
   return c;
 }
 
@@ -79,25 +61,6 @@ void expect_close(const std::vector<IterationStats>& got, const std::vector<Iter
   }
 }
 
-// The first stage's embedding and the last stage's copy are bitwise equal after every step.
-void check_embedding_copies(Trainer& t, const ProcessGroups& g) {
-  PipelineStage& s = t.stage();
-  if (!s.has_embedding_copy()) return;
-  Communicator* emb = g.get("embedding");
-  if (!emb) return;
-  FsdpUnit* u = s.is_first() ? s.embedding_unit() : s.embedding_copy_unit();
-  ASSERT_NE(u, nullptr);
-  size_t k = 0;
-  while (t.optimizer().units()[k] != u) ++k;
-  const UnitOptimState& st = t.optimizer().state(k);
-  for (const at::Tensor& x : {u->param_shard(), st.master, st.exp_avg, st.exp_avg_sq}) {
-    at::Tensor both = at::empty({2, x.numel()}, x.options());
-    emb->all_gather(x.contiguous(), both.view({-1}));
-    EXPECT_TRUE(at::equal(both[0], both[1]))
-        << "embedding copies differ after iteration " << t.iteration();
-  }
-}
-
 TEST(MoeParity, ExpertParallelLayoutsMatchOneRank) {
   if (test::world_size() < 8) GTEST_SKIP() << "needs 8 ranks";
   for (bool tied : {true, false}) {
@@ -115,7 +78,7 @@ TEST(MoeParity, ExpertParallelLayoutsMatchOneRank) {
       EXPECT_GT(ref.front().mtp_loss, 1.0) << "MTP loss not reported";
       for (const Layout& l : kLayouts) {
         if (!tied && l.outer > 1) continue;
-        auto got = run_job(with_layout(c, l), l.world, false, check_embedding_copies);
+        auto got = run_job(with_layout(c, l), l.world, false, test::expect_embedding_copies_equal);
         if (test::world_rank() < l.world) expect_close(got, ref, 1e-5, mode + " " + l.name);
       }
     }
@@ -143,7 +106,7 @@ TEST(MoeParity, HybridLayoutsMatchOneRank) {
   for (const Layout& l : kLayouts) {
     TrainConfig t = with_layout(c, l);
     if (l.pp != 2) t.model.hybrid_stage_layers.clear();
-    auto got = run_job(t, l.world, false, check_embedding_copies);
+    auto got = run_job(t, l.world, false, test::expect_embedding_copies_equal);
     if (test::world_rank() < l.world) expect_close(got, ref, 1e-5, std::string("hybrid ") + l.name);
   }
 }

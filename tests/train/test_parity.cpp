@@ -11,7 +11,9 @@
 
 #include <cmath>
 
-#include "job.h"
+#include "support/embedding_copies.h"
+#include "support/job.h"
+#include "support/tiny_config.h"
 #include "weft/comm/device.h"
 #include "weft/comm/process_groups.h"
 #include "weft/parallel/grad_access.h"
@@ -21,25 +23,19 @@ namespace {
 
 using test::run_job;
 
+// The tiny model on 6 layers, 2 warmup iterations, clipping at 1. `tiny`: hidden 4 with one
+// head and FFN 6, so small that dp 8 leaves some ranks empty shards.
 TrainConfig base_config(bool tiny) {
-  TrainConfig c;
-  ModelConfig& m = c.model;
-  m.num_layers = 6;
-  m.hidden_size = tiny ? 4 : 32;
-  m.num_attention_heads = tiny ? 1 : 4;
-  m.num_query_groups = tiny ? 1 : 2;
-  m.ffn_hidden_size = tiny ? 6 : 48;
-  m.seq_length = 16;
-  m.vocab_size = 64;
-  c.micro_batch_size = 2;
-  c.global_batch_size = 16;
-  c.train_iters = 5;
-  c.lr.lr = 1e-2;
-  c.lr.min_lr = 1e-3;
+  TrainConfig c =
+      test::tiny_config({.num_layers = 6, .global_batch_size = 16, .train_iters = 5, .seed = 7});
   c.lr.warmup_iters = 2;
   c.clip_grad = 1.0;
-  c.seed = 7;
-  c.device = test::test_device();
+  if (tiny) {
+    c.model.hidden_size = 4;
+    c.model.num_attention_heads = 1;
+    c.model.num_query_groups = 1;
+    c.model.ffn_hidden_size = 6;
+  }
   return c;
 }
 
@@ -76,26 +72,6 @@ void expect_close(const std::vector<IterationStats>& got, const std::vector<Iter
   }
 }
 
-// After every step, the first stage's embedding and the last stage's tied copy are bitwise
-// equal: weights, master weights and both moments.
-void check_tied_copies(Trainer& t, const ProcessGroups& g) {
-  PipelineStage& s = t.stage();
-  if (!t.stage().model_config().tied() || s.num_stages() == 1) return;
-  Communicator* emb = g.get("embedding");
-  if (!emb) return;
-  FsdpUnit* u = s.is_first() ? s.embedding_unit() : s.embedding_copy_unit();
-  ASSERT_NE(u, nullptr);
-  size_t k = 0;
-  while (t.optimizer().units()[k] != u) ++k;
-  const UnitOptimState& st = t.optimizer().state(k);
-  for (const at::Tensor& x : {u->param_shard(), st.master, st.exp_avg, st.exp_avg_sq}) {
-    at::Tensor both = at::empty({2 * x.numel()}, x.options());
-    emb->all_gather(x.contiguous(), both);
-    EXPECT_TRUE(at::equal(both.narrow(0, 0, x.numel()), both.narrow(0, x.numel(), x.numel())))
-        << "tied embedding copies differ after iteration " << t.iteration();
-  }
-}
-
 class Parity : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(Parity, Fp32LayoutsMatchSingleRank) {
@@ -107,7 +83,7 @@ TEST_P(Parity, Fp32LayoutsMatchSingleRank) {
     auto ref = run_job(c, 1, /*self_only=*/true);
     for (const Layout& l : kLayouts) {
       if (l.tiny != tiny || l.world > test::world_size()) continue;
-      auto got = run_job(with_layout(c, l), l.world, false, check_tied_copies);
+      auto got = run_job(with_layout(c, l), l.world, false, test::expect_embedding_copies_equal);
       if (test::world_rank() < l.world) expect_close(got, ref, 1e-5, l.name);
     }
   }
@@ -138,7 +114,7 @@ TEST(ParityBf16, LayoutsAgreeAndLossDecreases) {
   EXPECT_LT(ref.back().lm_loss, ref.front().lm_loss * 0.9) << "bf16 loss does not decrease";
   for (const Layout& l : kLayouts) {
     if (l.tiny || l.world > test::world_size()) continue;
-    auto got = run_job(with_layout(c, l), l.world, false, check_tied_copies);
+    auto got = run_job(with_layout(c, l), l.world, false, test::expect_embedding_copies_equal);
     if (test::world_rank() >= l.world) continue;
     expect_close(got, ref, 1e-6, std::string("bf16 ") + l.name);
     ASSERT_EQ(got.size(), 12u);
@@ -164,7 +140,9 @@ TEST(Backends, NcclTrainingMatchesMpi) {
   test::job_backend = Backend::kMpi;
   ASSERT_EQ(nccl.size(), mpi.size());
   for (size_t i = 0; i < mpi.size(); ++i) {
-    if (world == 1) EXPECT_EQ(nccl[i].lm_loss, mpi[i].lm_loss) << "iteration " << i + 1;
+    if (world == 1) {
+      EXPECT_EQ(nccl[i].lm_loss, mpi[i].lm_loss) << "iteration " << i + 1;
+    }
     EXPECT_NEAR(nccl[i].lm_loss, mpi[i].lm_loss, 1e-6 * mpi[i].lm_loss) << "iteration " << i + 1;
     EXPECT_NEAR(nccl[i].grad_norm, mpi[i].grad_norm, 1e-6 * mpi[i].grad_norm) << "iteration " << i + 1;
   }

@@ -4,7 +4,7 @@
 // HSDP, uneven stages and bf16 moments. (Activations: test_plan_activations.cpp.)
 #include <gtest/gtest.h>
 
-#include "job.h"
+#include "support/job.h"
 #include "weft/comm/process_groups.h"
 #include "weft/model/hybrid.h"
 #include "weft/model/moe.h"

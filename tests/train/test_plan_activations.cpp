@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 #include <malloc.h>
 
-#include "job.h"
+#include "support/job.h"
 #include "weft/comm/process_groups.h"
 #include "weft/model/hybrid.h"
 #include "weft/train/plan.h"

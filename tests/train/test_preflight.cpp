@@ -11,6 +11,8 @@
 #include <fstream>
 #include <string>
 
+#include "support/expect_usage.h"
+#include "support/tiny_config.h"
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
@@ -20,16 +22,7 @@
 namespace weft {
 namespace {
 namespace fs = std::filesystem;
-
-template <typename F>
-void expect_usage(F f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "accepted; expected an error naming " << needle;
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using test::expect_usage;
 
 std::string temp_dir() {
   char tmpl[] = "/tmp/weft-preflight-XXXXXX";
@@ -65,14 +58,10 @@ TEST(Preflight, AppendableFileKeepsContent) {
   fs::remove_all(root);
 }
 
+// One iteration of the tiny model on 2 layers (global batch 4, no evaluation) saving to `save`.
 TrainConfig tiny(const std::string& save) {
   TrainConfig c;
-  c.model.num_layers = 2;
-  c.model.hidden_size = 32;
-  c.model.ffn_hidden_size = 48;
-  c.model.seq_length = 16;
-  c.model.vocab_size = 64;
-  c.micro_batch_size = 2;
+  c.model = test::tiny_model(2);
   c.global_batch_size = 4;
   c.train_iters = 1;
   c.eval_interval = 0;

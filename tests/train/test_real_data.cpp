@@ -26,7 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "job.h"
+#include "support/job.h"
+#include "support/tiny_config.h"
 #include "weft/comm/process_groups.h"
 #include "weft/core/remove_tree.h"
 #include "weft/data/indexed_dataset.h"
@@ -103,24 +104,11 @@ const Data& data() {
 }
 
 TrainConfig base_config() {
-  TrainConfig c;
-  ModelConfig& m = c.model;
-  m.num_layers = 4;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.ffn_hidden_size = 48;
-  m.seq_length = kSeq;
-  m.vocab_size = kVocab;
-  c.micro_batch_size = 2;
-  c.global_batch_size = 8;
-  c.train_iters = 5;
-  c.lr.lr = 1e-2;
-  c.lr.min_lr = 1e-3;
-  c.lr.warmup_iters = 1;
+  TrainConfig c =
+      test::tiny_config({.num_layers = 4, .global_batch_size = 8, .train_iters = 5, .seed = 11});
+  c.model.seq_length = kSeq;
+  c.model.vocab_size = kVocab;
   c.clip_grad = 1.0;
-  c.seed = 11;
-  c.device = test::test_device();
   c.data_path = {data().a};
   c.split = "90,10,0";
   c.eval_interval = 0;

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "support/expect_usage.h"
+#include "support/tiny_config.h"
 #include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
 #include "weft/data/mock_dataset.h"
@@ -26,15 +28,7 @@
 namespace weft {
 namespace {
 
-template <typename F>
-void expect_usage(F f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "accepted; expected an error naming " << needle;
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using test::expect_usage;
 
 TEST(SplitLayers, EvenAndUneven) {
   EXPECT_EQ(split_layers(8, 2, -1, -1), (std::vector<int>{4, 4}));
@@ -157,6 +151,21 @@ TEST(ShardedAdamW, MatchesTextbookAdamW) {
 c10::Device clip_test_device() {
   const char* d = std::getenv("WEFT_TEST_DEVICE");
   return c10::Device(d && std::string(d) == "cuda" ? "cuda" : "cpu");
+}
+
+// `train_iters` iterations of the tiny model on 2 layers on one rank: global batch 4, constant
+// lr 0.01, no evaluation, on clip_test_device().
+TrainConfig one_rank_config(int train_iters) {
+  TrainConfig c;
+  c.model = test::tiny_model(2);
+  c.global_batch_size = 4;
+  c.train_iters = train_iters;
+  c.eval_interval = 0;
+  c.quiet = true;
+  c.lr.lr = 0.01;
+  c.lr.style = "constant";
+  c.device = clip_test_device().str();
+  return c;
 }
 
 // One AdamW step of the textbook update on the gradient g, in float64, with the state (p, m, v)
@@ -287,22 +296,9 @@ TEST(ShardedAdamW, StepOnDeviceEqualsHostStep) {
 // first AdamW step on coefficient * gradient, computed here in float64. The test checks that
 // skipping the coefficient, squaring it, or dropping the min(1, ...) would miss the tolerance.
 TEST(Trainer, ClipGradCoefficient) {
-  TrainConfig c;
-  c.model.num_layers = 2;
-  c.model.hidden_size = 32;
-  c.model.ffn_hidden_size = 48;
-  c.model.seq_length = 16;
-  c.model.vocab_size = 64;
-  c.micro_batch_size = 2;
-  c.global_batch_size = 4;
-  c.train_iters = 1;
-  c.eval_interval = 0;
-  c.quiet = true;
+  TrainConfig c = one_rank_config(1);
   c.adam.weight_decay = 0;
   c.adam.eps = 1e-3;
-  c.lr.lr = 0.01;
-  c.lr.style = "constant";
-  c.device = clip_test_device().str();
   LayoutConfig l;
   Mesh mesh(l);
   ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
@@ -376,20 +372,7 @@ TEST(Trainer, ClipGradCoefficient) {
 // the moments non-zero; after the skipped step the planted element is restored and the next
 // step must train again (not skipped, every master moved).
 TEST(Trainer, NonFiniteStepIsSkippedAndLeavesTheStateUnchanged) {
-  TrainConfig c;
-  c.model.num_layers = 2;
-  c.model.hidden_size = 32;
-  c.model.ffn_hidden_size = 48;
-  c.model.seq_length = 16;
-  c.model.vocab_size = 64;
-  c.micro_batch_size = 2;
-  c.global_batch_size = 4;
-  c.train_iters = 3;
-  c.eval_interval = 0;
-  c.quiet = true;
-  c.lr.lr = 0.01;
-  c.lr.style = "constant";
-  c.device = clip_test_device().str();
+  TrainConfig c = one_rank_config(3);
   LayoutConfig l;
   Mesh mesh(l);
   ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);

@@ -1,4 +1,4 @@
-// Test helper: runs a trainer on the first `world` ranks of MPI_COMM_WORLD (or on this rank
+// Test support: runs a trainer on the first `world` ranks of MPI_COMM_WORLD (or on this rank
 // alone) and returns its per-iteration stats; ranks outside the job return an empty list.
 #pragma once
 
