@@ -3,7 +3,8 @@
 //   third iteration's loss and grad norm and the final checkpoints are bitwise equal, for
 //   pp1 dp1, pp2 dp4, pp4 dp2 uneven and HSDP, tied, bf16 compute, fp32 and then bf16 moments;
 // - every saved tensor is restored bitwise: load, save again at once, compare;
-// - any-layout resume: a pp2 dp4 checkpoint continues on other layouts with fp32 parity;
+// - any-layout resume: a pp2 dp4 checkpoint continues on other layouts with fp32 parity, and a
+//   matrix of other sources (uneven stages with bf16 moments, HSDP untied, empty shards);
 // - refusals, each with its own message: missing keys, unexpected keys, a stage-local
 //   (colliding) checkpoint, a truncated file, a flipped byte, a different model.
 #include <gtest/gtest.h>
@@ -130,6 +131,64 @@ TEST(Reshard, AnyLayoutResume) {
     }
   }
   if (test::world_rank() == 0) (void)weft::remove_tree(dir);
+}
+
+// Resharding from more than one kind of source: each source layout and setting saves at
+// iteration 2 of 4 and resumes on two other layouts, whose iterations 3 and 4 must match the
+// source's uninterrupted run (fp32 compute, so 1e-5 covers the layouts' summation orders):
+// uneven stages with bf16 moments, HSDP with untied embeddings, and dp 8 over a model of hidden
+// 4, whose 1-D weights (4 rows) leave half of the ranks with empty shards.
+TEST(Reshard, MatrixOfSources) {
+  if (test::world_size() < 8) GTEST_SKIP() << "needs 8 ranks";
+  struct Source {
+    const char* name;
+    Layout layout;
+    bool bf16_moments, untied, hidden4;
+    Layout targets[2];
+  };
+  const Source sources[] = {
+      {"pp4_dp2_uneven_bf16_moments", kLayouts[2], true, false, false,
+       {{"pp1_dp1", 1, 1, 1, -1, -1}, {"pp3_dp2", 6, 3, 1, -1, -1}}},
+      {"pp2_hsdp2x2_untied", kLayouts[3], false, true, false,
+       {{"pp4_dp2_uneven", 8, 4, 1, 1, 1}, {"pp1_dp4", 4, 1, 1, -1, -1}}},
+      {"pp1_dp8_empty_shards", {"pp1_dp8", 8, 1, 1, -1, -1}, false, false, true,
+       {{"pp2_dp4", 8, 2, 1, -1, -1}, {"pp1_dp1", 1, 1, 1, -1, -1}}},
+  };
+  for (const Source& src : sources) {
+    SCOPED_TRACE(src.name);
+    const std::string dir = test::shared_temp_dir(std::string("matrix_") + src.name);
+    TrainConfig c = with_layout(small_config(), src.layout);
+    c.train_iters = 4;
+    if (src.bf16_moments) {
+      c.adam.exp_avg_dtype = at::kBFloat16;
+      c.adam.exp_avg_sq_dtype = at::kBFloat16;
+    }
+    c.model.untie_embeddings_and_output_weights = src.untied;
+    if (src.hidden4) {
+      c.model.hidden_size = 4;
+      c.model.num_attention_heads = 1;
+      c.model.num_query_groups = 1;
+      c.model.ffn_hidden_size = 6;
+    }
+    const auto ref = run_job(c, src.layout.world);
+    TrainConfig save = c;
+    save.save = dir;
+    save.exit_interval = 2;
+    run_job(save, src.layout.world);
+    for (const Layout& l : src.targets) {
+      SCOPED_TRACE(l.name);
+      TrainConfig r = with_layout(c, l);
+      r.load = dir;
+      const auto got = run_job(r, l.world);
+      if (test::world_rank() >= l.world) continue;
+      ASSERT_EQ(got.size(), 2u);
+      for (int i = 0; i < 2; ++i) {
+        EXPECT_NEAR(got[i].lm_loss, ref[2 + i].lm_loss, 1e-5 * ref[2 + i].lm_loss) << "iteration " << 3 + i;
+        EXPECT_NEAR(got[i].grad_norm, ref[2 + i].grad_norm, 1e-5 * ref[2 + i].grad_norm) << "iteration " << 3 + i;
+      }
+    }
+    if (test::world_rank() == 0) (void)weft::remove_tree(dir);
+  }
 }
 
 // Flips one bit of the byte 3 from the end of `file` (inside the last tensor's data).
