@@ -1,7 +1,7 @@
-// Single-rank tests of the engine's pieces: the layer split, the LR schedule, config refusals
-// (each names its flag), mock-data determinism, the FSDP row-block arithmetic, and that the
-// sharded AdamW matches an independent textbook AdamW on one parameter, with and without a
-// gradient multiplier; and that the trainer clips by min(1, clip / (norm + 1e-6)), once.
+// Single-rank tests of the trainer's pieces: the layer split, config refusals (each names its
+// flag), mock-data determinism; that the trainer clips by min(1, clip / (norm + 1e-6)), once,
+// and skips a non-finite step without touching the state. The optimizer's own tests (AdamW, the
+// LR schedule, the clipping arithmetic) are in tests/optim.
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <gtest/gtest.h>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "support/expect_usage.h"
+#include "support/job.h"
 #include "support/tiny_config.h"
 #include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
@@ -38,40 +39,6 @@ TEST(SplitLayers, EvenAndUneven) {
   expect_usage([] { split_layers(7, 2, -1, -1); }, "--num-layers 7 is not divisible");
   expect_usage([] { split_layers(6, 4, 1, 2); }, "do not split evenly");
   expect_usage([] { split_layers(5, 2, 3, 3); }, "do not split evenly");
-}
-
-// Every iteration of every style against the closed forms, written here: warmup lr * it / W for
-// it <= W; then with t = (it - W) / (D - W): cosine min + (lr - min) (1 + cos(pi t)) / 2, linear
-// min + (lr - min) (1 - t), constant lr; min after D. Cosine and linear differ everywhere but at
-// t = 0, 1/2 and 1, so replacing one by the other fails.
-TEST(LrSchedule, WarmupCosineLinear) {
-  LrScheduleConfig c;
-  c.lr = 1.0;
-  c.min_lr = 0.1;
-  c.warmup_iters = 4;
-  c.decay_iters = 14;
-  for (const char* style : {"cosine", "linear", "constant"}) {
-    c.style = style;
-    for (int it = 1; it <= 20; ++it) {
-      double want;
-      if (it <= 4) {
-        want = it / 4.0;
-      } else if (c.style == "constant") {
-        want = 1.0;
-      } else if (it >= 14) {
-        want = 0.1;
-      } else {
-        const double t = (it - 4) / 10.0;
-        want = c.style == "cosine" ? 0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * t))
-                                   : 0.1 + 0.9 * (1.0 - t);
-      }
-      EXPECT_NEAR(lr_at(c, it), want, 1e-12) << style << " iteration " << it;
-    }
-  }
-  c.style = "cosine";
-  EXPECT_GT(std::abs(lr_at(c, 6) - (0.1 + 0.9 * 0.8)), 0.05) << "cosine looks linear";
-  c.style = "step";
-  expect_usage([&] { validate_lr_schedule(c); }, "--lr-decay-style");
 }
 
 TEST(TrainConfig, Refusals) {
@@ -110,51 +77,8 @@ TEST(MockDataset, DeterministicAndShifted) {
   EXPECT_GE(t1.min().item<int64_t>(), 0);
 }
 
-// One-rank group: the FSDP unit's full weights are views of the flat shard and the update of
-// the sharded AdamW equals a textbook AdamW.
-TEST(ShardedAdamW, MatchesTextbookAdamW) {
-  LayoutConfig l;
-  Mesh mesh(l);
-  ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
-  std::vector<ParamSpec> specs = {{"a.weight", {3, 4}, InitKind::kNormal, true},
-                                  {"a.norm", {4}, InitKind::kOnes, false}};
-  FsdpUnit unit("a", specs, groups.get("fsdp_shard"), at::kFloat, c10::Device("cpu"));
-  at::Tensor w0 = at::randn({3, 4}, at::kDouble).to(at::kFloat);
-  unit.load_full([&](const ParamSpec& s) { return s.name == "a.weight" ? w0 : at::ones({4}); });
-  AdamWConfig cfg;
-  cfg.weight_decay = 0.1;
-  ShardedAdamW opt({&unit}, cfg);
-  EXPECT_TRUE(unit.param_shard().is_same(opt.state(0).master));
-  // Reference state in double.
-  at::Tensor p = w0.to(at::kDouble), m = at::zeros_like(p), v = at::zeros_like(p);
-  for (int step = 1; step <= 3; ++step) {
-    at::Tensor g = at::randn({3, 4}, at::kDouble);
-    opt.zero_grad();
-    grad_shard(unit, 0).copy_(g.reshape({-1}));
-    opt.step(0.01);
-    m = 0.9 * m + 0.1 * g;
-    v = 0.95 * v + 0.05 * g * g;
-    at::Tensor mh = m / (1 - std::pow(0.9, step)), vh = v / (1 - std::pow(0.95, step));
-    p = p * (1 - 0.01 * 0.1) - 0.01 * mh / (vh.sqrt() + 1e-8);
-    unit.unshard();
-    at::Tensor got = unit.backward_weight(0).to(at::kDouble);
-    EXPECT_TRUE(at::allclose(got, p, 1e-5, 1e-6)) << "step " << step;
-  }
-  // The norm (no_decay) with zero gradient stays at one.
-  EXPECT_TRUE(at::equal(unit.backward_weight(1), at::ones({4})));
-  EXPECT_EQ(opt.group_name_of("a.norm"), "no_decay");
-  EXPECT_EQ(opt.group_name_of("a.weight"), "decay");
-}
-
-// The device of the tests below: WEFT_TEST_DEVICE (cpu unless set to cuda; on CUDA the
-// optimizer takes the fused multi-tensor kernel, which applies the multiplier itself).
-c10::Device clip_test_device() {
-  const char* d = std::getenv("WEFT_TEST_DEVICE");
-  return c10::Device(d && std::string(d) == "cuda" ? "cuda" : "cpu");
-}
-
 // `train_iters` iterations of the tiny model on 2 layers on one rank: global batch 4, constant
-// lr 0.01, no evaluation, on clip_test_device().
+// lr 0.01, no evaluation, on test_device().
 TrainConfig one_rank_config(int train_iters) {
   TrainConfig c;
   c.model = test::tiny_model(2);
@@ -164,128 +88,8 @@ TrainConfig one_rank_config(int train_iters) {
   c.quiet = true;
   c.lr.lr = 0.01;
   c.lr.style = "constant";
-  c.device = clip_test_device().str();
+  c.device = test::test_device();
   return c;
-}
-
-// One AdamW step of the textbook update on the gradient g, in float64, with the state (p, m, v)
-// carried by the caller: weight decay wd, betas 0.9/0.95, the given eps.
-void textbook_adamw_step(at::Tensor& p, at::Tensor& m, at::Tensor& v, const at::Tensor& g,
-                         int step, double lr, double wd, double eps) {
-  m = 0.9 * m + 0.1 * g;
-  v = 0.95 * v + 0.05 * g * g;
-  at::Tensor mh = m / (1 - std::pow(0.9, step)), vh = v / (1 - std::pow(0.95, step));
-  p = p * (1 - lr * wd) - lr * mh / (vh.sqrt() + eps);
-}
-
-// step(lr, c) on gradients g equals a textbook AdamW on c * g, over steps with different
-// coefficients. Adam divides m by sqrt(v), so a coefficient only shows where eps is not small
-// against |c g| or where it changes between steps: eps 0.05 against gradients ~N(0, 1) and the
-// coefficients 0.3, 1, 0.02 make a skipped, squared or inverted coefficient fail (checked below:
-// the same steps without the coefficients end far away).
-TEST(ShardedAdamW, GradMultiplierScalesTheGradients) {
-  const c10::Device dev = clip_test_device();
-  LayoutConfig l;
-  Mesh mesh(l);
-  ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
-  std::vector<ParamSpec> specs = {{"a.weight", {6, 5}, InitKind::kNormal, true}};
-  FsdpUnit unit("a", specs, groups.get("fsdp_shard"), at::kFloat, dev);
-  const at::Tensor w0 = at::randn({6, 5}, at::kDouble);
-  unit.load_full([&](const ParamSpec&) { return w0.to(at::kFloat).to(dev); });
-  AdamWConfig cfg;
-  cfg.weight_decay = 0.1;
-  cfg.eps = 0.05;
-  ShardedAdamW opt({&unit}, cfg);
-  const double lr = 0.01;
-  at::Tensor p = w0.clone(), m = at::zeros_like(p), v = at::zeros_like(p);
-  at::Tensor p1 = w0.clone(), m1 = at::zeros_like(p), v1 = at::zeros_like(p);  // coefficient 1
-  const double coefs[] = {0.3, 1.0, 0.02};
-  for (int step = 1; step <= 3; ++step) {
-    const double c = coefs[step - 1];
-    const at::Tensor g = at::randn({6, 5}, at::kDouble);
-    opt.zero_grad();
-    grad_shard(unit, 0).copy_(g.reshape({-1}));
-    opt.step(lr, c);
-    textbook_adamw_step(p, m, v, c * g, step, lr, cfg.weight_decay, cfg.eps);
-    textbook_adamw_step(p1, m1, v1, g, step, lr, cfg.weight_decay, cfg.eps);
-    unit.unshard();
-    const at::Tensor got = unit.backward_weight(0).to(at::kDouble).cpu();
-    EXPECT_TRUE(at::allclose(got, p, 1e-5, 1e-6))
-        << "step " << step << " coefficient " << c << ": max diff "
-        << (got - p).abs().max().item<double>();
-  }
-  // The test can tell: without the coefficients the weights end far from these.
-  EXPECT_GT((p - p1).abs().max().item<double>(), 1e-3);
-}
-
-// The clipping multiplier computed on the device (clip_grad_scale, fed to the fused AdamW as its
-// grad_scale) is bitwise the host's: 1 / clip_multiplier(sqrt(sumsq), clip) in float32, over
-// norms below, at and far above the clip value. Seen to fail with the min(1, ...) left out and
-// with the 1e-6 left out.
-TEST(GradClip, DeviceScaleEqualsHostMultiplier) {
-  at::Tensor draws = at::rand({2000}, at::kDouble).mul_(12).sub_(6).exp_();  // norms e^-6..e^6
-  int checked = 0;
-  for (double clip : {0.3, 1.0, 7.0}) {
-    for (int64_t i = 0; i < draws.numel(); ++i) {
-      const double norm = draws[i].item<double>();
-      const double sumsq = norm * norm;
-      const float host = static_cast<float>(1.0 / clip_multiplier(std::sqrt(sumsq), clip));
-      const float dev = clip_grad_scale(at::full({}, sumsq, at::kDouble), clip).item<float>();
-      ASSERT_EQ(host, dev) << "norm " << norm << " clip " << clip;
-      ++checked;
-    }
-    EXPECT_EQ(clip_grad_scale(at::full({}, 0.0, at::kDouble), clip).item<float>(), 1.0f);
-  }
-  EXPECT_EQ(checked, 6000);
-}
-
-// step_on_device (the trainer's CUDA path: the clipping multiplier as a device tensor holding
-// 1 / coefficient, the skip decision as found_inf) updates bitwise like step(lr, coefficient)
-// on the host's decisions, over clipped, unclipped and skipped steps; a skipped step changes
-// neither the state nor, once uncounted, the step count. On CPU it queues nothing.
-TEST(ShardedAdamW, StepOnDeviceEqualsHostStep) {
-  const c10::Device dev = clip_test_device();
-  LayoutConfig l;
-  Mesh mesh(l);
-  ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
-  std::vector<ParamSpec> specs = {{"a.weight", {6, 5}, InitKind::kNormal, true},
-                                  {"a.norm", {5}, InitKind::kOnes, false}};
-  const at::Tensor w0 = at::randn({6, 5}, at::kDouble);
-  auto make_unit = [&] {
-    auto u = std::make_unique<FsdpUnit>("a", specs, groups.get("fsdp_shard"), at::kFloat, dev);
-    u->load_full([&](const ParamSpec& s) {
-      return (s.name == "a.weight" ? w0.to(at::kFloat) : at::ones({5})).to(dev);
-    });
-    return u;
-  };
-  auto host_unit = make_unit(), dev_unit = make_unit();
-  AdamWConfig cfg;
-  cfg.weight_decay = 0.1;
-  ShardedAdamW host({host_unit.get()}, cfg), on_dev({dev_unit.get()}, cfg);
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(dev);
-  if (!dev.is_cuda()) {
-    EXPECT_FALSE(on_dev.step_on_device(0.01, at::Tensor(), at::zeros({}, f32)));
-    EXPECT_EQ(on_dev.steps(), 0);
-    return;
-  }
-  const double coefs[] = {0.3, 1.0, -1 /* skipped */, 0.02};
-  for (double c : coefs) {
-    const at::Tensor g = at::randn({35}, at::kDouble).to(f32);
-    host.zero_grad();
-    on_dev.zero_grad();
-    grad_shard(*host_unit).copy_(g);
-    grad_shard(*dev_unit).copy_(g);
-    if (c > 0) host.step(0.01, c);
-    at::Tensor scale;
-    if (c > 0) scale = at::full({}, 1.0 / c, f32);  // 1.0 too, as the trainer passes it
-    ASSERT_TRUE(on_dev.step_on_device(0.01, scale, at::full({}, c > 0 ? 0.0 : 1.0, f32)));
-    if (c < 0) on_dev.uncount_step();
-    EXPECT_EQ(on_dev.steps(), host.steps());
-    for (auto [a, b] : {std::pair{host.state(0).master, on_dev.state(0).master},
-                        std::pair{host.state(0).exp_avg, on_dev.state(0).exp_avg},
-                        std::pair{host.state(0).exp_avg_sq, on_dev.state(0).exp_avg_sq}})
-      EXPECT_TRUE(at::equal(a, b)) << "coefficient " << c;
-  }
 }
 
 // The trainer's clipping coefficient is min(1, clip / (norm + 1e-6)), applied once to the
