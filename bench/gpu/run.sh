@@ -89,11 +89,14 @@ build)
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DWEFT_BUILD_BENCH=ON "${WEFT_CMAKE_ARGS[@]}" \
     ${WEFT_PROTOBUF_PREFIX:+"-DCMAKE_PREFIX_PATH=$WEFT_TORCH_CMAKE;$WEFT_PROTOBUF_PREFIX"} \
     > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-  cmake --build $B -j 16 --target weft test_parity test_checkpoint test_model test_communicator bench_checkpoint test_moe test_moe_parity test_moe_checkpoint test_mamba ${WEFT_EXTRA_TARGETS:-} -- -k 0 > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
+  cmake --build $B -j 16 --target weft test_parity test_checkpoint test_model test_communicator bench_checkpoint test_moe test_moe_parity test_moe_checkpoint test_mamba test_optim ${WEFT_EXTRA_TARGETS:-} -- -k 0 > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
   ./$B/app/weft --version
   ;;
 tests)
   export WEFT_TEST_DEVICE=cuda
+  # The optimizer on CUDA: the fused AdamW, its device-side skip and clipping multiplier.
+  mpirun -np 1 --bind-to none ./$B/tests/optim/test_optim > "$OUT/test_optim.log" 2>&1
+  echo "tests/optim/test_optim rc=$? $(grep -E 'PASSED|FAILED' "$OUT/test_optim.log" | sort | uniq -c | tr '\n' ' ')"
   for t in tests/train/test_parity tests/checkpoint/test_checkpoint tests/model/test_model; do
     for np in 1 8; do
       [ "$t" = tests/model/test_model ] && [ $np = 8 ] && continue
@@ -203,6 +206,9 @@ tbcheck)
   ;;
 moetests)
   export WEFT_TEST_DEVICE=cuda
+  # The optimizer on CUDA: the fused AdamW, its device-side skip and clipping multiplier.
+  mpirun -np 1 --bind-to none ./$B/tests/optim/test_optim > "$OUT/test_optim.log" 2>&1
+  echo "tests/optim/test_optim rc=$? $(grep -E 'PASSED|FAILED' "$OUT/test_optim.log" | sort | uniq -c | tr '\n' ' ')"
   ./$B/tests/model/test_mamba > "$OUT/test_mamba.log" 2>&1
   echo "test_mamba rc=$? $(grep -E 'PASSED|FAILED|SKIPPED' "$OUT/test_mamba.log" | sort | uniq -c | tr '\n' ' ')"
   ./$B/tests/model/test_moe > "$OUT/test_moe.log" 2>&1
