@@ -231,7 +231,7 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   so.device = c10::Device(cfg_.device == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
   so.first_stage_layers = cfg_.first_stage_layers;
   so.last_stage_layers = cfg_.last_stage_layers;
-  so.prefetch = cfg_.overlap_param_gather;
+  so.overlap_param_gather = cfg_.overlap_param_gather;
   so.overlap_grad_reduce = cfg_.overlap_grad_reduce;
   stage_ = std::make_unique<PipelineStage>(cfg_.model, groups, so);
   stage_->init_parameters(cfg_.seed);
