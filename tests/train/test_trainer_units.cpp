@@ -1,7 +1,9 @@
 // Single-rank tests of the engine's pieces: the layer split, the LR schedule, config refusals
-// (each names its flag), mock-data determinism, the FSDP row-block arithmetic, and that the
-// sharded AdamW matches an independent textbook AdamW on one parameter, with and without a
-// gradient multiplier; and that the trainer clips by min(1, clip / (norm + 1e-6)), once.
+// (each names its flag), mock-data determinism, and that the sharded AdamW matches an
+// independent textbook AdamW on one parameter, with and without a gradient multiplier; and that
+// the trainer clips by min(1, clip / (norm + 1e-6)), once. (The FSDP row-block arithmetic is
+// checked elsewhere: test_plan.cpp compares every rank's shard sizes, padded rows included, with
+// plan.cpp's independent count; test_parity.cpp's dp8 runs ranks with empty shards.)
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <gtest/gtest.h>
