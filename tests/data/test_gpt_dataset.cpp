@@ -24,6 +24,7 @@
 #include "weft/data/gpt_dataset.h"
 #include "weft/data/gpt_sampling.h"
 #include "weft/data/indexed_dataset.h"
+#include "weft/data/mock_dataset.h"
 
 namespace weft {
 namespace {
@@ -180,6 +181,32 @@ TEST(GptSampling, PrngMatchesPinnedValues) {
     seen.insert(v);
   }
   EXPECT_EQ(seen.size(), 7u);
+}
+
+// The mixers behind every shuffle and the mock data, pinned to values of the code as it stood
+// before the hashes moved to core/hash.h: a changed bit here changes every run's data order.
+TEST(GptSampling, SeedsAndMockDataArePinned) {
+  EXPECT_EQ(sampling_mix64(0), 0ull);
+  EXPECT_EQ(sampling_mix64(1), 0x5692161d100b05e5ull);
+  EXPECT_EQ(sampling_mix64(0xdeadbeef), 0x4e062702ec929eeaull);
+  EXPECT_EQ(sampling_seed(1234, SamplingStream::kDocuments, 0, 0, 0), 0xff7c1a40267f4872ull);
+  EXPECT_EQ(sampling_seed(7, SamplingStream::kSamples, 1, 2, 3), 0x4a3b98bd98976ae7ull);
+  SamplingRng r(42);
+  EXPECT_EQ(r.next(), 0xbdd732262feb6e95ull);
+  EXPECT_EQ(r.next(), 0x28efe333b266f103ull);
+  at::Tensor tokens, labels;
+  MockDataset(3, 50, 8).batch(5, 2, &tokens, &labels);
+  const std::vector<int64_t> want = {35, 16, 9, 38, 25, 36, 19, 18, 15,
+                                     0,  11, 44, 43, 40, 31, 4,  23, 30};
+  ASSERT_EQ(tokens.numel(), 16);
+  ASSERT_EQ(labels.numel(), 16);
+  const int64_t* t = tokens.data_ptr<int64_t>();  // [2, 8], contiguous
+  const int64_t* l = labels.data_ptr<int64_t>();
+  for (int k = 0; k < 2; ++k)
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_EQ(t[k * 8 + i], want[k * 9 + i]) << "sample " << k << " token " << i;
+      EXPECT_EQ(l[k * 8 + i], want[k * 9 + i + 1]) << "sample " << k << " label " << i;
+    }
 }
 
 TEST(GptSampling, SplitBoundsMatchMegatronRounding) {
