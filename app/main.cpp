@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "cmd_mesh.h"
 #include "commands.h"
 #include "weft/comm/communicator.h"
 #include "weft/comm/mpi_runtime.h"
@@ -41,8 +40,7 @@ int main(int argc, char** argv) {
   CLI::App app{"weft: hybrid-parallel LLM training (FSDP/HSDP x pipeline x experts)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", version_string);
-  weft::app::add_mesh_command(&app);
-  weft::app::add_more_commands(&app, argc, argv);
+  weft::app::add_subcommands(&app, argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

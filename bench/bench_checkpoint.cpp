@@ -4,9 +4,9 @@
 //   mpirun -np 2 bench_checkpoint --dir /tmp/weft-bench-ckpt --repeats 5
 //
 // What is timed (barrier to barrier, so the slowest rank's time; every rank is in step):
-//   save      Trainer::save(): the real save_checkpoint (chunk CRC-32C, shard writes, fsync,
+//   save      Trainer::save(): the real ckpt_save (chunk CRC-32C, shard writes, fsync,
 //             commit protocol). bytes = the sizes of every file in the iter_NNNNNNN directory.
-//   load      load_checkpoint() called directly on the live trainer, after every checkpoint
+//   load      ckpt_load() called directly on the live trainer, after every checkpoint
 //             file was fsynced and evicted from the page cache (posix_fadvise DONTNEED; mincore
 //             tells whether that worked). bytes = what the loader read through read/pread
 //             (/proc/self/io rchar, summed over ranks). With float32 compute the weights are the
@@ -270,7 +270,7 @@ struct SavePhases {
   double collect = 0, crc = 0, write = 0, fsync = 0, meta = 0;
 };
 
-// The writer-rank part of save_checkpoint, phase by phase, into <dir>/phases/ (same bytes,
+// The writer-rank part of ckpt_save, phase by phase, into <dir>/phases/ (same bytes,
 // same entry order, same write loop; the header is built the same way by write order).
 SavePhases save_phases(weft::Trainer& t, const std::string& dir) {
   SavePhases p;
@@ -375,7 +375,7 @@ SavePhases save_phases(weft::Trainer& t, const std::string& dir) {
                   "write " + mpath);
       check_errno(::fsync(mfd) == 0, "fsync " + mpath);
       ::close(mfd);
-      check_errno(weft::fsync_dir(out).is_ok(), "fsync dir " + out);
+      check_errno(weft::ckpt_fsync_dir(out).is_ok(), "fsync dir " + out);
     }
   });
   barrier();
@@ -391,7 +391,7 @@ struct LoadPhases {
   int64_t direct = 0;   // chunks read straight into the live shard (direct mode)
 };
 
-// The per-rank part of load_checkpoint on the checkpoint just saved (same layout): the same
+// The per-rank part of ckpt_load on the checkpoint just saved (same layout): the same
 // units, keys, skip rule and chunk reads, with each step timed on its own. Collective only at
 // the ends; phase times are each rank's sum, then the slowest rank's.
 // `direct` is a prototype of the recommended fix: a chunk whose rows all lie in this rank's
@@ -428,7 +428,7 @@ LoadPhases load_phases(weft::Trainer& t, const std::string& save_dir, bool direc
       auto it = headers.find(c.file);
       if (it == headers.end()) {
         weft::SafetensorsHeader h;
-        if (weft::Status st = weft::read_safetensors_header(path, &h); !st)
+        if (weft::Status st = weft::safetensors_read_header(path, &h); !st)
           weft::fail("bench_checkpoint: {}", st.message());
         it = headers.emplace(c.file, std::move(h)).first;
       }
@@ -436,7 +436,7 @@ LoadPhases load_phases(weft::Trainer& t, const std::string& save_dir, bool direc
       if (direct && lo == c0 && hi == c1) {
         void* into = dst.narrow(0, c0 - row_start, c1 - c0).data_ptr();
         s = clock();
-        if (weft::Status st = weft::read_safetensors_entry(path, it->second, c.entry, into,
+        if (weft::Status st = weft::safetensors_read_entry(path, it->second, c.entry, into,
                                                            static_cast<size_t>(c.nbytes()));
             !st)
           weft::fail("bench_checkpoint: {}", st.message());
@@ -455,7 +455,7 @@ LoadPhases load_phases(weft::Trainer& t, const std::string& save_dir, bool direc
       for (int64_t off = 0; off < c.nbytes(); off += 4096) bytes[off] = 0;
       p.alloc += clock() - s;
       s = clock();
-      if (weft::Status st = weft::read_safetensors_entry(path, it->second, c.entry, buf.data_ptr(),
+      if (weft::Status st = weft::safetensors_read_entry(path, it->second, c.entry, buf.data_ptr(),
                                                          static_cast<size_t>(c.nbytes()));
           !st)
         weft::fail("bench_checkpoint: {}", st.message());
@@ -740,7 +740,7 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
       Op& load = s.op[kLoad];
       a = io_counters();
       load.seconds = timed(
-          [&] { weft::load_checkpoint(lreq, trainer.stage(), trainer.optimizer(), groups); });
+          [&] { weft::ckpt_load(lreq, trainer.stage(), trainer.optimizer(), groups); });
       load.io = io_delta_over_ranks(a, io_counters());
       load.bytes = load.io.rchar;
       // The same state saved with --async-save's saver: the stall, then the background write.

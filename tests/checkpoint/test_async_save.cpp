@@ -93,7 +93,7 @@ TEST(AsyncSave, SnapshotWritesWhatASyncSaveWrites) {
   };
   run_job(c, 2, false, [&](Trainer& t, const ProcessGroups& g) {
     if (t.iteration() == 2) {
-      save_checkpoint(request("sync", t), t.stage(), t.optimizer(), g);
+      ckpt_save(request("sync", t), t.stage(), t.optimizer(), g);
       saver = std::make_unique<AsyncCheckpointSaver>(g);
       // Hold the background write back until the live state has taken step 3.
       saver->debug_before_write = [&] {

@@ -287,12 +287,12 @@ TEST(Refusals, EachWithItsOwnMessage) {
     req.iteration = 1;
     req.debug_stage_local_names = true;
     try {
-      save_checkpoint(req, t.stage(), t.optimizer(), g);
+      ckpt_save(req, t.stage(), t.optimizer(), g);
     } catch (const Error& e) {
       save_err = e.what();
     }
     req.debug_skip_coverage_check = true;
-    save_checkpoint(req, t.stage(), t.optimizer(), g);
+    ckpt_save(req, t.stage(), t.optimizer(), g);
   });
   if (test::world_rank() < 2) {
     EXPECT_NE(save_err.find("overlap"), std::string::npos) << save_err;

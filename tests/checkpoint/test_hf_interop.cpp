@@ -81,11 +81,11 @@ nlohmann::json raw_header(const std::string& path) {
 
 at::Tensor hf_tensor(const std::string& file, const std::string& name) {
   SafetensorsHeader h;
-  EXPECT_TRUE(read_safetensors_header(file, &h).is_ok());
+  EXPECT_TRUE(safetensors_read_header(file, &h).is_ok());
   const SafetensorsEntry& e = h.entries.at(name);
   at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype == "BF16" ? at::kBFloat16
                                                                                   : at::kFloat));
-  EXPECT_TRUE(read_safetensors_entry(file, h, name, t.data_ptr(), e.end - e.begin).is_ok());
+  EXPECT_TRUE(safetensors_read_entry(file, h, name, t.data_ptr(), e.end - e.begin).is_ok());
   return t;
 }
 
@@ -350,7 +350,7 @@ void write_model(const std::string& dir, const std::map<std::string, at::Tensor>
   for (const auto& [name, t] : tensors)
     entries.push_back({name, "F32", t.sizes().vec(), t.data_ptr(),
                        static_cast<size_t>(t.numel()) * 4});
-  ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", entries, {{"format", "pt"}}).is_ok());
+  ASSERT_TRUE(safetensors_write(dir + "/model.safetensors", entries, {{"format", "pt"}}).is_ok());
 }
 
 TEST(HfInterop, BadInputNamesTheKey) {
@@ -361,7 +361,7 @@ TEST(HfInterop, BadInputNamesTheKey) {
     const nlohmann::json config = read_json(good + "/config.json");
     std::map<std::string, at::Tensor> tensors;
     SafetensorsHeader h;
-    ASSERT_TRUE(read_safetensors_header(good + "/model.safetensors", &h).is_ok());
+    ASSERT_TRUE(safetensors_read_header(good + "/model.safetensors", &h).is_ok());
     for (const auto& [name, e] : h.entries) tensors[name] = hf_tensor(good + "/model.safetensors", name);
     int n = 0;
     auto variant = [&](const nlohmann::json& cfg, const std::map<std::string, at::Tensor>& t) {

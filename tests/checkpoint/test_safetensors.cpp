@@ -185,7 +185,7 @@ TEST_F(SafetensorsTest, ByteExactAgainstSpec) {
   const float a[2] = {1.0f, -2.5f};
   const uint8_t b[3] = {1, 2, 3};
   const std::string path = file("tiny.safetensors");
-  ASSERT_TRUE(write_safetensors(path,
+  ASSERT_TRUE(safetensors_write(path,
                                 {{"a", "F32", {2}, a, sizeof a}, {"b", "U8", {3, 1}, b, sizeof b}},
                                 {{"format", "pt"}})
                   .is_ok());
@@ -210,7 +210,7 @@ TEST_F(SafetensorsTest, ByteExactAgainstSpec) {
 TEST_F(SafetensorsTest, NoMetadataOmitsKeyAndPadsToEight) {
   const int64_t v = 5;
   const std::string path = file("nometa.safetensors");
-  ASSERT_TRUE(write_safetensors(path, {{"x", "I64", {}, &v, 8}}, {}).is_ok());
+  ASSERT_TRUE(safetensors_write(path, {{"x", "I64", {}, &v, 8}}, {}).is_ok());
   const std::string bytes = read_all(path);
   const std::string json = R"({"x":{"dtype":"I64","shape":[],"data_offsets":[0,8]}})";
   std::string padded = json;
@@ -252,11 +252,11 @@ TEST_F(SafetensorsTest, RoundTripSeveralDtypes) {
       {"format", "weft-checkpoint"}, {"version", "1"}, {"chunks", R"([{"key": "w", "x": "\"q\""}])"},
       {"unicode", "gr\xc3\xbc\xc3\x9f"}};
   const std::string path = file("rt.safetensors");
-  const Status st = write_safetensors(path, entries, metadata);
+  const Status st = safetensors_write(path, entries, metadata);
   ASSERT_TRUE(st.is_ok()) << st.message();
 
   SafetensorsHeader h;
-  const Status hs = read_safetensors_header(path, &h);
+  const Status hs = safetensors_read_header(path, &h);
   ASSERT_TRUE(hs.is_ok()) << hs.message();
   EXPECT_EQ(h.metadata, metadata);
   EXPECT_EQ(h.data_start % 8, 0u);
@@ -273,7 +273,7 @@ TEST_F(SafetensorsTest, RoundTripSeveralDtypes) {
     EXPECT_EQ(r.end, offset + e.nbytes);
     offset += e.nbytes;
     std::vector<char> got(e.nbytes + 1, '\x5a');
-    const Status rs = read_safetensors_entry(path, h, e.name, got.data(), e.nbytes);
+    const Status rs = safetensors_read_entry(path, h, e.name, got.data(), e.nbytes);
     ASSERT_TRUE(rs.is_ok()) << rs.message();
     if (e.nbytes) {
       EXPECT_EQ(std::memcmp(got.data(), e.data, e.nbytes), 0);
@@ -284,11 +284,11 @@ TEST_F(SafetensorsTest, RoundTripSeveralDtypes) {
 
   // Wrong buffer size and unknown names are refused, naming file and entry.
   float small[1];
-  Status bad = read_safetensors_entry(path, h, "z.f32", small, sizeof small);
+  Status bad = safetensors_read_entry(path, h, "z.f32", small, sizeof small);
   EXPECT_FALSE(bad.is_ok());
   EXPECT_NE(bad.message().find(path), std::string::npos);
   EXPECT_NE(bad.message().find("z.f32"), std::string::npos);
-  bad = read_safetensors_entry(path, h, "nope", small, sizeof small);
+  bad = safetensors_read_entry(path, h, "nope", small, sizeof small);
   EXPECT_FALSE(bad.is_ok());
   EXPECT_NE(bad.message().find("nope"), std::string::npos);
 }
@@ -297,9 +297,9 @@ TEST_F(SafetensorsTest, WriteTruncatesExistingFile) {
   const std::string path = file("over.safetensors");
   write_all(path, std::string(10000, 'x'));
   const uint8_t b = 9;
-  ASSERT_TRUE(write_safetensors(path, {{"b", "U8", {1}, &b, 1}}, {}).is_ok());
+  ASSERT_TRUE(safetensors_write(path, {{"b", "U8", {1}, &b, 1}}, {}).is_ok());
   SafetensorsHeader h;
-  ASSERT_TRUE(read_safetensors_header(path, &h).is_ok());
+  ASSERT_TRUE(safetensors_read_header(path, &h).is_ok());
   EXPECT_EQ(h.file_size, h.data_start + 1);
 }
 
@@ -311,13 +311,13 @@ TEST_F(SafetensorsTest, ReadsForeignLayout) {
                                  "a" : {"dtype":"I16","shape":[1],"data_offsets":[2,4]} })",
                             4, /*pad=*/false));
   SafetensorsHeader h;
-  const Status st = read_safetensors_header(path, &h);
+  const Status st = safetensors_read_header(path, &h);
   ASSERT_TRUE(st.is_ok()) << st.message();
   EXPECT_TRUE(h.metadata.empty());
   uint8_t b[2];
   int16_t a;
-  ASSERT_TRUE(read_safetensors_entry(path, h, "b", b, 2).is_ok());
-  ASSERT_TRUE(read_safetensors_entry(path, h, "a", &a, 2).is_ok());
+  ASSERT_TRUE(safetensors_read_entry(path, h, "b", b, 2).is_ok());
+  ASSERT_TRUE(safetensors_read_entry(path, h, "a", &a, 2).is_ok());
   EXPECT_EQ(b[0], 1);
   EXPECT_EQ(b[1], 8);
   EXPECT_EQ(a, static_cast<int16_t>(15 | (22 << 8)));
@@ -340,7 +340,7 @@ TEST_F(SafetensorsTest, WriterRefusesBadArgumentsWithoutTouchingFile) {
       {{"bad\xff", "F32", {4}, f, 16}},                   // not UTF-8
   };
   for (const auto& entries : bad) {
-    const Status st = write_safetensors(path, entries, {});
+    const Status st = safetensors_write(path, entries, {});
     EXPECT_FALSE(st.is_ok()) << entries[0].name;
     EXPECT_NE(st.message().find(path), std::string::npos) << st.message();
     EXPECT_EQ(read_all(path), "previous contents");
@@ -350,7 +350,7 @@ TEST_F(SafetensorsTest, WriterRefusesBadArgumentsWithoutTouchingFile) {
 TEST_F(SafetensorsTest, WriterReportsErrnoForMissingDirectory) {
   const std::string path = dir_ + "/no/such/dir/x.safetensors";
   const uint8_t b = 1;
-  const Status st = write_safetensors(path, {{"b", "U8", {1}, &b, 1}}, {});
+  const Status st = safetensors_write(path, {{"b", "U8", {1}, &b, 1}}, {});
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find(path), std::string::npos) << st.message();
   EXPECT_NE(st.message().find(std::strerror(ENOENT)), std::string::npos) << st.message();
@@ -366,7 +366,7 @@ TEST_F(SafetensorsTest, WriterRemovesPartialFileOnWriteError) {
   struct rlimit lim = old;
   lim.rlim_cur = 64 * 1024;
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
-  const Status st = write_safetensors(path, {{"big", "U8", {1 << 20}, big.data(), big.size()}}, {});
+  const Status st = safetensors_write(path, {{"big", "U8", {1 << 20}, big.data(), big.size()}}, {});
   ::setrlimit(RLIMIT_FSIZE, &old);
   std::signal(SIGXFSZ, prev_handler);
   ASSERT_FALSE(st.is_ok());
@@ -456,7 +456,7 @@ TEST_F(SafetensorsTest, ReaderRefusesDamagedFiles) {
     const std::string path = file("bad" + std::to_string(i++) + ".safetensors");
     write_all(path, c.bytes);
     SafetensorsHeader h;
-    const Status st = read_safetensors_header(path, &h);
+    const Status st = safetensors_read_header(path, &h);
     ASSERT_FALSE(st.is_ok());
     EXPECT_NE(st.message().find(path), std::string::npos) << st.message();
     if (c.entry) {
@@ -479,7 +479,7 @@ TEST_F(SafetensorsTest, ReaderRefusesDamagedFiles) {
     const std::string path = file("fine" + std::to_string(i++) + ".safetensors");
     write_all(path, bytes);
     SafetensorsHeader h;
-    const Status st = read_safetensors_header(path, &h);
+    const Status st = safetensors_read_header(path, &h);
     EXPECT_TRUE(st.is_ok()) << st.message();
   }
 }
@@ -487,7 +487,7 @@ TEST_F(SafetensorsTest, ReaderRefusesDamagedFiles) {
 TEST_F(SafetensorsTest, ReaderNamesMissingFile) {
   const std::string path = dir_ + "/absent.safetensors";
   SafetensorsHeader h;
-  const Status st = read_safetensors_header(path, &h);
+  const Status st = safetensors_read_header(path, &h);
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find(path), std::string::npos);
   EXPECT_NE(st.message().find(std::strerror(ENOENT)), std::string::npos) << st.message();
@@ -496,12 +496,12 @@ TEST_F(SafetensorsTest, ReaderNamesMissingFile) {
 TEST_F(SafetensorsTest, EntryReadDetectsFileTruncatedAfterHeader) {
   const std::string path = file("shrunk.safetensors");
   std::vector<float> v(1000, 1.5f);
-  ASSERT_TRUE(write_safetensors(path, {{"v", "F32", {1000}, v.data(), 4000}}, {}).is_ok());
+  ASSERT_TRUE(safetensors_write(path, {{"v", "F32", {1000}, v.data(), 4000}}, {}).is_ok());
   SafetensorsHeader h;
-  ASSERT_TRUE(read_safetensors_header(path, &h).is_ok());
+  ASSERT_TRUE(safetensors_read_header(path, &h).is_ok());
   ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(h.data_start + 100)), 0);
   std::vector<float> got(1000);
-  const Status st = read_safetensors_entry(path, h, "v", got.data(), 4000);
+  const Status st = safetensors_read_entry(path, h, "v", got.data(), 4000);
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find(path), std::string::npos);
   EXPECT_NE(st.message().find("'v'"), std::string::npos) << st.message();

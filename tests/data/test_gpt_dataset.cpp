@@ -21,9 +21,11 @@
 #include <vector>
 
 #include "weft/core/error.h"
+#include "weft/core/hash.h"
 #include "weft/data/gpt_dataset.h"
 #include "weft/data/gpt_sampling.h"
 #include "weft/data/indexed_dataset.h"
+#include "weft/data/mock_dataset.h"
 
 namespace weft {
 namespace {
@@ -180,6 +182,75 @@ TEST(GptSampling, PrngMatchesPinnedValues) {
     seen.insert(v);
   }
   EXPECT_EQ(seen.size(), 7u);
+}
+
+// The mixers behind every shuffle and the mock data, pinned to values of the code as it stood
+// before the hashes moved to core/hash.h: a changed bit here changes every run's data order.
+TEST(GptSampling, SeedsAndMockDataArePinned) {
+  EXPECT_EQ(splitmix64_mix(0), 0ull);
+  EXPECT_EQ(splitmix64_mix(1), 0x5692161d100b05e5ull);
+  EXPECT_EQ(splitmix64_mix(0xdeadbeef), 0x4e062702ec929eeaull);
+  EXPECT_EQ(sampling_seed(1234, SamplingStream::kDocuments, 0, 0, 0), 0xff7c1a40267f4872ull);
+  EXPECT_EQ(sampling_seed(7, SamplingStream::kSamples, 1, 2, 3), 0x4a3b98bd98976ae7ull);
+  SamplingRng r(42);
+  EXPECT_EQ(r.next(), 0xbdd732262feb6e95ull);
+  EXPECT_EQ(r.next(), 0x28efe333b266f103ull);
+  at::Tensor tokens, labels;
+  MockDataset(3, 50, 8).batch(5, 2, &tokens, &labels);
+  const std::vector<int64_t> want = {35, 16, 9, 38, 25, 36, 19, 18, 15,
+                                     0,  11, 44, 43, 40, 31, 4,  23, 30};
+  ASSERT_EQ(tokens.numel(), 16);
+  ASSERT_EQ(labels.numel(), 16);
+  const int64_t* t = tokens.data_ptr<int64_t>();  // [2, 8], contiguous
+  const int64_t* l = labels.data_ptr<int64_t>();
+  for (int k = 0; k < 2; ++k)
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_EQ(t[k * 8 + i], want[k * 9 + i]) << "sample " << k << " token " << i;
+      EXPECT_EQ(l[k * 8 + i], want[k * 9 + i + 1]) << "sample " << k << " label " << i;
+    }
+}
+
+// core/hash.h against the published FNV-1a and splitmix64 vectors and against values of the
+// copies it replaced (parameter-init seeds in transformer.cpp, the group digests of
+// process_groups.cpp, watchdog ids), computed with those copies before the switch.
+TEST(Hash, MatchesTheReplacedCopies) {
+  static_assert(fnv1a64("") == 0xcbf29ce484222325ull);
+  static_assert(fnv1a64("a") == 0xaf63dc4c8601ec8cull);
+  static_assert(fnv1a64("foobar") == 0x85944171f73967e8ull);
+  static_assert(splitmix64(0) == 0xe220a8397b1dcdafull);
+  EXPECT_EQ(fnv1a64("embedding.word_embeddings.weight"), 0x68f4c17a49c27e4full);
+  EXPECT_EQ(fnv1a64(kFnv1a64Offset, "foobar", 6), fnv1a64("foobar"));
+  EXPECT_EQ(splitmix64(1), 0x910a2dec89025cc1ull);
+  EXPECT_EQ(splitmix64(1234), 0xbb0cf61b2f181cdbull);
+  EXPECT_EQ(splitmix64(~0ull), 0xe4d971771b652c20ull);
+  uint64_t state = 0;
+  EXPECT_EQ(splitmix64_next(&state), 0xe220a8397b1dcdafull);
+  EXPECT_EQ(splitmix64_next(&state), 0x6e789e6aa1b965f4ull);
+  EXPECT_EQ(splitmix64_next(&state), 0x06c45d188009454full);
+  // transformer.cpp's parameter generator seed: both 32-bit halves folded.
+  auto param_seed = [](uint64_t seed, const char* name) {
+    const uint64_t h = splitmix64(splitmix64(seed) ^ fnv1a64(name));
+    return (h ^ (h >> 32)) & 0xffffffffull;
+  };
+  EXPECT_EQ(param_seed(1234, "embedding.word_embeddings.weight"), 0xf8c43501ull);
+  EXPECT_EQ(param_seed(0, "decoder.layers.3.mlp.linear_fc1.weight"), 0x4af35f64ull);
+  // process_groups.cpp's member digest: the size, then each rank, as 8 little-endian bytes.
+  auto members = [](const std::vector<int>& g) {
+    uint64_t h = fnv1a64_u64(kFnv1a64Offset, g.size());
+    for (int r : g) h = fnv1a64_u64(h, static_cast<uint64_t>(static_cast<int64_t>(r)));
+    return h;
+  };
+  EXPECT_EQ(members({0, 4}), 0x5336762a4f52cf43ull);
+  EXPECT_EQ(members({1, 3, 5, 7}), 0x871921dabd864681ull);
+  EXPECT_EQ(fnv1a64_u64(kFnv1a64Offset, static_cast<uint64_t>(int64_t{-2})), 0xfc1a35225397861cull);
+  // watchdog.cpp's group id: the name's bytes, the world ranks' bytes, the instance's bytes.
+  const std::string name = "dp";
+  const std::vector<int> world = {0, 1, 2, 3};
+  const int instance = 1;
+  uint64_t h = fnv1a64(kFnv1a64Offset, name.data(), name.size());
+  h = fnv1a64(h, world.data(), world.size() * sizeof(int));
+  EXPECT_EQ(h, 0x625493062cf80759ull);
+  EXPECT_EQ(fnv1a64(h, &instance, sizeof instance), 0x31e1cc16b318c8d8ull);
 }
 
 TEST(GptSampling, SplitBoundsMatchMegatronRounding) {

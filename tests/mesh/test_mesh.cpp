@@ -190,8 +190,8 @@ void check_mesh(const Mesh& m, bool brute) {
   check_partition(m, "ep", m.ep());
   check_partition(m, "etp", m.etp());
   check_partition(m, "edp", m.edp());
-  check_partition(m, "tp_ep", m.etp() * m.ep());
-  check_partition(m, "tp_ep_pp", m.etp() * m.ep() * m.pp());
+  check_partition(m, "etp_ep", m.etp() * m.ep());
+  check_partition(m, "etp_ep_pp", m.etp() * m.ep() * m.pp());
   check_partition(m, "fsdp_shard", D / N);
   check_partition(m, "fsdp_replicate", N);
   check_partition(m, "expert_fsdp_shard", m.edp() / N);
@@ -256,8 +256,8 @@ void check_mesh(const Mesh& m, bool brute) {
       ASSERT_EQ(m.group_of("ep", r), brute_group(ex, w, r, {"ep"}));
       ASSERT_EQ(m.group_of("etp", r), brute_group(ex, w, r, {"etp"}));
       ASSERT_EQ(m.group_of("edp", r), brute_group(ex, w, r, {"edp"}));
-      ASSERT_EQ(m.group_of("tp_ep", r), brute_group(ex, w, r, {"etp", "ep"}));
-      ASSERT_EQ(m.group_of("tp_ep_pp", r), brute_group(ex, w, r, {"etp", "ep", "pp"}));
+      ASSERT_EQ(m.group_of("etp_ep", r), brute_group(ex, w, r, {"etp", "ep"}));
+      ASSERT_EQ(m.group_of("etp_ep_pp", r), brute_group(ex, w, r, {"etp", "ep", "pp"}));
       auto c = coords(dn, r);
       for (size_t i = 0; i < dn.names.size(); ++i) ASSERT_EQ(m.coord(r, dn.names[i]), c[i]);
     }

@@ -325,7 +325,7 @@ TEST(Mamba, DumpForTransformers) {
       {"groups", std::to_string(cfg.mamba_num_groups)},
       {"heads", std::to_string(cfg.mamba_heads())}, {"chunk", std::to_string(cfg.mamba_chunk_size)},
       {"eps", std::to_string(cfg.norm_epsilon)}};
-  Status s = write_safetensors(path, entries, meta);
+  Status s = safetensors_write(path, entries, meta);
   ASSERT_TRUE(static_cast<bool>(s)) << s.message();
 }
 

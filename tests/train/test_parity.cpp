@@ -236,8 +236,9 @@ TEST(Memory, OptimizerStateScalesAsOneOverDp) {
 namespace weft {
 namespace {
 
-// Prefetching gathers earlier but computes the same arithmetic: bitwise equal results.
-TEST(Prefetch, OverlapChangesNothingButTiming) {
+// Overlapping the parameter gather (--overlap-param-gather) gathers earlier but computes the
+// same arithmetic: bitwise equal results.
+TEST(OverlapParamGather, ChangesNothingButTiming) {
   if (test::world_size() < 8) GTEST_SKIP() << "needs 8 ranks";
   TrainConfig c = base_config(false);
   c.layout.pp = 2;

@@ -1,6 +1,6 @@
 // The checks that run before iteration 1 (train/preflight.h): writable directories are tested
 // by writing (and left as found), --load must hold a checkpoint, the free-space check refuses what does not fit,
-// and the checkpoint size it compares against (checkpoint_bytes_on_rank) is what a save puts on
+// and the checkpoint size it compares against (ckpt_bytes_on_rank) is what a save puts on
 // disk, for fp32 and bf16 moments. Single rank, tiny model.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -94,7 +94,7 @@ TEST(Preflight, CheckpointBytesAreWhatASaveWrites) {
     TrainConfig c = tiny(root + "/" + moments);
     if (std::string(moments) == "bf16") c.adam.exp_avg_dtype = c.adam.exp_avg_sq_dtype = at::kBFloat16;
     Trainer t(c, groups);
-    const int64_t estimate = checkpoint_bytes_on_rank(t.stage(), t.optimizer());
+    const int64_t estimate = ckpt_bytes_on_rank(t.stage(), t.optimizer());
     t.train();
     const int64_t on_disk = data_bytes_on_disk(c.save + "/iter_0000001");
     EXPECT_EQ(estimate, on_disk) << moments << " moments";

@@ -1,7 +1,9 @@
 // Single-rank tests of the trainer's pieces: the layer split, config refusals (each names its
 // flag), mock-data determinism; that the trainer clips by min(1, clip / (norm + 1e-6)), once,
 // and skips a non-finite step without touching the state. The optimizer's own tests (AdamW, the
-// LR schedule, the clipping arithmetic) are in tests/optim.
+// LR schedule, the clipping arithmetic) are in tests/optim. (The FSDP row-block arithmetic is
+// checked elsewhere: test_plan.cpp compares every rank's shard sizes, padded rows included, with
+// plan.cpp's independent count; test_parity.cpp's dp8 runs ranks with empty shards.)
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <gtest/gtest.h>

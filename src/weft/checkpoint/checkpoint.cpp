@@ -205,7 +205,7 @@ Status commit(const SaveRequest& req, const std::vector<std::string>& chunk_list
   for (const auto& g : pgroups) merged.update(nlohmann::json::parse(g));
   meta["optimizer"]["param_groups"] = merged;
   if (Status s = write_text_file_synced(tmp + "/metadata.json", meta.dump(1)); !s) return s;
-  if (Status s = fsync_dir(tmp); !s) return s;
+  if (Status s = ckpt_fsync_dir(tmp); !s) return s;
   std::error_code ec;
   const std::string old = final_dir + ".old";
   if (fs::exists(final_dir)) {
@@ -215,14 +215,14 @@ Status commit(const SaveRequest& req, const std::vector<std::string>& chunk_list
   }
   fs::rename(tmp, final_dir, ec);
   if (ec) return Status::error(fmt::format("{}: rename to {} failed: {}", tmp, final_dir, ec.message()));
-  if (Status s = fsync_dir(req.dir); !s) return s;
+  if (Status s = ckpt_fsync_dir(req.dir); !s) return s;
   (void)remove_tree(old);  // the new iteration is committed; a leftover .old is harmless
   const std::string tracker = req.dir + "/" + kTrackerFile;
   if (Status s = write_text_file_synced(tracker + ".tmp", fmt::format("{}\n", req.iteration)); !s)
     return s;
   fs::rename(tracker + ".tmp", tracker, ec);
   if (ec) return Status::error(fmt::format("{}: rename failed: {}", tracker, ec.message()));
-  return fsync_dir(req.dir);
+  return ckpt_fsync_dir(req.dir);
 }
 
 }  // namespace
@@ -383,7 +383,7 @@ void ckpt_save_write(CkptSave& save, const std::atomic<bool>* cancel) {
     };
     std::vector<uint32_t> crcs;
     try {
-      st = write_safetensors_streamed(path, entries, source, metadata, kBlock, &crcs);
+      st = safetensors_write_streamed(path, entries, source, metadata, kBlock, &crcs);
     } catch (const std::exception& e) {
       st = Status::error(fmt::format("{}: {}", path, e.what()));
     }
@@ -411,21 +411,21 @@ void ckpt_save_commit(CkptSave& save, const ProcessGroups& groups) {
   }
 }
 
-void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, ShardedAdamW& opt,
-                     const ProcessGroups& groups) {
+void ckpt_save(const SaveRequest& req, const PipelineStage& stage, ShardedAdamW& opt,
+               const ProcessGroups& groups) {
   CkptSavePtr save = ckpt_save_begin(req, stage, opt, groups, nullptr);
   ckpt_save_write(*save);
   ckpt_save_commit(*save, groups);
 }
 
-int64_t checkpoint_bytes_on_rank(const PipelineStage& stage, ShardedAdamW& opt) {
+int64_t ckpt_bytes_on_rank(const PipelineStage& stage, ShardedAdamW& opt) {
   int64_t bytes = 0;
   for (const LocalTensor& t : local_tensors(stage, opt, false))
     bytes += t.data.numel() * static_cast<int64_t>(t.data.element_size());
   return bytes;
 }
 
-Strictness parse_strictness(const std::string& v) {
+Strictness ckpt_parse_strictness(const std::string& v) {
   if (v == "raise_all") return Strictness::kRaiseAll;
   if (v == "raise_unexpected") return Strictness::kRaiseUnexpected;
   if (v == "log_all" || v == "return_all") return Strictness::kLogAll;
@@ -439,7 +439,7 @@ Strictness parse_strictness(const std::string& v) {
       v);
 }
 
-std::vector<std::string> expected_checkpoint_keys(const ModelConfig& cfg) {
+std::vector<std::string> ckpt_expected_keys(const ModelConfig& cfg) {
   std::vector<std::string> keys;
   for (const ParamSpec& p : all_param_specs(cfg)) {
     const std::string& n = p.name;
@@ -461,7 +461,7 @@ std::string first_keys(const std::vector<std::string>& keys) {
 // With `weights_only` (--finetune) the optimizer keys are neither expected nor unexpected.
 void check_keys(const std::string& dir, const CkptIndex& index, const ModelConfig& cfg,
                 Strictness strict, bool rank0, bool weights_only) {
-  const auto expected = expected_checkpoint_keys(cfg);
+  const auto expected = ckpt_expected_keys(cfg);
   std::vector<std::string> missing, unexpected;
   std::set<std::string> exp(expected.begin(), expected.end());
   auto is_opt = [](const std::string& k) { return k.rfind("optimizer.", 0) == 0; };
@@ -542,8 +542,8 @@ constexpr int64_t kDeviceStageBytes = int64_t{512} << 20;
 
 }  // namespace
 
-nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, ShardedAdamW& opt,
-                               const ProcessGroups& groups) {
+nlohmann::json ckpt_load(const LoadRequest& req, PipelineStage& stage, ShardedAdamW& opt,
+                         const ProcessGroups& groups) {
   at::NoGradGuard no_grad;
   Communicator& world = groups.control();
   const bool rank0 = world.rank() == 0;

@@ -40,11 +40,11 @@ struct SaveRequest {
 
 // Collective. Throws weft::Error (same message on every rank) when any rank fails; then
 // nothing new is listed and the previous checkpoint stays the latest.
-void save_checkpoint(const SaveRequest& req, const PipelineStage& stage, ShardedAdamW& opt,
-                     const ProcessGroups& groups);
+void ckpt_save(const SaveRequest& req, const PipelineStage& stage, ShardedAdamW& opt,
+               const ProcessGroups& groups);
 
 // A save in three phases, so that --async-save (async_save.h) can run the middle one on a
-// background thread; save_checkpoint runs all three back to back on the calling thread, and
+// background thread; ckpt_save runs all three back to back on the calling thread, and
 // both produce the same files byte for byte.
 struct CkptSave;  // one save in flight; defined in checkpoint.cpp
 struct CkptSaveDeleter {
@@ -70,13 +70,13 @@ CkptSavePtr ckpt_save_begin(const SaveRequest& req, const PipelineStage& stage, 
 void ckpt_save_write(CkptSave& save, const std::atomic<bool>* cancel = nullptr);
 // Phase 3. Collective over groups.control(), training thread, after phase 2 on every rank:
 // agrees on every rank's result; rank 0 commits (coverage, metadata.json, rename, tracker).
-// Throws like save_checkpoint; the temporary directory is then removed.
+// Throws like ckpt_save; the temporary directory is then removed.
 void ckpt_save_commit(CkptSave& save, const ProcessGroups& groups);
-// Bytes of tensor data this rank writes into one checkpoint: exactly what save_checkpoint
+// Bytes of tensor data this rank writes into one checkpoint: exactly what ckpt_save
 // writes (the main replica's shards of the model tensors in compute dtype, the float32 master
 // and both moments in their dtypes; the tied copy on the last stage not). Safetensors headers
 // and metadata.json are not counted. Local.
-int64_t checkpoint_bytes_on_rank(const PipelineStage& stage, ShardedAdamW& opt);
+int64_t ckpt_bytes_on_rank(const PipelineStage& stage, ShardedAdamW& opt);
 
 // Megatron's --dist-ckpt-strictness values.
 enum class Strictness {
@@ -89,7 +89,7 @@ enum class Strictness {
 };
 // Parses a --dist-ckpt-strictness value (also accepts return_all / return_unexpected, which
 // behave as log_all / log_unexpected); throws UsageError naming the flag.
-Strictness parse_strictness(const std::string& value);
+Strictness ckpt_parse_strictness(const std::string& value);
 
 struct LoadRequest {
   std::string dir;          // --load
@@ -107,8 +107,8 @@ struct LoadRequest {
 // Collective. Returns the checkpoint's metadata.json, or null JSON when `dir` has no tracker
 // and no step was asked for (nothing to load: training starts from scratch). Throws
 // UsageError/Error with the same message on every rank otherwise.
-nlohmann::json load_checkpoint(const LoadRequest& req, PipelineStage& stage, ShardedAdamW& opt,
-                               const ProcessGroups& groups);
+nlohmann::json ckpt_load(const LoadRequest& req, PipelineStage& stage, ShardedAdamW& opt,
+                         const ProcessGroups& groups);
 
 // Safetensors dtype names ("F32", "BF16", ...) of ATen dtypes and back; throw for dtypes a
 // checkpoint cannot hold.
@@ -116,6 +116,6 @@ std::string ckpt_dtype_name(c10::ScalarType t);
 c10::ScalarType ckpt_torch_dtype(const std::string& name);
 
 // Every global key a model with this config expects (weights and optimizer state), sorted.
-std::vector<std::string> expected_checkpoint_keys(const ModelConfig& cfg);
+std::vector<std::string> ckpt_expected_keys(const ModelConfig& cfg);
 
 }  // namespace weft

@@ -155,7 +155,7 @@ Status CkptFileCache::header_of(const CkptChunk& c, const SafetensorsHeader** ou
   auto it = headers_.find(c.file);
   if (it == headers_.end()) {
     SafetensorsHeader h;
-    if (Status s = read_safetensors_header(dir_ + "/" + c.file, &h); !s) return s;
+    if (Status s = safetensors_read_header(dir_ + "/" + c.file, &h); !s) return s;
     it = headers_.emplace(c.file, std::move(h)).first;
   }
   *out = &it->second;
@@ -170,7 +170,7 @@ Status CkptFileCache::read_cached(const CkptChunk& c, const SafetensorsHeader& h
   if (e->second.dtype != c.dtype || static_cast<int64_t>(e->second.end - e->second.begin) != c.nbytes())
     return Status::error(fmt::format("{}: entry '{}' does not match the index (dtype or size)",
                                      path, c.entry));
-  if (Status s = read_safetensors_entry(path, h, c.entry, dst, c.nbytes()); !s) return s;
+  if (Status s = safetensors_read_entry(path, h, c.entry, dst, c.nbytes()); !s) return s;
   const uint32_t crc = crc32c(dst, static_cast<size_t>(c.nbytes()));
   if (crc != c.crc32c)
     return Status::error(fmt::format("{}: checksum mismatch for key '{}' (entry '{}'): stored "
@@ -218,7 +218,7 @@ Status CkptFileCache::read_chunks(std::vector<Read> reads, int threads) {
   return Status::ok();
 }
 
-Status fsync_dir(const std::string& dir) {
+Status ckpt_fsync_dir(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Status::error(fmt::format("{}: cannot open ({})", dir, std::strerror(errno)));
   int rc = ::fsync(fd);

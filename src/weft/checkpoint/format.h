@@ -77,6 +77,6 @@ class CkptFileCache {
 };
 
 // fsyncs a directory (after a rename or file creation inside it).
-Status fsync_dir(const std::string& dir);
+Status ckpt_fsync_dir(const std::string& dir);
 
 }  // namespace weft

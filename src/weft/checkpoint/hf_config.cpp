@@ -307,12 +307,12 @@ std::string hf_out_begin(const std::string& out) {
 }
 
 void hf_out_commit(const std::string& tmp, const std::string& out) {
-  if (Status s = fsync_dir(tmp); !s) fail("{}", s.message());
+  if (Status s = ckpt_fsync_dir(tmp); !s) fail("{}", s.message());
   std::error_code ec;
   fs::rename(tmp, out, ec);
   if (ec) fail("{}: rename to {} failed: {}", tmp, out, ec.message());
   fs::path parent = fs::absolute(out).parent_path();
-  if (Status s = fsync_dir(parent.string()); !s) fail("{}", s.message());
+  if (Status s = ckpt_fsync_dir(parent.string()); !s) fail("{}", s.message());
 }
 
 void hf_write_text_file(const std::string& path, const std::string& text) {

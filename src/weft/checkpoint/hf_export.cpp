@@ -68,7 +68,7 @@ void write_shard(const std::string& path, const std::vector<HfOutTensor>& tensor
     e.nbytes = static_cast<size_t>(tensor_bytes(t.data));
     entries.push_back(e);
   }
-  if (Status s = write_safetensors(path, entries, {{"format", "pt"}}); !s)
+  if (Status s = safetensors_write(path, entries, {{"format", "pt"}}); !s)
     fail("hf export: {}", s.message());
 }
 

@@ -83,7 +83,7 @@ HfModel hf_read_model(const std::string& dir) {
   for (const std::string& f : files) {
     const std::string path = dir + "/" + f;
     SafetensorsHeader h;
-    if (Status s = read_safetensors_header(path, &h); !s) fail_usage("hf import: {}", s.message());
+    if (Status s = safetensors_read_header(path, &h); !s) fail_usage("hf import: {}", s.message());
     const SafetensorsHeader& stored = headers.emplace(f, std::move(h)).first->second;
     for (const auto& [name, e] : stored.entries) {
       if (where.count(name))
@@ -116,7 +116,7 @@ HfModel hf_read_model(const std::string& dir) {
       fail_usage("hf import: tensor '{}' has shape [{}], config.json implies [{}]", name,
                  fmt::join(e.shape, ","), fmt::join(shape, ","));
     at::Tensor t = at::empty(shape, at::TensorOptions().dtype(hf_dtype(name, e.dtype)));
-    if (Status s = read_safetensors_entry(it->second.file, *it->second.header, name, t.data_ptr(),
+    if (Status s = safetensors_read_entry(it->second.file, *it->second.header, name, t.data_ptr(),
                                           static_cast<size_t>(e.end - e.begin));
         !s)
       fail_usage("hf import: {}", s.message());
@@ -197,9 +197,9 @@ void ckpt_write_weights_only(const std::string& out, nlohmann::json meta,
                                                    {"version", std::to_string(kCheckpointVersion)},
                                                    {"rank", "0"},
                                                    {"chunks", chunks.dump()}};
-    if (Status s = write_safetensors(iter + "/" + file, entries, md); !s) fail("{}", s.message());
+    if (Status s = safetensors_write(iter + "/" + file, entries, md); !s) fail("{}", s.message());
     hf_write_text_file(iter + "/metadata.json", meta.dump(1));
-    if (Status s = fsync_dir(iter); !s) fail("{}", s.message());
+    if (Status s = ckpt_fsync_dir(iter); !s) fail("{}", s.message());
     hf_write_text_file(tmp + "/" + kTrackerFile, "0\n");
     hf_out_commit(tmp, out);
   } catch (...) {

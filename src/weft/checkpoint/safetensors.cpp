@@ -232,7 +232,7 @@ int st_pwrite_all(int fd, const void* data, size_t n, uint64_t offset) {
 
 }  // namespace
 
-Status write_safetensors(const std::string& path, const std::vector<SafetensorsWriteEntry>& entries,
+Status safetensors_write(const std::string& path, const std::vector<SafetensorsWriteEntry>& entries,
                          const std::map<std::string, std::string>& metadata) {
   // Everything is checked and the header built before the file is opened, so a bad argument
   // leaves an existing file untouched.
@@ -259,7 +259,7 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsW
   return Status::ok();
 }
 
-Status write_safetensors_streamed(const std::string& path,
+Status safetensors_write_streamed(const std::string& path,
                                   const std::vector<SafetensorsWriteEntry>& entries,
                                   const SafetensorsBlockSource& data,
                                   const SafetensorsMetadataFn& metadata, size_t block_bytes,
@@ -316,7 +316,7 @@ Status write_safetensors_streamed(const std::string& path,
   return Status::ok();
 }
 
-Status read_safetensors_header(const std::string& path, SafetensorsHeader* out) {
+Status safetensors_read_header(const std::string& path, SafetensorsHeader* out) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return st_error(path, "cannot open: " + errno_text(errno));
   FdCloser closer(fd);
@@ -410,7 +410,7 @@ Status read_safetensors_header(const std::string& path, SafetensorsHeader* out) 
   return Status::ok();
 }
 
-Status read_safetensors_entry(const std::string& path, const SafetensorsHeader& header,
+Status safetensors_read_entry(const std::string& path, const SafetensorsHeader& header,
                               const std::string& name, void* dst, size_t nbytes) {
   const auto it = header.entries.find(name);
   if (it == header.entries.end()) return st_entry_error(path, name, "no such entry");

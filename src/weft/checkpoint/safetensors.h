@@ -5,7 +5,7 @@
 // Entries are laid out back to back in the order given, and the header is padded with spaces
 // to a multiple of 8 bytes so that every tensor starts 8-byte aligned.
 //
-// Contract: write_safetensors writes the file completely and fsyncs it before returning ok;
+// Contract: safetensors_write writes the file completely and fsyncs it before returning ok;
 // on any error it removes the partial file. Readers never trust the header: offsets, sizes and
 // dtype widths are checked against the file size and each other.
 #pragma once
@@ -33,7 +33,7 @@ struct SafetensorsWriteEntry {
 };
 
 // Writes `entries` and `metadata` to `path` (truncating it), fsyncs the file.
-Status write_safetensors(const std::string& path, const std::vector<SafetensorsWriteEntry>& entries,
+Status safetensors_write(const std::string& path, const std::vector<SafetensorsWriteEntry>& entries,
                          const std::map<std::string, std::string>& metadata);
 
 // Hands out entry `entry`'s bytes [offset, offset + n): *out must point at them until the next
@@ -45,11 +45,11 @@ using SafetensorsBlockSource =
 using SafetensorsMetadataFn =
     std::function<std::map<std::string, std::string>(const std::vector<uint32_t>& crcs)>;
 
-// Like write_safetensors, with the data produced block by block (entries' `data` unused) and
+// Like safetensors_write, with the data produced block by block (entries' `data` unused) and
 // checksummed on the way: the data region is written first, behind room for the header, with
 // the device's writeback started every 256 MiB; then the header with the final checksums at
 // offset 0; then fsync. *crcs receives each entry's CRC-32C. Same failure contract.
-Status write_safetensors_streamed(const std::string& path,
+Status safetensors_write_streamed(const std::string& path,
                                   const std::vector<SafetensorsWriteEntry>& entries,
                                   const SafetensorsBlockSource& data,
                                   const SafetensorsMetadataFn& metadata, size_t block_bytes,
@@ -69,10 +69,10 @@ struct SafetensorsHeader {
 };
 
 // Parses and checks the header of `path` (every entry inside the file, sizes matching shapes).
-Status read_safetensors_header(const std::string& path, SafetensorsHeader* out);
+Status safetensors_read_header(const std::string& path, SafetensorsHeader* out);
 
 // Reads the bytes of entry `name` into `dst` (exactly end - begin bytes).
-Status read_safetensors_entry(const std::string& path, const SafetensorsHeader& header,
+Status safetensors_read_entry(const std::string& path, const SafetensorsHeader& header,
                               const std::string& name, void* dst, size_t nbytes);
 
 }  // namespace weft

@@ -20,6 +20,7 @@
 #include "weft/comm/mpi_runtime.h"
 #include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
+#include "weft/core/hash.h"
 #if defined(WEFT_WITH_CUDA)
 #include "weft/comm/nccl_communicator.h"
 #endif
@@ -27,28 +28,17 @@
 namespace weft {
 namespace {
 
-constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
-constexpr uint64_t kFnvPrime = 0x100000001b3ull;
-
-uint64_t fnv1a(uint64_t h, int64_t v) {
-  for (int i = 0; i < 8; ++i) {
-    h ^= static_cast<uint64_t>(v >> (8 * i)) & 0xff;
-    h *= kFnvPrime;
-  }
-  return h;
-}
-
 uint64_t digest_members(const Group& g) {
-  uint64_t h = fnv1a(kFnvOffset, static_cast<int64_t>(g.size()));
-  for (int r : g) h = fnv1a(h, r);
+  uint64_t h = fnv1a64_u64(kFnv1a64Offset, g.size());
+  for (int r : g) h = fnv1a64_u64(h, static_cast<uint64_t>(static_cast<int64_t>(r)));
   return h;
 }
 
 uint64_t digest_layout(const LayoutConfig& c) {
-  uint64_t h = kFnvOffset;
+  uint64_t h = kFnv1a64Offset;
   for (int64_t v : {c.world_size, c.tp, c.cp, c.pp, c.ep, c.etp, c.dp_outer,
                     static_cast<int>(c.tp_pp_dp_mapping)})
-    h = fnv1a(h, v);
+    h = fnv1a64_u64(h, static_cast<uint64_t>(v));
   return h;
 }
 

@@ -22,6 +22,7 @@
 
 #include "weft/comm/comm_checks.h"
 #include "weft/core/error.h"
+#include "weft/core/hash.h"
 
 namespace weft {
 namespace {
@@ -53,15 +54,6 @@ struct Registry {
 Registry& registry() {
   static Registry* r = new Registry;
   return *r;
-}
-
-uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
 }
 
 double seconds_since(Clock::time_point t) {
@@ -317,12 +309,12 @@ WatchedGroup::WatchedGroup(std::string name, MPI_Comm comm, WatchHooks hooks)
   recvs_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) sends_[i] = 0, recvs_[i] = 0;
 
-  uint64_t h = fnv1a(0xcbf29ce484222325ull, name_.data(), name_.size());
-  h = fnv1a(h, world_.data(), world_.size() * sizeof(int));
+  uint64_t h = fnv1a64(kFnv1a64Offset, name_.data(), name_.size());
+  h = fnv1a64(h, world_.data(), world_.size() * sizeof(int));
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   const int instance = r.instances[h]++;
-  id_ = fnv1a(h, &instance, sizeof instance);
+  id_ = fnv1a64(h, &instance, sizeof instance);
   r.groups.push_back(this);
 }
 

@@ -8,21 +8,11 @@
 #include <numeric>
 
 #include "weft/core/error.h"
+#include "weft/core/hash.h"
 
 namespace weft {
-namespace {
 
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-
-}  // namespace
-
-uint64_t sampling_mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-uint64_t SamplingRng::next() { return sampling_mix64(state_ += kGolden); }
+uint64_t SamplingRng::next() { return splitmix64_next(&state_); }
 
 uint64_t SamplingRng::below(uint64_t n) {
   WEFT_CHECK(n > 0, "below(0)");
@@ -38,7 +28,7 @@ uint64_t sampling_seed(uint64_t seed, SamplingStream stream, int split, int64_t 
   uint64_t z = seed;
   for (uint64_t w : {static_cast<uint64_t>(stream), static_cast<uint64_t>(split),
                      static_cast<uint64_t>(dataset), static_cast<uint64_t>(epoch)}) {
-    z = sampling_mix64(z ^ sampling_mix64(w + kGolden));
+    z = splitmix64_mix(z ^ splitmix64(w));
   }
   return z;
 }

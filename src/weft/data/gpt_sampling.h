@@ -14,7 +14,7 @@
 
 namespace weft {
 
-// splitmix64: a 64-bit stream with a bounded draw free of modulo bias.
+// splitmix64 (core/hash.h): a 64-bit stream with a bounded draw free of modulo bias.
 class SamplingRng {
  public:
   explicit SamplingRng(uint64_t seed) : state_(seed) {}
@@ -24,9 +24,6 @@ class SamplingRng {
  private:
   uint64_t state_;
 };
-
-// splitmix64's output function (a bijective 64-bit mixer).
-uint64_t sampling_mix64(uint64_t z);
 
 // The seed of one shuffle: stream 1 = document order, 2 = sample order.
 enum class SamplingStream : uint64_t { kDocuments = 1, kSamples = 2 };

@@ -6,17 +6,9 @@
 
 #include <vector>
 
+#include "weft/core/hash.h"
+
 namespace weft {
-namespace {
-
-uint64_t splitmix64(uint64_t& s) {
-  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
 
 MockDataset::MockDataset(uint64_t seed, int vocab_size, int seq_length)
     : seed_(seed), vocab_(vocab_size), seq_(seq_length) {}
@@ -26,13 +18,13 @@ void MockDataset::batch(int64_t first, int count, at::Tensor* tokens, at::Tensor
   for (int k = 0; k < count; ++k) {
     const uint64_t v = static_cast<uint64_t>(vocab_);
     uint64_t rule = seed_;
-    const uint64_t a = 1 + splitmix64(rule) % 7, b = splitmix64(rule) % v;
+    const uint64_t a = 1 + splitmix64_next(&rule) % 7, b = splitmix64_next(&rule) % v;
     uint64_t s = seed_ * 0x100000001B3ull ^ static_cast<uint64_t>(first + k) * 0xD6E8FEB86659FD93ull;
-    uint64_t t = splitmix64(s) % v;
+    uint64_t t = splitmix64_next(&s) % v;
     int64_t* row = buf.data() + static_cast<size_t>(k) * (seq_ + 1);
     for (int i = 0; i <= seq_; ++i) {
       row[i] = static_cast<int64_t>(t);
-      uint64_t r = splitmix64(s);
+      uint64_t r = splitmix64_next(&s);
       t = (r % 8 == 0) ? (r >> 8) % v : (a * t + b) % v;
     }
   }

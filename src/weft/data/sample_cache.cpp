@@ -16,6 +16,7 @@
 #include <random>
 
 #include "weft/core/error.h"
+#include "weft/core/hash.h"
 #include "weft/data/gpt_sampling.h"
 
 namespace weft {
@@ -32,7 +33,7 @@ uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
 struct Hasher {
   uint64_t h;
   explicit Hasher(uint64_t seed, uint64_t bytes) : h(seed ^ (bytes * 0x9E3779B97F4A7C15ull)) {}
-  void word(uint64_t w) { h = rotl(h ^ sampling_mix64(w), 27) * 0xFF51AFD7ED558CCDull; }
+  void word(uint64_t w) { h = rotl(h ^ splitmix64_mix(w), 27) * 0xFF51AFD7ED558CCDull; }
   void words(const unsigned char* p, size_t n) {  // n % 8 == 0
     for (size_t i = 0; i < n; i += 8) {
       uint64_t w;
@@ -46,7 +47,7 @@ struct Hasher {
       std::memcpy(&w, tail, n);
       word(w);
     }
-    return sampling_mix64(h);
+    return splitmix64_mix(h);
   }
 };
 

@@ -167,8 +167,8 @@ Mesh::Mesh(const LayoutConfig& cfg) : cfg_(validate_layout(cfg)) {
   groups_["tp_dp_cp"] = make_groups(dense, {"tp", "dp", "cp"}, w);
   groups_["ep"] = make_groups(expert, {"ep"}, w);
   groups_["etp"] = make_groups(expert, {"etp"}, w);
-  groups_["tp_ep"] = make_groups(expert, {"etp", "ep"}, w);
-  groups_["tp_ep_pp"] = make_groups(expert, {"etp", "ep", "pp"}, w);
+  groups_["etp_ep"] = make_groups(expert, {"etp", "ep"}, w);
+  groups_["etp_ep_pp"] = make_groups(expert, {"etp", "ep", "pp"}, w);
   groups_["edp"] = make_groups(expert, {"edp"}, w);
 
   // validate_layout proved the strides agree; this is the belt to its braces.

@@ -29,11 +29,15 @@ struct LayoutConfig {
 
 using Group = std::vector<int>;  // global ranks, in group-rank order
 
-// Every group kind the mesh builds, in the order they are printed.
+// Every group kind the mesh builds, in the order they are printed. A kind is named by the axes
+// it spans, joined by '_': dense kinds by tp, cp, dp, pp; expert kinds by etp, ep, edp, pp (so
+// etp_ep spans etp x ep: Megatron-Core's expert-tensor-and-model-parallel group, built there from
+// its expert rank generator's "tp-ep"). Derived kinds: embedding and the FSDP shard/replicate
+// groups (see Mesh).
 inline const std::vector<std::string>& mesh_group_kinds() {
   static const std::vector<std::string> kinds = {
-      "tp",        "cp",  "dp",  "dp_cp",  "pp",       "tp_pp",          "tp_cp",
-      "tp_dp_cp",  "ep",  "etp", "tp_ep",  "tp_ep_pp", "edp",            "embedding",
+      "tp",        "cp",  "dp",  "dp_cp",  "pp",        "tp_pp",          "tp_cp",
+      "tp_dp_cp",  "ep",  "etp", "etp_ep", "etp_ep_pp", "edp",            "embedding",
       "fsdp_shard", "fsdp_replicate", "expert_fsdp_shard", "expert_fsdp_replicate"};
   return kinds;
 }

@@ -6,7 +6,8 @@
 // (set_enabled, default on; `weft train --no-fused-kernels` turns them off), x on a CUDA device
 // in float32 or bfloat16. Everything else (CPU, float64, libtorch without CUDA) runs the ATen
 // reference composition in transformer.cpp / ops.cpp, which the fused results are tested
-// against (tests/model/test_fused.cpp).
+// against (tests/model/test_model.cpp: ModelCuda.FusedKernelsMatchReference,
+// ModelCuda.IgnoredLabelsFusedAndUnfused; tests/model/test_mamba.cpp: MambaCuda.*).
 #pragma once
 
 #include <ATen/core/Tensor.h>

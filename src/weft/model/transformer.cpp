@@ -28,6 +28,7 @@
 
 #include "weft/core/compat.h"
 #include "weft/core/error.h"
+#include "weft/core/hash.h"
 #include "weft/model/fused.h"
 #include "weft/model/mamba.h"
 #include "weft/model/moe.h"
@@ -35,22 +36,6 @@
 
 namespace weft {
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-uint64_t fnv1a64(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
 
 // The generator seed of one parameter. ATen's CPU generator (mt19937) keeps only 32 bits of
 // its seed, so both halves of the 64-bit hash are folded into the low half.

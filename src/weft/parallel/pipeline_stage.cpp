@@ -109,7 +109,7 @@ PipelineStage::PipelineStage(const ModelConfig& cfg, const ProcessGroups& groups
   if (opt.overlap_grad_reduce)
     for (auto& u : units_) u->set_grad_reduction_queue(&reduce_queue_);
   // Backward walks forward order in reverse; the embedding's backward needs no weight.
-  if (opt.prefetch)
+  if (opt.overlap_param_gather)
     for (size_t k = 1; k < forward_order_.size(); ++k)
       if (forward_order_[k - 1] != embedding_)
         forward_order_[k]->set_backward_prefetch(forward_order_[k - 1]);
@@ -178,9 +178,9 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
   // Starts the next unit of forward order and issues the gather of the one after it.
   auto next = [&] {
     ++k;
-    if (opt_.prefetch && k < forward_order_.size()) forward_order_[k]->unshard();
+    if (opt_.overlap_param_gather && k < forward_order_.size()) forward_order_[k]->unshard();
   };
-  if (opt_.prefetch && !forward_order_.empty()) forward_order_[0]->unshard();
+  if (opt_.overlap_param_gather && !forward_order_.empty()) forward_order_[0]->unshard();
   auto start = [&](const Block& b) {
     for (size_t i = 0; i <= b.experts.size(); ++i) next();
   };

@@ -50,7 +50,7 @@ struct StageOptions {
   // Gather the next unit's weights before computing the current one (forward), and the
   // previous layer's when a layer's backward starts. With NCCL the gathers run on the
   // communicator's stream and overlap compute; with MPI they are only issued earlier.
-  bool prefetch = true;   // --overlap-param-gather / --no-overlap-param-gather
+  bool overlap_param_gather = true;  // --overlap-param-gather / --no-overlap-param-gather
   bool overlap_grad_reduce = true;  // --overlap-grad-reduce / --no-overlap-grad-reduce
 };
 

@@ -152,7 +152,7 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   if (c.device != "cpu" && c.device != "cuda")
     fail_usage("--device must be cpu or cuda (got '{}')", c.device);
   validate_lr_schedule(c.lr);
-  parse_strictness(c.strictness);
+  ckpt_parse_strictness(c.strictness);
   if (c.save_interval < 0) fail_usage("--save-interval must be >= 0");
   if (c.save_interval > 0 && c.save.empty()) fail_usage("--save-interval needs --save DIR");
   if (c.async_save && c.save.empty()) fail_usage("--async-save needs --save DIR");
@@ -231,7 +231,7 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   so.device = c10::Device(cfg_.device == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
   so.first_stage_layers = cfg_.first_stage_layers;
   so.last_stage_layers = cfg_.last_stage_layers;
-  so.prefetch = cfg_.overlap_param_gather;
+  so.overlap_param_gather = cfg_.overlap_param_gather;
   so.overlap_grad_reduce = cfg_.overlap_grad_reduce;
   stage_ = std::make_unique<PipelineStage>(cfg_.model, groups, so);
   stage_->init_parameters(cfg_.seed);
@@ -249,10 +249,10 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
     LoadRequest req;
     req.dir = cfg_.load;
     req.step = cfg_.ckpt_step;
-    req.strictness = parse_strictness(cfg_.strictness);
+    req.strictness = ckpt_parse_strictness(cfg_.strictness);
     req.layout = layout_to_json(mesh, cfg_);
     req.finetune = cfg_.finetune;
-    nlohmann::json meta = load_checkpoint(req, *stage_, *optimizer_, groups);
+    nlohmann::json meta = ckpt_load(req, *stage_, *optimizer_, groups);
     if (meta.is_null() && cfg_.finetune)
       fail_usage("--finetune: --load {} holds no checkpoint (no tracker file)", cfg_.load);
     if (!meta.is_null() && cfg_.finetune) {
@@ -280,7 +280,7 @@ void Trainer::check_save_space() const {
   // the same decision from the same numbers.
   constexpr int64_t kMetadataPerRank = int64_t{1} << 20;  // safetensors header, metadata share
   at::Tensor v = at::zeros({2}, at::kLong);
-  v[0] = checkpoint_bytes_on_rank(*stage_, *optimizer_) + kMetadataPerRank;
+  v[0] = ckpt_bytes_on_rank(*stage_, *optimizer_) + kMetadataPerRank;
   if (groups_.rank() == 0) v[1] = free_bytes(cfg_.save);
   groups_.control().all_reduce(v, ReduceOp::kSum);
   const int64_t need = v[0].item<int64_t>(), free = v[1].item<int64_t>();
@@ -349,14 +349,14 @@ void Trainer::save() {
                    {"beta1", g.beta1}, {"beta2", g.beta2}, {"eps", g.eps}};
     }
   m["optimizer"] = {{"steps", optimizer_->steps()}};
-  req.local_param_groups = groups;  // merged over all stages by save_checkpoint
+  req.local_param_groups = groups;  // merged over all stages by ckpt_save
   if (cfg_.async_save) {
     wait_for_save();  // a second save waits for the first
     if (!async_saver_) async_saver_ = std::make_unique<AsyncCheckpointSaver>(groups_);
   }
   try {
     if (async_saver_) async_saver_->start(req, *stage_, *optimizer_);
-    else save_checkpoint(req, *stage_, *optimizer_, groups_);
+    else ckpt_save(req, *stage_, *optimizer_, groups_);
   } catch (const Error& e) {
     on_save_failure(e, iteration_);
     return;
