@@ -23,6 +23,8 @@
 
 #include "weft/comm/communicator.h"
 #include "weft/comm/mpi_runtime.h"
+
+#include "bench_mpi.h"
 #include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
 
@@ -145,14 +147,5 @@ int run(int argc, char** argv, weft::MpiRuntime& mpi) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  weft::MpiRuntime mpi(&argc, &argv);
-  weft::set_error_rank(mpi.world_rank());
-  // Ranks share the cores: give each its fair share of intra-op threads (DESIGN.md).
-  at::set_num_threads(mpi.threads_per_rank());
-  try {
-    return run(argc, argv, mpi);
-  } catch (const weft::Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
-  }
+  return weft::bench::bench_main(argc, argv, "bench_collectives", run);
 }
