@@ -6,8 +6,16 @@
 
 #include <ATen/Parallel.h>
 
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "layout_flags.h"
 #include "weft/comm/communicator.h"
@@ -15,6 +23,7 @@
 #include "weft/comm/mpi_runtime.h"
 #include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
+#include "weft/core/hash.h"
 #include "weft/data/tokenizer.h"
 #include "weft/model/fused.h"
 #include "weft/model/hybrid.h"
@@ -321,6 +330,29 @@ void run_training(TrainConfig& t, int threads, const std::string& backend_flag,
   }
 }
 
+namespace {
+
+// Two ranks that compute on one GPU: the lowest such pair {a, b} over the job (the same on every
+// rank, from one all-gather of host name and PCI address), or {-1, -1}. NCCL refuses two ranks
+// of one communicator on one GPU ("duplicate GPU"); CUDA_VISIBLE_DEVICES may hide the sharing
+// (every rank sees its "device 0"), the PCI address does not.
+std::pair<int, int> ranks_sharing_a_gpu(const MpiRuntime& mpi) {
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  std::string where = std::string(host) + "|" + cuda_device_pci_id();
+  if (where.back() == '|')  // no PCI address: the device index this rank chose
+    where += std::to_string(mpi.local_rank() % std::max(1, cuda_device_count()));
+  const uint64_t mine = fnv1a64(where);
+  std::vector<uint64_t> all(static_cast<size_t>(mpi.world_size()));
+  MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  for (size_t a = 0; a < all.size(); ++a)
+    for (size_t b = a + 1; b < all.size(); ++b)
+      if (all[a] == all[b]) return {static_cast<int>(a), static_cast<int>(b)};
+  return {-1, -1};
+}
+
+}  // namespace
+
 Backend start_runtime(const TrainConfig& t, int threads, const std::string& backend_flag,
                       bool deterministic, MpiRuntime& mpi) {
   {
@@ -333,14 +365,13 @@ Backend start_runtime(const TrainConfig& t, int threads, const std::string& back
     if (deterministic) set_deterministic_mode();
     Backend backend = Backend::kMpi;
     if (t.device == "cuda") {
-      const int devices = cuda_device_count();
       set_cuda_device(mpi.local_rank());  // fails with a clear message without CUDA
-      // NCCL refuses two ranks of one communicator on one GPU ("duplicate GPU").
-      const bool own_gpu = mpi.local_size() <= devices;
+      const auto [a, b] = ranks_sharing_a_gpu(mpi);  // the same on every rank
+      const bool own_gpu = a < 0;
       if (backend_flag == "nccl" && !own_gpu)
-        fail_usage("--distributed-backend nccl needs a GPU per rank: {} ranks on this host share "
-                   "{} GPU(s); use --distributed-backend mpi (or auto) to share a GPU",
-                   mpi.local_size(), devices);
+        fail_usage("--distributed-backend nccl needs a GPU per rank: ranks {} and {} compute on "
+                   "the same GPU (same host and PCI address); use --distributed-backend mpi (or "
+                   "auto) to share a GPU", a, b);
       if (backend_flag == "nccl" || (backend_flag == "auto" && nccl_available() && own_gpu))
         backend = Backend::kNccl;
     }

@@ -639,7 +639,7 @@ nlohmann::json ckpt_load(const LoadRequest& req, PipelineStage& stage, ShardedAd
           }
           const CkptChunk* c = exact_chunk(it->second, seg.row_start, seg.valid_rows, dst.scalar_type());
           void* p = c && dst.is_contiguous() ? stager.reserve(dst) : nullptr;
-          if (c && dst.is_contiguous() && !p) {  // the filling buffer is full: read it, retry
+          if (c && dst.is_contiguous() && !p && stager.can_hold(dst)) {  // full: read it, retry
             flush();
             if (st) p = stager.reserve(dst);
           }

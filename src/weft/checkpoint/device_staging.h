@@ -29,6 +29,10 @@ class DeviceLoadStager {
   // chunk is read into, or null when the buffer has no room left (issue() first; a tensor larger
   // than the capacity never fits). The copy to `dst` is queued by the next issue().
   void* reserve(const at::Tensor& dst);
+  // Whether `dst` fits an empty buffer (else it never will: load it another way).
+  bool can_hold(const at::Tensor& dst) const {
+    return dst.numel() * dst.element_size() <= capacity_;
+  }
   // Call once the reads into the reserved memory are complete: waits for the copies out of the
   // other buffer (queued by the previous issue(), normally long done), queues this batch's
   // host-to-device copies without waiting for them, and switches buffers.

@@ -15,6 +15,7 @@ int cuda_device_count_impl();
 void set_cuda_device_impl(int index);
 void cuda_synchronize_impl(int index);
 double cuda_peak_memory_mb_impl(int index);
+std::string cuda_device_pci_id_impl();
 #endif
 
 int cuda_device_count() {
@@ -48,6 +49,14 @@ double device_peak_memory_mb(c10::Device d) {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return u.ru_maxrss / 1024.0;
+}
+
+std::string cuda_device_pci_id() {
+#if defined(WEFT_WITH_CUDA)
+  return cuda_device_pci_id_impl();
+#else
+  return "";
+#endif
 }
 
 void set_deterministic_mode() {

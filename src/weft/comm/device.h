@@ -5,12 +5,17 @@
 
 #include <c10/core/Device.h>
 
+#include <string>
+
 namespace weft {
 
 int cuda_device_count();                 // 0 when weft is built without CUDA
 void set_cuda_device(int index);         // the current device of this thread (and autograd's)
 void device_synchronize(c10::Device d);  // waits for all work queued on d (no-op on CPU)
 double device_peak_memory_mb(c10::Device d);  // CUDA: peak allocated; CPU: peak RSS
+// The PCI address of this thread's current CUDA device ("0000:1b:00.0"): the same physical GPU
+// gives the same address whatever CUDA_VISIBLE_DEVICES a rank sees. "" without CUDA.
+std::string cuda_device_pci_id();
 // Deterministic kernels for parity and restart tests: cuBLAS workspace configuration and
 // ATen's deterministic algorithms (warn-only, so ops without a deterministic variant still run).
 // Call before the first CUDA work.

@@ -1,6 +1,9 @@
 // CUDA side of the device helpers (see device.h); built only with the CUDA path.
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
 
 #include "weft/core/error.h"
 
@@ -24,6 +27,12 @@ double cuda_peak_memory_mb_impl(int index) {
   auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(dev));
   const auto& peak = stats.allocated_bytes[0].peak;  // index 0: the aggregate over pools
   return static_cast<double>(peak) / (1024.0 * 1024.0);
+}
+
+std::string cuda_device_pci_id_impl() {
+  char id[64] = {0};
+  if (cudaDeviceGetPCIBusId(id, sizeof(id), c10::cuda::current_device()) != cudaSuccess) return "";
+  return id;
 }
 
 }  // namespace weft

@@ -411,8 +411,16 @@ void Trainer::prefetch_next_step(int it) {
   prefetched_.clear();
   prefetched_for_ = -1;
   if (it >= cfg_.train_iters) return;  // the training split holds train_iters batches
+  if (!stage_->is_first() && !stage_->is_last()) return;  // middle stages read no batch
   const int64_t next = consumed_samples_ + cfg_.global_batch_size;
-  for (int m = 0; m < num_microbatches_; ++m) prefetched_.push_back(fetch_microbatch(next, m));
+  try {
+    for (int m = 0; m < num_microbatches_; ++m) prefetched_.push_back(fetch_microbatch(next, m));
+  } catch (const std::exception&) {
+    // A bad batch (e.g. a token id outside the vocabulary) is the next step's error, raised by
+    // its own fetch: this step still logs, saves and exits as it would have.
+    prefetched_.clear();
+    return;
+  }
   prefetched_for_ = next;
 }
 
