@@ -28,8 +28,6 @@ namespace {
 
 using test::expect_usage;
 
-c10::Device clip_test_device() { return c10::Device(test::test_device()); }
-
 // Every iteration of every style against the closed forms, written here: warmup lr * it / W for
 // it <= W; then with t = (it - W) / (D - W): cosine min + (lr - min) (1 + cos(pi t)) / 2, linear
 // min + (lr - min) (1 - t), constant lr; min after D. Cosine and linear differ everywhere but at
@@ -116,7 +114,7 @@ void textbook_adamw_step(at::Tensor& p, at::Tensor& m, at::Tensor& v, const at::
 // coefficients 0.3, 1, 0.02 make a skipped, squared or inverted coefficient fail (checked below:
 // the same steps without the coefficients end far away).
 TEST(ShardedAdamW, GradMultiplierScalesTheGradients) {
-  const c10::Device dev = clip_test_device();
+  const c10::Device dev(test::test_device());
   LayoutConfig l;
   Mesh mesh(l);
   ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
@@ -176,7 +174,7 @@ TEST(GradClip, DeviceScaleEqualsHostMultiplier) {
 // on the host's decisions, over clipped, unclipped and skipped steps; a skipped step changes
 // neither the state nor, once uncounted, the step count. On CPU it queues nothing.
 TEST(ShardedAdamW, StepOnDeviceEqualsHostStep) {
-  const c10::Device dev = clip_test_device();
+  const c10::Device dev(test::test_device());
   LayoutConfig l;
   Mesh mesh(l);
   ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);

@@ -159,19 +159,6 @@ void MpiCommunicator::all_gather(const at::Tensor& in, const at::Tensor& out) {
   store(host_out, out);
 }
 
-MpiCommunicator::StagedReduceScatter MpiCommunicator::stage_reduce_scatter(const at::Tensor& in,
-                                                                           const at::Tensor& out) {
-  StagedReduceScatter r;
-  const at::ScalarType w = reduce_dtype(in.scalar_type());
-  r.n = count(out.numel(), "reduce_scatter", "out");
-  count(in.numel(), "reduce_scatter", "in");
-  r.type = reduce_mpi_type(w);
-  r.host_in = host_view(in, w, true);
-  r.host_out = host_view(out, w, false);
-  if (comm_overlaps(r.host_in, r.host_out)) r.host_in = r.host_in.clone();
-  return r;
-}
-
 // The blocking reduce-scatter is the non-blocking one waited for at once: Open MPI's blocking
 // MPI_Reduce_scatter_block and non-blocking MPI_Ireduce_scatter_block (libnbc) sum the ranks in
 // different orders, and one primitive keeps --overlap-grad-reduce on and off bitwise equal.
@@ -226,14 +213,17 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(const at::Tensor& in
     copy_flat(in, out);
     return std::make_unique<MpiWork>(this, MPI_REQUEST_NULL, 0, at::Tensor(), out, out, false);
   }
-  StagedReduceScatter r = stage_reduce_scatter(in, out);
+  const at::ScalarType w = reduce_dtype(in.scalar_type());
+  const int n = count(out.numel(), "reduce_scatter", "out");
+  count(in.numel(), "reduce_scatter", "in");
+  at::Tensor host_in = host_view(in, w, true), host_out = host_view(out, w, false);
+  if (comm_overlaps(host_in, host_out)) host_in = host_in.clone();
   MPI_Request req = MPI_REQUEST_NULL;
   const uint64_t seq = watch_.enter_collective();
-  check(MPI_Ireduce_scatter_block(buf(r.host_in), buf(r.host_out), r.n, r.type,
+  check(MPI_Ireduce_scatter_block(buf(host_in), buf(host_out), n, reduce_mpi_type(w),
                                   reduce_mpi_op(op), comm_, &req),
         "reduce_scatter_async");
-  return std::make_unique<MpiWork>(this, req, seq, r.host_in, r.host_out, out,
-                                   op == ReduceOp::kAvg);
+  return std::make_unique<MpiWork>(this, req, seq, host_in, host_out, out, op == ReduceOp::kAvg);
 }
 
 void MpiCommunicator::all_reduce(const at::Tensor& t, ReduceOp op) {

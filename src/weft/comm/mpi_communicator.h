@@ -68,12 +68,6 @@ class MpiCommunicator final : public Communicator {
  private:
   // The host buffers, count and MPI type of a reduce-scatter (blocking or not): `in` and `out`
   // themselves when they are host tensors of the reduction dtype, else staged copies.
-  struct StagedReduceScatter {
-    at::Tensor host_in, host_out;
-    int n = 0;
-    MPI_Datatype type = MPI_DATATYPE_NULL;
-  };
-  StagedReduceScatter stage_reduce_scatter(const at::Tensor& in, const at::Tensor& out);
   // The tag of message `index` (WatchedGroup::next_send/next_recv) to or from a peer.
   int tag_of(uint64_t index) const;
   void check(int rc, const char* op) const;  // aborts the job on an MPI error

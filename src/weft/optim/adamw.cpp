@@ -69,14 +69,14 @@ void ShardedAdamW::zero_grad() {
 
 // The fused path: one multi-tensor kernel per parameter group, where the moments are float32
 // and the fused kernel exists (CUDA, torch 2.x).
-bool ShardedAdamW::fused_applies() const {
+bool ShardedAdamW::can_step_on_device() const {
   return cfg_.exp_avg_dtype == at::kFloat && cfg_.exp_avg_sq_dtype == at::kFloat &&
          !units_.empty() && units_[0]->param_shard().is_cuda() && compat::has_fused_adamw();
 }
 
 bool ShardedAdamW::step_on_device(double lr, const at::Tensor& grad_scale,
                                   const at::Tensor& found_inf) {
-  if (!fused_applies()) return false;
+  if (!can_step_on_device()) return false;
   at::NoGradGuard no_grad;
   ++steps_;
   WEFT_CHECK(fused_step(lr, grad_scale, found_inf), "optimizer: the fused AdamW kernel failed");
@@ -116,7 +116,7 @@ bool ShardedAdamW::fused_step(double lr, const at::Tensor& grad_scale, const at:
 void ShardedAdamW::step(double lr, double grad_multiplier) {
   at::NoGradGuard no_grad;
   ++steps_;
-  if (fused_applies()) {
+  if (can_step_on_device()) {
     at::Tensor scale;  // the kernel divides each gradient by it (AMP's unscale)
     if (grad_multiplier != 1.0)
       scale = at::full({}, 1.0 / grad_multiplier,

@@ -67,6 +67,8 @@ class ShardedAdamW {
   // it was skipped, uncount_step(). Returns false, queueing nothing, where the fused CUDA
   // kernel does not apply (CPU, bf16 moments): then decide on the host and call step().
   bool step_on_device(double lr, const at::Tensor& grad_scale, const at::Tensor& found_inf);
+  // Whether step_on_device applies: float32 moments on CUDA with torch's fused AdamW.
+  bool can_step_on_device() const;
   void uncount_step() { --steps_; }
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
@@ -86,7 +88,6 @@ class ShardedAdamW {
   int64_t grad_bytes() const;
 
  private:
-  bool fused_applies() const;
   bool fused_step(double lr, const at::Tensor& grad_scale, const at::Tensor& found_inf);
 
   AdamWConfig cfg_;

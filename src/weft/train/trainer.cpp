@@ -528,7 +528,7 @@ IterationStats Trainer::train_step() {
   // the norm into the optimizer instead of idling while the host decides. The arithmetic is
   // the host's (float64, true division), so both paths update bitwise alike.
   bool queued = false;
-  {
+  if (optimizer_->can_step_on_device()) {
     const at::Tensor found_inf = at::isfinite(red).all().logical_not().to(at::kFloat);
     at::Tensor scale;  // undefined: no clipping
     if (cfg_.clip_grad > 0) scale = clip_grad_scale(red[3], cfg_.clip_grad);
