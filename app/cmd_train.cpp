@@ -47,6 +47,7 @@ struct TrainArgs {
   TrainConfig cfg;
   bool deterministic = false;
   bool no_fused = false;
+  bool enable_cuda_graph = false;  // --enable-cuda-graph (Megatron's older name)
   std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32", backend = "auto";
   std::string moe_layer_freq = "1";
   std::string hybrid_pattern, hybrid_override_pattern;
@@ -183,6 +184,13 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--profile-step-end", t.profile.step_end, "last traced iteration");
   c->add_option("--profile-ranks", t.profile.ranks, "ranks that trace")->capture_default_str();
   opt("--profile-dir", t.profile.dir, "where trace_rank<R>.json files go");
+  opt("--cuda-graph-impl", t.cuda_graph_impl,
+      "none | local: after --cuda-graph-warmup-steps, replay each microbatch's forward and "
+      "backward as one CUDA graph (--device cuda, pp 1, FSDP shard group of 1, no MoE)");
+  opt("--cuda-graph-warmup-steps", t.cuda_graph_warmup_steps,
+      "eager iterations of this run before the CUDA graph is captured");
+  c->add_flag("--enable-cuda-graph", a->enable_cuda_graph,
+              "deprecated name of --cuda-graph-impl local (Megatron's)");
   c->add_flag("--no-fused-kernels", a->no_fused,
               "run RMSNorm, SwiGLU and RoPE as ATen op chains instead of weft's fused CUDA kernels");
   opt("--threads", a->threads, "intra-op threads per rank (0: cores / ranks on this host)");
@@ -251,6 +259,12 @@ void resolve_train_args(TrainArgs* a) {
   } else if (t.model.num_experts > 0 || a->moe_layer_freq_opt->count() > 0) {
     if (t.model.num_layers < 1) fail_usage("--num-layers must be >= 1 (got {})", t.model.num_layers);
     t.model.moe_layer_pattern = parse_moe_layer_freq(a->moe_layer_freq, t.model.num_layers);
+  }
+  if (a->enable_cuda_graph) {
+    if (t.cuda_graph_impl != "none" && t.cuda_graph_impl != "local")
+      fail_usage("--enable-cuda-graph means --cuda-graph-impl local, but --cuda-graph-impl is "
+                 "'{}'; give one", t.cuda_graph_impl);
+    t.cuda_graph_impl = "local";
   }
   resolve_tokenizer(a);
   fused::set_enabled(!a->no_fused);

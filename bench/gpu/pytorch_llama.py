@@ -103,6 +103,8 @@ def main():
     p.add_argument("--compile", action="store_true", help="torch.compile the whole model")
     p.add_argument("--compile-blocks", action="store_true",
                    help="torch.compile each decoder block (regional compilation)")
+    p.add_argument("--compile-mode", default=None,
+                   help="torch.compile's mode with --compile (e.g. reduce-overhead: CUDA graphs)")
     a = p.parse_args()
     if a.compile and a.compile_blocks:
         p.error("--compile and --compile-blocks: choose one")
@@ -114,7 +116,7 @@ def main():
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.01,
                             fused=True)
-    step_model = torch.compile(model) if a.compile else model
+    step_model = torch.compile(model, mode=a.compile_mode) if a.compile else model
     if a.compile_blocks:
         for blk in model.blocks:
             blk.compile()
@@ -134,7 +136,8 @@ def main():
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     tps = a.mbs * a.seq / statistics.median(times[a.warmup:])
-    impl = ("pytorch-compile" if a.compile else
+    impl = (f"pytorch-compile-{a.compile_mode}" if a.compile and a.compile_mode else
+            "pytorch-compile" if a.compile else
             "pytorch-compile-blocks" if a.compile_blocks else "pytorch-eager")
     print(json.dumps({"impl": impl, "params": params, "mbs": a.mbs, "seq": a.seq,
                       "tokens_per_sec": tps, "loss": loss.item(),

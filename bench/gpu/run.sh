@@ -9,6 +9,7 @@
 #   bash bench/gpu/run.sh curve       size curve: weft, PyTorch eager and compiled at ~125M, 0.8B,
 #                                     ~1.5B and ~3B; one table at the end (bench/gpu/curve_table.py)
 #   bash bench/gpu/run.sh profile     Kineto traces of weft's 0.8B and 125M steps, summarised
+#   bash bench/gpu/run.sh profcurve   profile summaries at every size-curve shape ($OUT/profcurve.txt)
 #   bash bench/gpu/run.sh ckpt        checkpoint save/load of the 0.8B state on the GPU vs raw
 #                                     disk (bench_checkpoint) and vs torch.distributed.checkpoint
 #   bash bench/gpu/run.sh moe         weft on the ~1B MoE model (8 experts, top-2), then PyTorch
@@ -247,6 +248,27 @@ profile)
   python3 bench/gpu/trace_summary.py "$OUT/prof125m/trace_rank0.json" --iters 2 --top 15
   gzip -f "$OUT"/prof*/trace_rank0.json
   ;;
+profcurve)
+  # Profile summaries at the size curve's shapes (docs/performance.md "Where the time goes"):
+  # iterations 5-6 of each size in PROF_SIZES (default: the curve's four, then 125m at
+  # bench125m's micro-batch 8 x 1024 as "125m-s1024"), traced by `weft train --profile` and
+  # summarised by trace_summary.py into $OUT/profcurve.txt; the traces are not kept (size).
+  P=/tmp/weft-profcurve; rm -rf $P; mkdir -p $P; : > "$OUT/profcurve.txt"
+  for tag in ${PROF_SIZES:-125m 0.8b 1.5b 3b 125m-s1024}; do
+    SEQ=4096
+    if [ $tag = 125m-s1024 ]; then read -r L H NH NG F MBS <<< "12 768 12 12 2048 8"; SEQ=1024
+    else read -r L H NH NG F MBS <<< "$(curve_shape $tag)"; fi
+    timeout 200 ./$B/app/weft train --device cuda --bf16 --num-layers $L --hidden-size $H \
+      --num-attention-heads $NH --num-query-groups $NG --ffn-hidden-size $F --vocab-size 32000 \
+      --seq-length $SEQ --micro-batch-size $MBS --global-batch-size $MBS --train-iters 7 \
+      ${PROF_EXTRA:-} --profile --profile-step-start 5 --profile-step-end 6 --profile-dir $P/$tag > $P/$tag.log 2>&1
+    rc=$?
+    { echo "== $tag (layers $L hidden $H mbs $MBS seq $SEQ) rc=$rc"; grep -E "iteration +6/" $P/$tag.log | cut -c1-200
+      python3 bench/gpu/trace_summary.py $P/$tag/trace_rank0.json --iters 2 --top 12; } >> "$OUT/profcurve.txt" 2>&1
+    rm -f $P/$tag/trace_rank0.json
+  done
+  grep -E "^==|device span|^  [a-z/]+ +[0-9.]+ +[0-9.]+%|ATen ops|cudaDeviceSynchronize" "$OUT/profcurve.txt"
+  ;;
 gencheck)
   # weft generate on CUDA: a tiny model trained on CUDA, then greedy continuations on CUDA and on
   # CPU from the same checkpoint (the KV cache on both devices; fp32, so they must agree), and a
@@ -284,18 +306,39 @@ ckpt)
   echo "dcp rc=$?"; cat "$OUT/ckpt_dcp.json"; tail -3 "$OUT/ckpt_dcp.err"
   ;;
 bench125m)
+  # weft eager and with --cuda-graph-impl local, then PyTorch eager, torch.compile and
+  # torch.compile(mode="reduce-overhead") (CUDA graphs too); one summary line at the end.
   S=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --num-query-groups 12
      --ffn-hidden-size 2048 --vocab-size 32000 --seq-length 1024)
-  rm -f "$OUT/weft_125m.jsonl"
-  ./$B/app/weft train --device cuda --bf16 "${S[@]}" --micro-batch-size 8 --global-batch-size 8 \
-    --train-iters 20 --lr 3e-4 --lr-warmup-iters 2 --log-jsonl "$OUT/weft_125m.jsonl" > "$OUT/weft_125m.log" 2>&1
-  echo "weft 125m rc=$?"
   M=(--layers 12 --hidden 768 --heads 12 --groups 12 --ffn 2048 --vocab 32000 --seq 1024)
-  python3 bench/gpu/mfu.py --weft-jsonl "$OUT/weft_125m.jsonl" "${M[@]}"
-  timeout 200 python3 bench/gpu/pytorch_llama.py "${M[@]}" --mbs 8 --steps 20 --warmup 5 > "$OUT/pt125m.json" 2> "$OUT/pt125m.err"
-  echo "pytorch 125m eager: $(cat "$OUT/pt125m.json")"
-  TPS=$(python3 -c "import json;print(json.load(open('$OUT/pt125m.json'))['tokens_per_sec'])" 2>/dev/null) \
-    && python3 bench/gpu/mfu.py "$TPS" "${M[@]}"
+  R="$OUT/b125m"; rm -rf "$R"; mkdir -p "$R"
+  for g in none local; do
+    ./$B/app/weft train --device cuda --bf16 "${S[@]}" --micro-batch-size 8 --global-batch-size 8 \
+      --train-iters 30 --lr 3e-4 --lr-warmup-iters 2 --cuda-graph-impl $g \
+      --log-jsonl "$R/weft_$g.jsonl" > "$R/weft_$g.log" 2>&1
+    echo "weft 125m --cuda-graph-impl $g rc=$?"; tail -1 "$R/weft_$g.log" | cut -c1-300
+    python3 bench/gpu/mfu.py --weft-jsonl "$R/weft_$g.jsonl" "${M[@]}" > "$R/weft_$g.mfu.json"
+  done
+  for mode in eager compile reduce-overhead; do
+    X=(); [ $mode = compile ] && X=(--compile); [ $mode = reduce-overhead ] && X=(--compile --compile-mode reduce-overhead)
+    timeout 300 python3 bench/gpu/pytorch_llama.py "${M[@]}" --mbs 8 --steps 30 --warmup 10 "${X[@]}" > "$R/pt_$mode.json" 2> "$R/pt_$mode.err"
+    echo "pytorch 125m $mode rc=$?: $(cat "$R/pt_$mode.json")"; [ -s "$R/pt_$mode.json" ] || tail -3 "$R/pt_$mode.err"
+  done
+  "$PY" - "$R" <<'PYEOF'
+import json, sys, os
+r = sys.argv[1]
+def tps(name):
+    try:
+        return json.load(open(os.path.join(r, name)))["tokens_per_sec"]
+    except Exception:
+        return None
+w = {g: tps(f"weft_{g}.mfu.json") for g in ("none", "local")}
+p = {m: tps(f"pt_{m}.json") for m in ("eager", "compile", "reduce-overhead")}
+print("125m summary (tokens/s):", {**{"weft " + k: v for k, v in w.items()}, **{"pytorch " + k: v for k, v in p.items()}})
+for g, v in w.items():
+    if v:
+        print(f"  weft {g}: " + ", ".join(f"{v / b:.2f}x {m}" for m, b in p.items() if b))
+PYEOF
   ;;
 curve)
   # Size curve (issue 13): weft, PyTorch eager and PyTorch compiled at each of the sizes of

@@ -19,9 +19,11 @@
 #include "support/expect_usage.h"
 #include "support/job.h"
 #include "support/tiny_config.h"
+#include "weft/comm/device_graph.h"
 #include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
 #include "weft/data/mock_dataset.h"
+#include "weft/model/hybrid.h"
 #include "weft/optim/adamw.h"
 #include "weft/optim/grad_clip.h"
 #include "weft/optim/lr_schedule.h"
@@ -66,6 +68,76 @@ TEST(TrainConfig, Refusals) {
   c = TrainConfig();
   c.layout.pp = 3;
   expect_usage(v(4), "world size 4 is not divisible by tp*cp*pp");
+}
+
+// --cuda-graph-impl: each refusal names its flag, before anything runs; the layouts a graph
+// can replay (one stage, FSDP shard groups of one rank, HSDP replicas around them) pass.
+TEST(TrainConfig, CudaGraphRefusals) {
+  TrainConfig c;
+  c.device = "cuda";
+  c.cuda_graph_impl = "local";
+  auto v = [&](int world) { return [&c, world] { validate_train_config(c, world); }; };
+  EXPECT_NO_THROW(v(1)());
+  c.layout.dp_outer = 2;
+  EXPECT_NO_THROW(v(2)());  // HSDP of two replicas, each a shard group of one rank
+  c.layout.dp_outer = 1;
+  expect_usage(v(2), "FSDP shard group of one rank (got 2");
+  c.layout.pp = 2;
+  expect_usage(v(2), "--pipeline-model-parallel-size 1 (got 2)");
+  c.layout.pp = 1;
+  c.device = "cpu";
+  expect_usage(v(1), "--cuda-graph-impl local needs --device cuda");
+  c.device = "cuda";
+  c.model.num_experts = 4;
+  c.model.moe_layer_pattern = {1, 1, 1, 1};
+  expect_usage(v(1), "--num-experts 4");
+  c.model = TrainConfig().model;
+  c.cuda_graph_impl = "transformer_engine";
+  expect_usage(v(1), "Transformer Engine");
+  c.cuda_graph_impl = "full";
+  expect_usage(v(1), "--cuda-graph-impl must be none or local (got 'full')");
+  c.cuda_graph_impl = "local";
+  c.cuda_graph_warmup_steps = 0;
+  expect_usage(v(1), "--cuda-graph-warmup-steps must be >= 1 (got 0)");
+}
+
+// --cuda-graph-impl local replays what the eager steps ran: the same losses and gradient
+// norms, bit for bit, from the captured iteration on. Dense bf16, dense fp32 with two MTP
+// depths, and a hybrid Mamba-2 model; 4 microbatches per step, so one graph is replayed with
+// four different batches and accumulates their gradients. Runs with WEFT_TEST_DEVICE=cuda
+// (bench/gpu/run.sh tests); skipped on CPU, where there are no graphs.
+TEST(CudaGraph, ReplayEqualsEagerBitwise) {
+  if (test::test_device() != "cuda" || !cuda_graphs_available())
+    GTEST_SKIP() << "needs --device cuda and the CUDA build";
+  if (test::world_rank() != 0) GTEST_SKIP() << "one rank";
+  for (const std::string variant : {"dense bf16", "dense mtp", "hybrid"}) {
+    TrainConfig c = test::tiny_config({.num_layers = 2, .global_batch_size = 8,
+                                       .train_iters = 6, .seed = 11});
+    if (variant == "dense bf16") c.model.bf16 = true;
+    if (variant == "dense mtp") c.model.mtp_num_layers = 2;
+    if (variant == "hybrid") {
+      c.model.mamba_state_dim = 8;
+      c.model.mamba_head_dim = 8;
+      c.model.mamba_num_groups = 2;
+      c.model.mamba_chunk_size = 4;
+      apply_hybrid_layer_pattern("M*-M", &c.model);
+    }
+    const auto eager = test::run_job(c, 1, /*self_only=*/true);
+    c.cuda_graph_impl = "local";
+    c.cuda_graph_warmup_steps = 2;
+    bool captured = false;
+    const auto graphed = test::run_job(c, 1, true, nullptr, nullptr,
+                                       [&](Trainer& t, const ProcessGroups&) {
+                                         captured = t.cuda_graph_captured();
+                                       });
+    EXPECT_TRUE(captured) << variant;
+    ASSERT_EQ(graphed.size(), eager.size()) << variant;
+    for (size_t i = 0; i < eager.size(); ++i) {
+      EXPECT_EQ(graphed[i].lm_loss, eager[i].lm_loss) << variant << ", iteration " << i + 1;
+      EXPECT_EQ(graphed[i].mtp_loss, eager[i].mtp_loss) << variant << ", iteration " << i + 1;
+      EXPECT_EQ(graphed[i].grad_norm, eager[i].grad_norm) << variant << ", iteration " << i + 1;
+    }
+  }
 }
 
 TEST(MockDataset, DeterministicAndShifted) {

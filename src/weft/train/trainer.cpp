@@ -23,6 +23,7 @@
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/data/tokenizer.h"
 #include "weft/comm/device.h"
+#include "weft/comm/device_graph.h"
 #include "weft/core/error.h"
 #include "weft/core/fault.h"
 #include "weft/optim/grad_clip.h"
@@ -98,6 +99,36 @@ nlohmann::json layout_to_json(const Mesh& mesh, const TrainConfig& c) {
           {"last_stage_layers", c.last_stage_layers}};
 }
 
+namespace {
+
+// --cuda-graph-impl and --cuda-graph-warmup-steps (see TrainConfig).
+void validate_cuda_graph(const TrainConfig& c, const Mesh& mesh) {
+  if (c.cuda_graph_warmup_steps < 1)
+    fail_usage("--cuda-graph-warmup-steps must be >= 1 (got {}): the first iteration runs "
+               "eagerly to set up the kernels the graph records", c.cuda_graph_warmup_steps);
+  if (c.cuda_graph_impl == "none") return;
+  if (c.cuda_graph_impl == "transformer_engine")
+    fail_usage("--cuda-graph-impl transformer_engine: weft has no Transformer Engine; use local");
+  if (c.cuda_graph_impl != "local")
+    fail_usage("--cuda-graph-impl must be none or local (got '{}')", c.cuda_graph_impl);
+  if (c.device != "cuda") fail_usage("--cuda-graph-impl local needs --device cuda");
+  if (mesh.pp() > 1)
+    fail_usage("--cuda-graph-impl local needs --pipeline-model-parallel-size 1 (got {}): the "
+               "graph holds one microbatch's forward and backward, which pipeline stages split "
+               "with transfers between them", mesh.pp());
+  const int shard = mesh.dp() * mesh.cp() / mesh.dp_outer();
+  if (shard > 1)
+    fail_usage("--cuda-graph-impl local needs an FSDP shard group of one rank (got {} = dp {} / "
+               "--num-distributed-optimizer-instances {}): parameter gathers and gradient "
+               "reduce-scatters would run inside the graph; set "
+               "--num-distributed-optimizer-instances to dp", shard, mesh.dp(), mesh.dp_outer());
+  if (c.model.num_experts > 0)
+    fail_usage("--cuda-graph-impl local does not support --num-experts {}: routing decides "
+               "shapes from the data, which a graph cannot replay", c.model.num_experts);
+}
+
+}  // namespace
+
 void validate_train_config(const TrainConfig& c, int world_size) {
   validate_numeric_flags(c);
   LayoutConfig l = c.layout;
@@ -171,6 +202,7 @@ void validate_train_config(const TrainConfig& c, int world_size) {
     fail_usage("--tensorboard-dir: weft was built without protobuf (install libprotobuf-dev "
                "protobuf-compiler and rebuild)");
   if (c.tensorboard_log_interval < 1) fail_usage("--tensorboard-log-interval must be >= 1");
+  validate_cuda_graph(c, mesh);
   if (c.peak_tflops < 0 && c.peak_tflops != -1)
     fail_usage("--peak-tflops must be >= 0 (0: no MFU; -1: the default) (got {})", c.peak_tflops);
 }
@@ -407,6 +439,34 @@ Microbatch Trainer::fetch_microbatch(int64_t consumed, int m) const {
   return b;
 }
 
+at::Tensor Trainer::run_graphed_microbatches(double loss_scale) {
+  stage_->reset_losses();
+  for (int m = 0; m < num_microbatches_; ++m) {
+    const Microbatch b = microbatch(m);  // fetched before any capture: no copy from the host in it
+    if (!graph_) {
+      // Microbatch 0 of the first graphed step is recorded (not run) with the input buffers;
+      // its pipeline-stage bookkeeping (microbatch 0, a stage of one) is the same every replay.
+      graph_tokens_ = at::empty_like(b.tokens);
+      graph_labels_ = at::empty_like(b.labels);
+      auto graph = std::make_unique<CudaGraph>();
+      try {
+        graph->capture([&] {
+          const at::Tensor out = stage_->forward(0, graph_tokens_, graph_labels_, loss_scale);
+          stage_->backward(0, out, at::Tensor());
+        });
+      } catch (const std::exception& e) {
+        fail("--cuda-graph-impl local: capturing the forward and backward of a microbatch "
+             "failed (run without the flag): {}", e.what());
+      }
+      graph_ = std::move(graph);
+    }
+    graph_tokens_.copy_(b.tokens, /*non_blocking=*/true);
+    graph_labels_.copy_(b.labels, /*non_blocking=*/true);
+    graph_->replay();
+  }
+  return stage_->losses();
+}
+
 void Trainer::prefetch_next_step(int it) {
   prefetched_.clear();
   prefetched_for_ = -1;
@@ -496,9 +556,13 @@ IterationStats Trainer::train_step() {
 
   const double loss_scale =
       1.0 / (static_cast<double>(cfg_.global_batch_size) * cfg_.model.seq_length);
+  const bool graphed =
+      cfg_.cuda_graph_impl == "local" && steps_run_ >= cfg_.cuda_graph_warmup_steps;
   const at::Tensor losses =
-      run_1f1b(*stage_, *groups_.get("pp"), num_microbatches_, cfg_.micro_batch_size,
-               [this](int m) { return microbatch(m); }, loss_scale);
+      graphed ? run_graphed_microbatches(loss_scale)
+              : run_1f1b(*stage_, *groups_.get("pp"), num_microbatches_, cfg_.micro_batch_size,
+                         [this](int m) { return microbatch(m); }, loss_scale);
+  ++steps_run_;
   fault_point("train.after_backward", groups_.rank(), it);  // crash and hang tests
 
   all_reduce_stage_grads(*stage_, groups_);  // HSDP replicas, tied embedding

@@ -36,6 +36,7 @@
 namespace weft {
 
 class AsyncCheckpointSaver;
+class CudaGraph;
 
 struct TrainConfig {
   ModelConfig model;
@@ -93,6 +94,15 @@ struct TrainConfig {
   // K consecutive skipped iterations (0: never).
   bool check_for_nan = false;          // --check-for-nan-in-loss-and-grad
   int max_skipped_iterations = 0;      // --max-skipped-iterations
+  // CUDA graphs (Megatron's flags): with --cuda-graph-impl local, the forward and backward of
+  // one microbatch is captured as a CUDA graph (comm/device_graph.h) after
+  // --cuda-graph-warmup-steps eager iterations of this run, and replayed for every microbatch
+  // from then on. Its scope is one microbatch (Megatron's per_microbatch); the gradient norm,
+  // clipping and AdamW stay eager. Needs --device cuda, --pipeline-model-parallel-size 1, an
+  // FSDP shard group of one rank (dp = --num-distributed-optimizer-instances) and no routed
+  // experts: inside the graph no collective may run and no shape may depend on the data.
+  std::string cuda_graph_impl = "none";  // --cuda-graph-impl none|local
+  int cuda_graph_warmup_steps = 3;       // --cuda-graph-warmup-steps
 };
 
 // The whole config as JSON (stored in checkpoints) and the layout part of it.
@@ -145,6 +155,8 @@ class Trainer {
   // Iterations skipped for a non-finite loss or gradient norm (Megatron's two log counters).
   int skipped_iterations() const { return skipped_iters_; }
   int nan_iterations() const { return nan_iters_; }
+  // Whether --cuda-graph-impl local has captured its graph (the steps since replay it).
+  bool cuda_graph_captured() const { return graph_ != nullptr; }
   PipelineStage& stage() { return *stage_; }
   ShardedAdamW& optimizer() { return *optimizer_; }
   // Startup summary (layout, groups, parameter counts, bytes per rank); rank 0 prints it.
@@ -163,6 +175,9 @@ class Trainer {
   // Fetches the microbatches of the step after iteration `it` (host reads, copies to the device
   // started), while the device still works on this one. None after the last iteration.
   void prefetch_next_step(int it);
+  // --cuda-graph-impl local: this step's microbatches through the captured graph (captured
+  // from microbatch 0 the first time); returns the stage's losses as run_1f1b does.
+  at::Tensor run_graphed_microbatches(double loss_scale);
   // --dump-first-batch: writes the next global batch's tokens and labels (rank 0 only).
   void dump_first_batch() const;
   // Refuses a checkpoint trained with another tokenizer (unless --override-tokenizer).
@@ -191,6 +206,9 @@ class Trainer {
   int num_microbatches_ = 1;
   int64_t prefetched_for_ = -1;         // the consumed samples the prefetched step starts at
   std::vector<Microbatch> prefetched_;  // its microbatches
+  int steps_run_ = 0;                   // train_step calls in this process
+  std::unique_ptr<CudaGraph> graph_;    // --cuda-graph-impl local, once captured
+  at::Tensor graph_tokens_, graph_labels_;  // the graph's input buffers
   int dp_rank_ = 0;
   int iteration_ = 0;
   int64_t consumed_samples_ = 0;
