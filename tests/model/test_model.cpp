@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "weft/core/error.h"
@@ -714,6 +715,81 @@ TEST(ModelCuda, FusedKernelsMatchReference) {
                              std::to_string(i));
       }
     }
+  }
+}
+
+// The fused kernels at training shapes, against float64 compositions of the same (rounded)
+// inputs on the GPU: shapes where a block walks many rows (RMSNorm backward keeps the next row
+// in flight while it reduces the current one), rows wider than one vector per thread or not a
+// whole number of vectors (each launch variant of rms_bwd_kernel), SwiGLU over more elements
+// than one round of its grid, and rotary QKV at head dim 64 with one query head per group.
+TEST(ModelCuda, FusedKernelsAtTrainingShapes) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!fused::compiled()) GTEST_SKIP() << "built without the fused kernels";
+  const torch::Device dev(torch::kCUDA, 0);
+  auto gen = at::detail::createCPUGenerator(5);
+  auto randn = [&](std::vector<int64_t> shape, torch::ScalarType dtype) {
+    return torch::randn(shape, gen, torch::kFloat).to(dev, dtype);
+  };
+  struct RmsCase {
+    int64_t rows, h;
+    torch::ScalarType dtype;
+  };
+  for (const RmsCase c : {RmsCase{20000, 768, torch::kBFloat16}, {3000, 8192, torch::kBFloat16},
+                          {2500, 5001, torch::kBFloat16}, {5000, 2048, torch::kFloat},
+                          {1200, 8192, torch::kFloat}}) {
+    SCOPED_TRACE(::testing::Message() << "rms_norm rows " << c.rows << " h " << c.h << " "
+                                      << c.dtype);
+    const torch::Tensor x = randn({c.rows, c.h}, c.dtype), w = randn({c.h}, c.dtype) + 1;
+    const torch::Tensor dy = randn({c.rows, c.h}, c.dtype);
+    const auto [y, rstd] = fused::rms_norm_forward(x, w, 1e-5);
+    torch::Tensor dw;
+    const torch::Tensor dx = fused::rms_norm_backward(dy, x, w, rstd, &dw);
+    const torch::Tensor x64 = x.to(torch::kDouble), w64 = w.to(torch::kDouble);
+    const torch::Tensor dy64 = dy.to(torch::kDouble);
+    const torch::Tensor r = (x64.pow(2).mean(-1, true) + 1e-5).rsqrt(), xh = x64 * r;
+    const torch::Tensor dot = (dy64 * w64 * xh).mean(-1, true);
+    const double tol = c.dtype == torch::kFloat ? 1e-4 : 1e-2;
+    EXPECT_LE(rel_err(y, xh * w64), tol);
+    EXPECT_LE(rel_err(dx, r * (dy64 * w64 - xh * dot)), tol);
+    EXPECT_LE(rel_err(dw, (dy64 * xh).sum(0)), tol);
+  }
+  for (auto [rows, f, dtype] : {std::tuple{4900, 4104, torch::kBFloat16}, {333, 1001, torch::kFloat}}) {
+    SCOPED_TRACE(::testing::Message() << "swiglu rows " << rows << " f " << f << " " << dtype);
+    const torch::Tensor fc1 = randn({rows, 2 * f}, dtype), dact = randn({rows, f}, dtype);
+    const torch::Tensor g = fc1.narrow(1, 0, f).to(torch::kDouble);
+    const torch::Tensor u = fc1.narrow(1, f, f).to(torch::kDouble), d = dact.to(torch::kDouble);
+    const torch::Tensor sg = torch::sigmoid(g);
+    const double tol = dtype == torch::kFloat ? 1e-5 : 1e-2;
+    EXPECT_LE(rel_err(fused::swiglu_forward(fc1), g * sg * u), tol);
+    const torch::Tensor want = torch::cat({d * u * sg * (1 + g * (1 - sg)), d * g * sg}, 1);
+    EXPECT_LE(rel_err(fused::swiglu_backward(dact, fc1), want), tol);
+  }
+  for (auto [b, s, ng, r, hd, dtype] : {std::tuple{3, 700, 12, 1, 64, torch::kBFloat16},
+                                        {2, 300, 4, 4, 128, torch::kFloat}}) {
+    SCOPED_TRACE(::testing::Message() << "rope ng " << ng << " r " << r << " hd " << hd);
+    const torch::Tensor qkv = randn({b, s, ng, r + 2, hd}, dtype).requires_grad_(true);
+    const torch::Tensor cos = randn({s, hd}, dtype), sin = randn({s, hd}, dtype);
+    const auto out = fused::rope_qkv(qkv, cos, sin);
+    std::vector<torch::Tensor> up;
+    for (const auto& o : out) up.push_back(randn(o.sizes().vec(), dtype));
+    ((out[0] * up[0]).sum() + (out[1] * up[1]).sum() + (out[2] * up[2]).sum()).backward();
+    const torch::Tensor x = qkv.detach().to(torch::kDouble).requires_grad_(true);
+    const torch::Tensor c = cos.to(torch::kDouble).view({1, s, 1, 1, hd});
+    const torch::Tensor sn = sin.to(torch::kDouble).view({1, s, 1, 1, hd});
+    const int64_t half = hd / 2;
+    const torch::Tensor rot = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+    const torch::Tensor roped = x * c + rot * sn;
+    const std::vector<torch::Tensor> want = {roped.narrow(3, 0, r).reshape({b, s, ng * r, hd}),
+                                             roped.select(3, r), x.select(3, r + 1)};
+    torch::Tensor total = torch::zeros({}, x.options());
+    const double tol = dtype == torch::kFloat ? 1e-5 : 1e-2;
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_LE(rel_err(out[i].detach(), want[i].detach()), tol) << i;
+      total = total + (want[i] * up[i].to(torch::kDouble)).sum();
+    }
+    total.backward();
+    EXPECT_LE(rel_err(qkv.grad(), x.grad()), tol);
   }
 }
 

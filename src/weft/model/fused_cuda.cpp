@@ -88,7 +88,7 @@ at::Tensor rms_norm_backward(const at::Tensor& dy, const at::Tensor& x, const at
   const int64_t rows = h == 0 ? 0 : xc.numel() / h;
   at::Tensor dx = at::empty_like(xc);
   at::Tensor partial =
-      at::empty({kernels::rms_norm_blocks(rows), h}, x.options().dtype(at::kFloat));
+      at::empty({kernels::rms_norm_blocks(elem_of(xc), rows, h), h}, x.options().dtype(at::kFloat));
   check_launch(kernels::rms_norm_backward(elem_of(xc), dyc.data_ptr(), xc.data_ptr(),
                                           wc.data_ptr(), rstd.data_ptr<float>(), dx.data_ptr(),
                                           partial.data_ptr<float>(), rows, h, stream_of(xc)),

@@ -23,12 +23,12 @@ std::string rms_norm_forward(Elem t, const void* x, const void* w, void* y, floa
                              int64_t rows, int64_t h, float eps, void* stream);
 
 // Gradients of the above: dx [rows, h] (element type) and, per block of rows, the partial
-// weight gradient sum(dy * xhat) into dw_partial [rms_norm_blocks(rows), h] (float32), to be
+// weight gradient sum(dy * xhat) into dw_partial [rms_norm_blocks(t, rows, h), h] (float32), to be
 // summed over dim 0 by the caller. Needs h <= rms_norm_max_hidden().
 std::string rms_norm_backward(Elem t, const void* dy, const void* x, const void* w,
                               const float* rstd, void* dx, float* dw_partial, int64_t rows,
                               int64_t h, void* stream);
-int64_t rms_norm_blocks(int64_t rows);
+int64_t rms_norm_blocks(Elem t, int64_t rows, int64_t h);
 int64_t rms_norm_max_hidden();
 
 // act[r, c] = silu(fc1[r, c]) * fc1[r, f + c] for fc1 [rows, 2f], act [rows, f].

@@ -113,82 +113,140 @@ __global__ void rms_fwd_kernel(const T* x, const T* w, T* y, float* rstd, int64_
   }
 }
 
-// One block walks a contiguous range of rows; each thread owns the same columns in every row,
-// so its weight-gradient accumulators in shared memory are private to it.
-template <typename T, int N>
-__global__ void rms_bwd_kernel(const T* dy, const T* x, const T* w, const float* rstd, T* dx,
-                               float* dw_partial, int64_t rows, int64_t h, int64_t per_block) {
-  extern __shared__ float dw[];
+// One block walks a contiguous range of rows; each thread owns the same V vectors of columns in
+// every row, so its weight-gradient sums stay in registers, and the next row's dy and x are
+// loaded while the current row's dot product is reduced (a block's row loop is otherwise a
+// chain of memory latencies: the earlier form reached a third of the memory bandwidth).
+template <typename T, int N, int V>
+__global__ void rms_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                               const T* __restrict__ w, const float* __restrict__ rstd,
+                               T* __restrict__ dx, float* __restrict__ dw_partial, int64_t rows,
+                               int64_t h, int64_t per_block) {
+  using Raw = Vec<T, N>;  // rows stay in their storage type between the loads and their use
   __shared__ float smem[32];
-  for (int64_t i = threadIdx.x; i < h; i += blockDim.x) dw[i] = 0.f;
-  __syncthreads();
+  int64_t col[V];
+  bool on[V];
+  float acc[V][N];
+  Raw d[V], xv[V], nd[V], nx[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    col[v] = (static_cast<int64_t>(v) * blockDim.x + threadIdx.x) * N;
+    on[v] = col[v] < h;
+#pragma unroll
+    for (int k = 0; k < N; ++k) acc[v][k] = 0.f;
+  }
   const int64_t r0 = blockIdx.x * per_block, r1 = r0 + per_block < rows ? r0 + per_block : rows;
+  auto load = [&](int64_t row, Raw (&dd)[V], Raw (&xx)[V]) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      if (!on[v]) continue;
+      dd[v] = *reinterpret_cast<const Raw*>(dy + row * h + col[v]);
+      xx[v] = *reinterpret_cast<const Raw*>(x + row * h + col[v]);
+    }
+  };
+  if (r0 < r1) load(r0, d, xv);
   for (int64_t row = r0; row < r1; ++row) {
-    const T* dyr = dy + row * h;
-    const T* xr = x + row * h;
+    if (row + 1 < r1) load(row + 1, nd, nx);
     const float r = rstd[row];
     float dot = 0.f;
-    for (int64_t c = threadIdx.x * N; c < h; c += blockDim.x * N) {
-      float d[N], xv[N], wv[N];
-      vload<T, N>(dyr + c, d);
-      vload<T, N>(xr + c, xv);
-      vload<T, N>(w + c, wv);
 #pragma unroll
-      for (int k = 0; k < N; ++k) dot += d[k] * wv[k] * (xv[k] * r);
+    for (int v = 0; v < V; ++v) {
+      if (!on[v]) continue;
+      float wv[N];
+      vload<T, N>(w + col[v], wv);
+#pragma unroll
+      for (int k = 0; k < N; ++k) dot += ld(&d[v].v[k]) * wv[k] * (ld(&xv[v].v[k]) * r);
     }
     dot = block_sum(dot, smem) / static_cast<float>(h);
-    T* dxr = dx + row * h;
-    for (int64_t c = threadIdx.x * N; c < h; c += blockDim.x * N) {
-      float d[N], xv[N], wv[N], o[N];
-      vload<T, N>(dyr + c, d);
-      vload<T, N>(xr + c, xv);
-      vload<T, N>(w + c, wv);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      if (!on[v]) continue;
+      float wv[N], o[N];
+      vload<T, N>(w + col[v], wv);
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        const float xh = xv[k] * r;
-        o[k] = r * (d[k] * wv[k] - xh * dot);
-        dw[c + k] += d[k] * rounded(xh, xr);
+        const float dk = ld(&d[v].v[k]), xh = ld(&xv[v].v[k]) * r;
+        o[k] = r * (dk * wv[k] - xh * dot);
+        acc[v][k] += dk * rounded(xh, x);
       }
-      vstore<T, N>(dxr + c, o);
+      vstore<T, N>(dx + row * h + col[v], o);
+    }
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      d[v] = nd[v];
+      xv[v] = nx[v];
     }
   }
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < h; i += blockDim.x) dw_partial[blockIdx.x * h + i] = dw[i];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    if (!on[v]) continue;
+#pragma unroll
+    for (int k = 0; k < N; ++k) dw_partial[blockIdx.x * h + col[v] + k] = acc[v][k];
+  }
 }
 
 // --- SwiGLU -------------------------------------------------------------------------------------
 
+// Each thread takes two vectors per round (i and i + stride), loaded before either is
+// computed: with the pointers __restrict__, the loads of a round do not wait for its stores, so
+// twice the bytes are in flight per thread.
 template <typename T, int N>
-__global__ void swiglu_fwd_kernel(const T* fc1, T* act, int64_t rows, int64_t f) {
-  const int64_t fv = f / N, n = rows * fv;
-  for (int64_t i = global_index(); i < n; i += grid_stride()) {
-    const int64_t r = i / fv, c = (i - r * fv) * N;
-    float g[N], u[N], o[N];
-    vload<T, N>(fc1 + r * 2 * f + c, g);
-    vload<T, N>(fc1 + r * 2 * f + f + c, u);
+__global__ void swiglu_fwd_kernel(const T* __restrict__ fc1, T* __restrict__ act, int64_t rows,
+                                  int64_t f) {
+  const int64_t fv = f / N, n = rows * fv, stride = grid_stride();
+  for (int64_t i0 = global_index(); i0 < n; i0 += 2 * stride) {
+    float g[2][N], u[2][N];
+    int64_t row[2], c[2];
 #pragma unroll
-    for (int k = 0; k < N; ++k) o[k] = g[k] / (1.f + expf(-g[k])) * u[k];
-    vstore<T, N>(act + r * f + c, o);
+    for (int j = 0; j < 2; ++j) {
+      const int64_t i = i0 + j * stride;
+      if (i >= n) continue;
+      row[j] = i / fv;
+      c[j] = (i - row[j] * fv) * N;
+      vload<T, N>(fc1 + row[j] * 2 * f + c[j], g[j]);
+      vload<T, N>(fc1 + row[j] * 2 * f + f + c[j], u[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (i0 + j * stride >= n) continue;
+      float o[N];
+#pragma unroll
+      for (int k = 0; k < N; ++k) o[k] = g[j][k] / (1.f + expf(-g[j][k])) * u[j][k];
+      vstore<T, N>(act + row[j] * f + c[j], o);
+    }
   }
 }
 
 template <typename T, int N>
-__global__ void swiglu_bwd_kernel(const T* dact, const T* fc1, T* dfc1, int64_t rows, int64_t f) {
-  const int64_t fv = f / N, n = rows * fv;
-  for (int64_t i = global_index(); i < n; i += grid_stride()) {
-    const int64_t r = i / fv, c = (i - r * fv) * N;
-    float g[N], u[N], d[N], dg[N], du[N];
-    vload<T, N>(fc1 + r * 2 * f + c, g);
-    vload<T, N>(fc1 + r * 2 * f + f + c, u);
-    vload<T, N>(dact + r * f + c, d);
+__global__ void swiglu_bwd_kernel(const T* __restrict__ dact, const T* __restrict__ fc1,
+                                  T* __restrict__ dfc1, int64_t rows, int64_t f) {
+  const int64_t fv = f / N, n = rows * fv, stride = grid_stride();
+  for (int64_t i0 = global_index(); i0 < n; i0 += 2 * stride) {
+    float g[2][N], u[2][N], d[2][N];
+    int64_t row[2], c[2];
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      const float s = 1.f / (1.f + expf(-g[k]));
-      dg[k] = d[k] * u[k] * (s * (1.f + g[k] * (1.f - s)));
-      du[k] = d[k] * g[k] * s;
+    for (int j = 0; j < 2; ++j) {
+      const int64_t i = i0 + j * stride;
+      if (i >= n) continue;
+      row[j] = i / fv;
+      c[j] = (i - row[j] * fv) * N;
+      vload<T, N>(fc1 + row[j] * 2 * f + c[j], g[j]);
+      vload<T, N>(fc1 + row[j] * 2 * f + f + c[j], u[j]);
+      vload<T, N>(dact + row[j] * f + c[j], d[j]);
     }
-    vstore<T, N>(dfc1 + r * 2 * f + c, dg);
-    vstore<T, N>(dfc1 + r * 2 * f + f + c, du);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (i0 + j * stride >= n) continue;
+      float dg[N], du[N];
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const float s = 1.f / (1.f + expf(-g[j][k]));
+        dg[k] = d[j][k] * u[j][k] * (s * (1.f + g[j][k] * (1.f - s)));
+        du[k] = d[j][k] * g[j][k] * s;
+      }
+      vstore<T, N>(dfc1 + row[j] * 2 * f + c[j], dg);
+      vstore<T, N>(dfc1 + row[j] * 2 * f + f + c[j], du);
+    }
   }
 }
 
@@ -280,18 +338,21 @@ __global__ void ce_bwd_kernel(const T* logits, const int64_t* labels, const floa
 
 // --- rotary embedding of the fused QKV ----------------------------------------------------------
 
-// Blocks walk tokens; within a token, thread t takes head slot t / hv (group g, slot j: j < r a
-// query head, r the key head, r + 1 the value head) and the N elements from i = (t % hv) * N of
-// both halves of the head (element i pairs with i + hd/2).
+// Threads walk (token, t) pairs in one flat grid-stride loop, so every thread has work whatever
+// the heads per token (one block per token left most threads idle at head dim 64): t takes head
+// slot t / hv (group g, slot j: j < r a query head, r the key head, r + 1 the value head) and
+// the N elements from i = (t % hv) * N of both halves of the head (element i pairs with
+// i + hd/2).
 template <typename T, int N>
 __global__ void rope_fwd_kernel(const T* qkv, const T* cos, const T* sin, T* q, T* k, T* v,
                                 RopeShape s) {
   const int half = static_cast<int>(s.hd / 2), hv = half / N, slots = static_cast<int>(s.r + 2);
   const int per_tok = static_cast<int>(s.ng) * slots * hv;
-  const int64_t ntok = s.b * s.s;
-  for (int64_t tok = blockIdx.x; tok < ntok; tok += gridDim.x) {
-    const int64_t pos = tok % s.s;
-    for (int t = threadIdx.x; t < per_tok; t += blockDim.x) {
+  const int64_t n = s.b * s.s * per_tok;
+  for (int64_t idx = global_index(); idx < n; idx += grid_stride()) {
+    const int64_t tok = idx / per_tok, pos = tok % s.s;
+    const int t = static_cast<int>(idx - tok * per_tok);
+    {
       const int i = (t % hv) * N, head = t / hv, j = head % slots, g = head / slots;
       const T* src = qkv + (tok * s.ng * slots + head) * s.hd;
       float x1[N], x2[N];
@@ -325,10 +386,11 @@ __global__ void rope_bwd_kernel(Strided dq, Strided dk, Strided dv, const T* cos
                                 T* dqkv, RopeShape s) {
   const int half = static_cast<int>(s.hd / 2), hv = half / N, slots = static_cast<int>(s.r + 2);
   const int per_tok = static_cast<int>(s.ng) * slots * hv;
-  const int64_t ntok = s.b * s.s;
-  for (int64_t tok = blockIdx.x; tok < ntok; tok += gridDim.x) {
-    const int64_t bi = tok / s.s, pos = tok - bi * s.s;
-    for (int t = threadIdx.x; t < per_tok; t += blockDim.x) {
+  const int64_t n = s.b * s.s * per_tok;
+  for (int64_t idx = global_index(); idx < n; idx += grid_stride()) {
+    const int64_t tok = idx / per_tok, bi = tok / s.s, pos = tok - bi * s.s;
+    const int t = static_cast<int>(idx - tok * per_tok);
+    {
       const int i = (t % hv) * N, head = t / hv, j = head % slots, g = head / slots;
       T* dst = dqkv + (tok * s.ng * slots + head) * s.hd;
       const Strided& gr = j < s.r ? dq : j == s.r ? dk : dv;
@@ -591,12 +653,38 @@ __global__ void ssd_decay_bwd_cs_kernel(const T* dout, const T* cb, const float*
 
 }  // namespace
 
-int64_t rms_norm_blocks(int64_t rows) { return std::max<int64_t>(1, std::min(rows, kRmsBwdBlocks)); }
-int64_t rms_norm_max_hidden() { return kRmsMaxHidden; }
-
 namespace {
 
 int vector_width(Elem t) { return t == Elem::kBF16 ? 8 : 4; }
+
+// rms_bwd_kernel's launch, a function of the shape alone (so is its arithmetic order): V
+// vectors of N per thread, the fewest (1, 2, 4 or 8) that cover a row with at most 1024
+// threads; threads a multiple of 32; blocks enough to fill an H200-sized GPU (132 SMs of 2048
+// threads), each taking per_block consecutive rows.
+struct RmsBwdLaunch {
+  int n, v, threads;
+  int64_t blocks;
+};
+RmsBwdLaunch rms_bwd_launch(Elem t, int64_t rows, int64_t h) {
+  RmsBwdLaunch l{};
+  l.n = h % vector_width(t) == 0 ? vector_width(t) : 1;
+  const int64_t nvec = h / l.n;
+  l.v = 1;
+  while (nvec > static_cast<int64_t>(l.v) * 1024) l.v *= 2;
+  const int64_t per_thread = (nvec + l.v - 1) / l.v;
+  l.threads = static_cast<int>((per_thread + 31) / 32 * 32);
+  l.blocks = std::max<int64_t>(1, std::min<int64_t>(rows, 132 * 2048 / l.threads));
+  return l;
+}
+
+}  // namespace
+
+int64_t rms_norm_blocks(Elem t, int64_t rows, int64_t h) {
+  return rms_bwd_launch(t, rows, h).blocks;
+}
+int64_t rms_norm_max_hidden() { return kRmsMaxHidden; }
+
+namespace {
 
 // Calls f.template operator()<T, N>() for the element type and the vector width N (16 bytes
 // when `wide`, else 1).
@@ -611,8 +699,9 @@ void dispatch(Elem t, bool wide, F&& f) {
   }
 }
 
-unsigned token_blocks(int64_t ntok) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ntok, 1 << 20)));
+// Blocks for the rope kernels' flat loop over (token, vector) pairs.
+unsigned rope_blocks(const RopeShape& s, int n) {
+  return static_cast<unsigned>(grid_for(s.b * s.s * s.ng * (s.r + 2) * (s.hd / 2 / n)));
 }
 
 }  // namespace
@@ -633,13 +722,19 @@ std::string rms_norm_backward(Elem t, const void* dy, const void* x, const void*
                               int64_t h, void* stream) {
   if (h > kRmsMaxHidden) return "rms_norm_backward: hidden size above the kernel's limit";
   if (rows == 0) return {};
-  const int64_t blocks = rms_norm_blocks(rows), per_block = (rows + blocks - 1) / blocks;
-  const size_t smem = static_cast<size_t>(h) * sizeof(float);
-  const bool wide = h % vector_width(t) == 0;
-  dispatch(t, wide, [&]<typename T, int N>() {
-    rms_bwd_kernel<T, N><<<static_cast<unsigned>(blocks), kThreads, smem, as_stream(stream)>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), rstd,
-        static_cast<T*>(dx), dw_partial, rows, h, per_block);
+  const RmsBwdLaunch l = rms_bwd_launch(t, rows, h);
+  const int64_t per_block = (rows + l.blocks - 1) / l.blocks;
+  dispatch(t, l.n > 1, [&]<typename T, int N>() {
+    auto go = [&]<int V>() {
+      rms_bwd_kernel<T, N, V><<<static_cast<unsigned>(l.blocks), l.threads, 0,
+                                as_stream(stream)>>>(
+          static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), rstd,
+          static_cast<T*>(dx), dw_partial, rows, h, per_block);
+    };
+    if (l.v == 1) go.template operator()<1>();
+    else if (l.v == 2) go.template operator()<2>();
+    else if (l.v == 4) go.template operator()<4>();
+    else go.template operator()<8>();
   });
   return launched();
 }
@@ -674,7 +769,7 @@ bool rope_wide(Elem t, const RopeShape& s) { return (s.hd / 2) % vector_width(t)
 std::string rope_qkv_forward(Elem t, const void* qkv, const void* cos, const void* sin, void* q,
                              void* k, void* v, RopeShape s, void* stream) {
   dispatch(t, rope_wide(t, s), [&]<typename T, int N>() {
-    rope_fwd_kernel<T, N><<<token_blocks(s.b * s.s), kThreads, 0, as_stream(stream)>>>(
+    rope_fwd_kernel<T, N><<<rope_blocks(s, N), kThreads, 0, as_stream(stream)>>>(
         static_cast<const T*>(qkv), static_cast<const T*>(cos), static_cast<const T*>(sin),
         static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), s);
   });
@@ -688,7 +783,7 @@ std::string rope_qkv_backward(Elem t, Strided dq, Strided dk, Strided dv, const 
   for (const Strided* g : {&dq, &dk, &dv})
     wide = wide && g->sb % n == 0 && g->ss % n == 0 && g->sh % n == 0;
   dispatch(t, wide, [&]<typename T, int N>() {
-    rope_bwd_kernel<T, N><<<token_blocks(s.b * s.s), kThreads, 0, as_stream(stream)>>>(
+    rope_bwd_kernel<T, N><<<rope_blocks(s, N), kThreads, 0, as_stream(stream)>>>(
         dq, dk, dv, static_cast<const T*>(cos), static_cast<const T*>(sin),
         static_cast<T*>(dqkv), s);
   });
