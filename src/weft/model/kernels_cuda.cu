@@ -118,7 +118,7 @@ __global__ void rms_fwd_kernel(const T* x, const T* w, T* y, float* rstd, int64_
 // loaded while the current row's dot product is reduced (a block's row loop is otherwise a
 // chain of memory latencies: the earlier form reached a third of the memory bandwidth).
 template <typename T, int N, int V>
-__global__ void rms_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+__global__ void __launch_bounds__(1024) rms_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                const T* __restrict__ w, const float* __restrict__ rstd,
                                T* __restrict__ dx, float* __restrict__ dw_partial, int64_t rows,
                                int64_t h, int64_t per_block) {
@@ -659,8 +659,9 @@ int vector_width(Elem t) { return t == Elem::kBF16 ? 8 : 4; }
 
 // rms_bwd_kernel's launch, a function of the shape alone (so is its arithmetic order): V
 // vectors of N per thread, the fewest (1, 2, 4 or 8) that cover a row with at most 1024
-// threads; threads a multiple of 32; blocks enough to fill an H200-sized GPU (132 SMs of 2048
-// threads), each taking per_block consecutive rows.
+// threads (the kernel is compiled for 1024-thread blocks, so every variant launches); threads
+// a multiple of 32; blocks enough to fill an H200-sized GPU (132 SMs of 2048 threads) but at
+// least 8 rows each, so that the float32 partial sums stay small against the rows read.
 struct RmsBwdLaunch {
   int n, v, threads;
   int64_t blocks;
@@ -673,7 +674,7 @@ RmsBwdLaunch rms_bwd_launch(Elem t, int64_t rows, int64_t h) {
   while (nvec > static_cast<int64_t>(l.v) * 1024) l.v *= 2;
   const int64_t per_thread = (nvec + l.v - 1) / l.v;
   l.threads = static_cast<int>((per_thread + 31) / 32 * 32);
-  l.blocks = std::max<int64_t>(1, std::min<int64_t>(rows, 132 * 2048 / l.threads));
+  l.blocks = std::max<int64_t>(1, std::min<int64_t>((rows + 7) / 8, 132 * 2048 / l.threads));
   return l;
 }
 
