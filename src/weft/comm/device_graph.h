@@ -29,8 +29,9 @@ class CudaGraph {
 
   // Records the device work of fn() into the graph; nothing of it runs. The device is
   // synchronised and the allocator's cached blocks released first, and fn runs on a side
-  // stream in global capture mode, so a forbidden call (a host synchronisation, a pageable
-  // copy) anywhere makes the capture fail: the error is thrown, and the graph stays unusable.
+  // stream in thread-local capture mode: a forbidden call of fn (a host synchronisation, a
+  // pageable copy) makes the capture fail, the error is thrown, and the graph stays unusable;
+  // other threads' CUDA calls (the watchdog, the checkpoint writer) are not affected.
   void capture(const std::function<void()>& fn);
   // Queues the recorded work on the current stream. Requires a successful capture().
   void replay();

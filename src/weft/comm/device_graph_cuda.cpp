@@ -31,7 +31,10 @@ void CudaGraph::capture(const std::function<void()>& fn) {
   const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
   {
     c10::cuda::CUDAStreamGuard guard(side);
-    impl_->graph.capture_begin();
+    // Thread-local mode: a forbidden call on this thread fails the capture, while the other
+    // threads of the process (the collective watchdog, the asynchronous checkpoint writer) go
+    // on calling CUDA; the autograd thread only queues work on the captured stream.
+    impl_->graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
     try {
       fn();
     } catch (...) {
