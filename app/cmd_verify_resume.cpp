@@ -129,6 +129,15 @@ int verify_resume(TrainFlags f, const VerifyArgs& v, MpiRuntime& mpi) {
   const int world = mpi.world_size();
   if (v.at < 1 || v.to <= v.at)
     fail_usage("--at K and --to N need 1 <= K < N (got --at {} --to {})", v.at, v.to);
+  // The train flags that verify-resume sets itself are refused, not silently replaced.
+  auto refuse = [](bool given, const char* flag, const char* why) {
+    if (given) fail_usage("verify-resume sets {} itself ({}); drop it", flag, why);
+  };
+  refuse(!f.cfg.save.empty(), "--save", "its checkpoints go to --workdir");
+  refuse(f.cfg.save_interval != 0, "--save-interval", "it saves at --at and --to");
+  refuse(!f.cfg.log_jsonl.empty(), "--log-jsonl", "it compares the runs' iterations itself");
+  refuse(f.cfg.exit_interval != 0, "--exit-interval", "the second run stops at --at");
+  refuse(f.cfg.exit_duration_mins != 0, "--exit-duration-in-mins", "the second run stops at --at");
   TrainConfig base = f.cfg;
   base.train_iters = v.to;
   base.save_interval = 0;

@@ -3,7 +3,8 @@
 #   PASS on the same layout (pp 2 x dp 2, bitwise), PASS across layouts (restart on pp 1 x
 #   dp 4 x ep 2, within 1e-6), and FAIL with exit 1 when the restore is broken
 #   (WEFT_FAULT=checkpoint.skip_exp_avg_sq: the loader leaves the second moments fresh, so the
-#   resumed run's update differs); bad --at/--to exits 2. With --workdir, the directory stays
+#   resumed run's update differs); bad --at/--to, and the train flags verify-resume sets itself
+#   (--save, --log-jsonl, --save-interval), exit 2. With --workdir, the directory stays
 #   on FAIL; the default temporary directory is removed on PASS.
 # Usage: verify_resume.sh WEFT MPIRUN...
 set -u
@@ -55,6 +56,11 @@ WEFT_FAULT=checkpoint.skip_exp_avg_sq:1:2:error run 1 "broken restore" \
   { echo "FAIL: --workdir was not kept"; fails=$((fails + 1)); }
 
 run 2 "bad --at" --at 4 --to 4 && has "--at K and --to N" "message names --at/--to"
+for flag in "--save $dir/mine" "--log-jsonl $dir/mine.jsonl" "--save-interval 1"; do
+  # shellcheck disable=SC2086  # the flag and its value are two words
+  run 2 "${flag%% *} refused" --at 1 --to 2 $flag &&
+    has "verify-resume sets ${flag%% *} itself" "message names ${flag%% *}"
+done
 run 2 "bad --load-layout" --at 1 --to 2 --load-layout "--pipeline-model-parallel-size 3" &&
   has "pipeline" "message names the layout flag"
 
