@@ -48,6 +48,7 @@ struct TrainArgs {
   bool deterministic = false;
   bool no_fused = false;
   bool enable_cuda_graph = false;  // --enable-cuda-graph (Megatron's older name)
+  CLI::Option* cuda_graph_impl_opt = nullptr;
   std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32", backend = "auto";
   std::string moe_layer_freq = "1";
   std::string hybrid_pattern, hybrid_override_pattern;
@@ -191,6 +192,7 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       "eager iterations of this run before the CUDA graph is captured");
   c->add_flag("--enable-cuda-graph", a->enable_cuda_graph,
               "deprecated name of --cuda-graph-impl local (Megatron's)");
+  a->cuda_graph_impl_opt = c->get_option("--cuda-graph-impl");
   c->add_flag("--no-fused-kernels", a->no_fused,
               "run RMSNorm, SwiGLU and RoPE as ATen op chains instead of weft's fused CUDA kernels");
   opt("--threads", a->threads, "intra-op threads per rank (0: cores / ranks on this host)");
@@ -261,9 +263,9 @@ void resolve_train_args(TrainArgs* a) {
     t.model.moe_layer_pattern = parse_moe_layer_freq(a->moe_layer_freq, t.model.num_layers);
   }
   if (a->enable_cuda_graph) {
-    if (t.cuda_graph_impl != "none" && t.cuda_graph_impl != "local")
-      fail_usage("--enable-cuda-graph means --cuda-graph-impl local, but --cuda-graph-impl is "
-                 "'{}'; give one", t.cuda_graph_impl);
+    if (a->cuda_graph_impl_opt->count() > 0)
+      fail_usage("--enable-cuda-graph (the older name of --cuda-graph-impl local) and "
+                 "--cuda-graph-impl both given; give one");
     t.cuda_graph_impl = "local";
   }
   resolve_tokenizer(a);

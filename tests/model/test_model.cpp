@@ -720,9 +720,9 @@ TEST(ModelCuda, FusedKernelsMatchReference) {
 
 // The fused kernels at training shapes, against float64 compositions of the same (rounded)
 // inputs on the GPU: shapes where a block walks many rows (RMSNorm backward keeps the next row
-// in flight while it reduces the current one), rows wider than one vector per thread or not a
-// whole number of vectors (each launch variant of rms_bwd_kernel), SwiGLU over more elements
-// than one round of its grid, and rotary QKV at head dim 64 with one query head per group.
+// in flight while it reduces the current one), every launch variant of rms_bwd_kernel, SwiGLU
+// over more elements than one round of its grid, and rotary QKV at head dim 64 with one query
+// head per group.
 TEST(ModelCuda, FusedKernelsAtTrainingShapes) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   if (!fused::compiled()) GTEST_SKIP() << "built without the fused kernels";
@@ -735,9 +735,16 @@ TEST(ModelCuda, FusedKernelsAtTrainingShapes) {
     int64_t rows, h;
     torch::ScalarType dtype;
   };
-  for (const RmsCase c : {RmsCase{20000, 768, torch::kBFloat16}, {3000, 8192, torch::kBFloat16},
-                          {2500, 5001, torch::kBFloat16}, {5000, 2048, torch::kFloat},
-                          {1200, 8192, torch::kFloat}}) {
+  // Launch variants (rms_bwd_launch): vectors of 8 (bf16) or 4 (float32) elements, or single
+  // elements when the row is not a whole number of them, and V = 1, 2, 4 or 8 per thread.
+  for (const RmsCase c : {RmsCase{20000, 768, torch::kBFloat16},  // 8-wide, V 1, 96 threads
+                          {3000, 8192, torch::kBFloat16},         // 8-wide, V 1, 1024 threads
+                          {2000, 1500, torch::kBFloat16},         // scalar, V 2
+                          {2000, 3001, torch::kBFloat16},         // scalar, V 4
+                          {2500, 5001, torch::kBFloat16},         // scalar, V 8
+                          {5000, 2048, torch::kFloat},            // 4-wide, V 1
+                          {1200, 8192, torch::kFloat},            // 4-wide, V 2
+                          {2000, 3001, torch::kFloat}}) {         // scalar, V 4
     SCOPED_TRACE(::testing::Message() << "rms_norm rows " << c.rows << " h " << c.h << " "
                                       << c.dtype);
     const torch::Tensor x = randn({c.rows, c.h}, c.dtype), w = randn({c.h}, c.dtype) + 1;
@@ -754,7 +761,8 @@ TEST(ModelCuda, FusedKernelsAtTrainingShapes) {
     EXPECT_LE(rel_err(dx, r * (dy64 * w64 - xh * dot)), tol);
     EXPECT_LE(rel_err(dw, (dy64 * xh).sum(0)), tol);
   }
-  for (auto [rows, f, dtype] : {std::tuple{4900, 4104, torch::kBFloat16}, {333, 1001, torch::kFloat}}) {
+  for (auto [rows, f, dtype] :
+       {std::tuple{4900, 4104, torch::kBFloat16}, {333, 1001, torch::kFloat}}) {
     SCOPED_TRACE(::testing::Message() << "swiglu rows " << rows << " f " << f << " " << dtype);
     const torch::Tensor fc1 = randn({rows, 2 * f}, dtype), dact = randn({rows, f}, dtype);
     const torch::Tensor g = fc1.narrow(1, 0, f).to(torch::kDouble);

@@ -20,8 +20,8 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 132 * 32;
-constexpr int64_t kRmsMaxHidden = 8192;  // float32 dw accumulator in shared memory: 32 KiB
-constexpr int64_t kRmsBwdBlocks = 1024;
+constexpr int64_t kRmsMaxHidden = 8192;  // rms_bwd_kernel: at most 8 vectors x 1024 threads
+constexpr int64_t kGatedNormBwdBlocks = 1024;
 
 __device__ __forceinline__ float ld(const float* p) { return *p; }
 __device__ __forceinline__ float ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
@@ -115,13 +115,13 @@ __global__ void rms_fwd_kernel(const T* x, const T* w, T* y, float* rstd, int64_
 
 // One block walks a contiguous range of rows; each thread owns the same V vectors of columns in
 // every row, so its weight-gradient sums stay in registers, and the next row's dy and x are
-// loaded while the current row's dot product is reduced (a block's row loop is otherwise a
-// chain of memory latencies: the earlier form reached a third of the memory bandwidth).
+// loaded while the current row's dot product is reduced, so that loads stay in flight across
+// the block-wide reduction.
 template <typename T, int N, int V>
-__global__ void __launch_bounds__(1024) rms_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                               const T* __restrict__ w, const float* __restrict__ rstd,
-                               T* __restrict__ dx, float* __restrict__ dw_partial, int64_t rows,
-                               int64_t h, int64_t per_block) {
+__global__ void __launch_bounds__(1024)
+    rms_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                   const float* __restrict__ rstd, T* __restrict__ dx,
+                   float* __restrict__ dw_partial, int64_t rows, int64_t h, int64_t per_block) {
   using Raw = Vec<T, N>;  // rows stay in their storage type between the loads and their use
   __shared__ float smem[32];
   int64_t col[V];
@@ -188,8 +188,9 @@ __global__ void __launch_bounds__(1024) rms_bwd_kernel(const T* __restrict__ dy,
 // --- SwiGLU -------------------------------------------------------------------------------------
 
 // Each thread takes two vectors per round (i and i + stride), loaded before either is
-// computed: with the pointers __restrict__, the loads of a round do not wait for its stores, so
-// twice the bytes are in flight per thread.
+// computed: with the pointers __restrict__ (every caller writes a fresh tensor), the loads of a
+// round do not wait for its stores, so a tensor larger than the grid keeps twice the bytes in
+// flight per thread.
 template <typename T, int N>
 __global__ void swiglu_fwd_kernel(const T* __restrict__ fc1, T* __restrict__ act, int64_t rows,
                                   int64_t f) {
@@ -339,10 +340,9 @@ __global__ void ce_bwd_kernel(const T* logits, const int64_t* labels, const floa
 // --- rotary embedding of the fused QKV ----------------------------------------------------------
 
 // Threads walk (token, t) pairs in one flat grid-stride loop, so every thread has work whatever
-// the heads per token (one block per token left most threads idle at head dim 64): t takes head
-// slot t / hv (group g, slot j: j < r a query head, r the key head, r + 1 the value head) and
-// the N elements from i = (t % hv) * N of both halves of the head (element i pairs with
-// i + hd/2).
+// the number of heads per token: t takes head slot t / hv (group g, slot j: j < r a query head,
+// r the key head, r + 1 the value head) and the N elements from i = (t % hv) * N of both halves
+// of the head (element i pairs with i + hd/2).
 template <typename T, int N>
 __global__ void rope_fwd_kernel(const T* qkv, const T* cos, const T* sin, T* q, T* k, T* v,
                                 RopeShape s) {
@@ -352,32 +352,30 @@ __global__ void rope_fwd_kernel(const T* qkv, const T* cos, const T* sin, T* q, 
   for (int64_t idx = global_index(); idx < n; idx += grid_stride()) {
     const int64_t tok = idx / per_tok, pos = tok % s.s;
     const int t = static_cast<int>(idx - tok * per_tok);
-    {
-      const int i = (t % hv) * N, head = t / hv, j = head % slots, g = head / slots;
-      const T* src = qkv + (tok * s.ng * slots + head) * s.hd;
-      float x1[N], x2[N];
-      vload<T, N>(src + i, x1);
-      vload<T, N>(src + i + half, x2);
-      if (j == slots - 1) {
-        T* dst = v + (tok * s.ng + g) * s.hd;
-        vstore<T, N>(dst + i, x1);
-        vstore<T, N>(dst + i + half, x2);
-        continue;
-      }
-      float c1[N], c2[N], s1[N], s2[N], o1[N], o2[N];
-      vload<T, N>(cos + pos * s.hd + i, c1);
-      vload<T, N>(cos + pos * s.hd + i + half, c2);
-      vload<T, N>(sin + pos * s.hd + i, s1);
-      vload<T, N>(sin + pos * s.hd + i + half, s2);
-#pragma unroll
-      for (int e = 0; e < N; ++e) {
-        o1[e] = x1[e] * c1[e] - x2[e] * s1[e];
-        o2[e] = x2[e] * c2[e] + x1[e] * s2[e];
-      }
-      T* dst = j < s.r ? q + ((tok * s.ng + g) * s.r + j) * s.hd : k + (tok * s.ng + g) * s.hd;
-      vstore<T, N>(dst + i, o1);
-      vstore<T, N>(dst + i + half, o2);
+    const int i = (t % hv) * N, head = t / hv, j = head % slots, g = head / slots;
+    const T* src = qkv + (tok * s.ng * slots + head) * s.hd;
+    float x1[N], x2[N];
+    vload<T, N>(src + i, x1);
+    vload<T, N>(src + i + half, x2);
+    if (j == slots - 1) {
+      T* dst = v + (tok * s.ng + g) * s.hd;
+      vstore<T, N>(dst + i, x1);
+      vstore<T, N>(dst + i + half, x2);
+      continue;
     }
+    float c1[N], c2[N], s1[N], s2[N], o1[N], o2[N];
+    vload<T, N>(cos + pos * s.hd + i, c1);
+    vload<T, N>(cos + pos * s.hd + i + half, c2);
+    vload<T, N>(sin + pos * s.hd + i, s1);
+    vload<T, N>(sin + pos * s.hd + i + half, s2);
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      o1[e] = x1[e] * c1[e] - x2[e] * s1[e];
+      o2[e] = x2[e] * c2[e] + x1[e] * s2[e];
+    }
+    T* dst = j < s.r ? q + ((tok * s.ng + g) * s.r + j) * s.hd : k + (tok * s.ng + g) * s.hd;
+    vstore<T, N>(dst + i, o1);
+    vstore<T, N>(dst + i + half, o2);
   }
 }
 
@@ -390,33 +388,31 @@ __global__ void rope_bwd_kernel(Strided dq, Strided dk, Strided dv, const T* cos
   for (int64_t idx = global_index(); idx < n; idx += grid_stride()) {
     const int64_t tok = idx / per_tok, bi = tok / s.s, pos = tok - bi * s.s;
     const int t = static_cast<int>(idx - tok * per_tok);
-    {
-      const int i = (t % hv) * N, head = t / hv, j = head % slots, g = head / slots;
-      T* dst = dqkv + (tok * s.ng * slots + head) * s.hd;
-      const Strided& gr = j < s.r ? dq : j == s.r ? dk : dv;
-      const int64_t h = j < s.r ? g * s.r + j : g;
-      const T* src = static_cast<const T*>(gr.data) + bi * gr.sb + pos * gr.ss + h * gr.sh;
-      float d1[N], d2[N];
-      vload<T, N>(src + i, d1);
-      vload<T, N>(src + i + half, d2);
-      if (j == slots - 1) {
-        vstore<T, N>(dst + i, d1);
-        vstore<T, N>(dst + i + half, d2);
-        continue;
-      }
-      float c1[N], c2[N], s1[N], s2[N], o1[N], o2[N];
-      vload<T, N>(cos + pos * s.hd + i, c1);
-      vload<T, N>(cos + pos * s.hd + i + half, c2);
-      vload<T, N>(sin + pos * s.hd + i, s1);
-      vload<T, N>(sin + pos * s.hd + i + half, s2);
-#pragma unroll
-      for (int e = 0; e < N; ++e) {
-        o1[e] = d1[e] * c1[e] + d2[e] * s2[e];
-        o2[e] = d2[e] * c2[e] - d1[e] * s1[e];
-      }
-      vstore<T, N>(dst + i, o1);
-      vstore<T, N>(dst + i + half, o2);
+    const int i = (t % hv) * N, head = t / hv, j = head % slots, g = head / slots;
+    T* dst = dqkv + (tok * s.ng * slots + head) * s.hd;
+    const Strided& gr = j < s.r ? dq : j == s.r ? dk : dv;
+    const int64_t h = j < s.r ? g * s.r + j : g;
+    const T* src = static_cast<const T*>(gr.data) + bi * gr.sb + pos * gr.ss + h * gr.sh;
+    float d1[N], d2[N];
+    vload<T, N>(src + i, d1);
+    vload<T, N>(src + i + half, d2);
+    if (j == slots - 1) {
+      vstore<T, N>(dst + i, d1);
+      vstore<T, N>(dst + i + half, d2);
+      continue;
     }
+    float c1[N], c2[N], s1[N], s2[N], o1[N], o2[N];
+    vload<T, N>(cos + pos * s.hd + i, c1);
+    vload<T, N>(cos + pos * s.hd + i + half, c2);
+    vload<T, N>(sin + pos * s.hd + i, s1);
+    vload<T, N>(sin + pos * s.hd + i + half, s2);
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      o1[e] = d1[e] * c1[e] + d2[e] * s2[e];
+      o2[e] = d2[e] * c2[e] - d1[e] * s1[e];
+    }
+    vstore<T, N>(dst + i, o1);
+    vstore<T, N>(dst + i + half, o2);
   }
 }
 
@@ -813,7 +809,9 @@ std::string cross_entropy_backward(Elem t, const void* logits, const int64_t* la
   return launched();
 }
 
-int64_t gated_norm_blocks(int64_t rows) { return std::max<int64_t>(1, std::min(rows, kRmsBwdBlocks)); }
+int64_t gated_norm_blocks(int64_t rows) {
+  return std::max<int64_t>(1, std::min(rows, kGatedNormBwdBlocks));
+}
 int64_t gated_norm_max_width() { return 12 * 1024; }  // float32 dw accumulators: 48 KiB
 
 std::string gated_norm_forward(Elem t, const float* y, const void* z, int64_t z_row_stride,

@@ -23,12 +23,12 @@
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/data/tokenizer.h"
 #include "weft/comm/device.h"
-#include "weft/comm/device_graph.h"
 #include "weft/core/error.h"
 #include "weft/core/fault.h"
 #include "weft/optim/grad_clip.h"
 #include "weft/parallel/grad_access.h"
 #include "weft/parallel/grad_sync.h"
+#include "weft/parallel/graphed_schedule.h"
 #include "weft/parallel/schedule.h"
 #include "weft/train/preflight.h"
 #include "weft/train/validate_numbers.h"
@@ -103,9 +103,6 @@ namespace {
 
 // --cuda-graph-impl and --cuda-graph-warmup-steps (see TrainConfig).
 void validate_cuda_graph(const TrainConfig& c, const Mesh& mesh) {
-  if (c.cuda_graph_warmup_steps < 1)
-    fail_usage("--cuda-graph-warmup-steps must be >= 1 (got {}): the first iteration runs "
-               "eagerly to set up the kernels the graph records", c.cuda_graph_warmup_steps);
   if (c.cuda_graph_impl == "none") return;
   if (c.cuda_graph_impl == "transformer_engine")
     fail_usage("--cuda-graph-impl transformer_engine: weft has no Transformer Engine; use local");
@@ -122,9 +119,13 @@ void validate_cuda_graph(const TrainConfig& c, const Mesh& mesh) {
                "--num-distributed-optimizer-instances {}): parameter gathers and gradient "
                "reduce-scatters would run inside the graph; set "
                "--num-distributed-optimizer-instances to dp", shard, mesh.dp(), mesh.dp_outer());
-  if (c.model.num_experts > 0)
-    fail_usage("--cuda-graph-impl local does not support --num-experts {}: routing decides "
-               "shapes from the data, which a graph cannot replay", c.model.num_experts);
+  if (c.model.num_moe_layers() > 0)
+    fail_usage("--cuda-graph-impl local does not support routed experts (--num-experts {}): "
+               "routing decides shapes from the data, which a graph cannot replay",
+               c.model.num_experts);
+  if (c.cuda_graph_warmup_steps < 1)
+    fail_usage("--cuda-graph-warmup-steps must be >= 1 (got {}): the first iteration runs "
+               "eagerly to set up the kernels the graph records", c.cuda_graph_warmup_steps);
 }
 
 }  // namespace
@@ -271,6 +272,7 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   for (auto& u : stage_->units()) units.push_back(u.get());
   optimizer_ = std::make_unique<ShardedAdamW>(units, cfg_.adam);
   num_microbatches_ = cfg_.global_batch_size / (cfg_.micro_batch_size * mesh.dp());
+  if (cfg_.cuda_graph_impl == "local") graphed_ = std::make_unique<GraphedMicrobatches>();
   dp_rank_ = mesh.group_rank("dp_cp", groups.rank());
   if (!cfg_.save.empty()) check_save_space();
   if (cfg_.async_save) {  // pin the snapshot buffer now, not as a stall at the first save
@@ -424,6 +426,8 @@ void Trainer::on_save_failure(const std::exception& e, int iteration) {
 
 Trainer::~Trainer() = default;
 
+bool Trainer::cuda_graph_captured() const { return graphed_ && graphed_->captured(); }
+
 Microbatch Trainer::microbatch(int m) const {
   if (prefetched_for_ == consumed_samples_ && m < static_cast<int>(prefetched_.size()))
     return prefetched_[m];
@@ -437,34 +441,6 @@ Microbatch Trainer::fetch_microbatch(int64_t consumed, int m) const {
   data_->fetch(false, first, cfg_.micro_batch_size, stage_->options().device, &b.tokens,
                &b.labels);
   return b;
-}
-
-at::Tensor Trainer::run_graphed_microbatches(double loss_scale) {
-  stage_->reset_losses();
-  for (int m = 0; m < num_microbatches_; ++m) {
-    const Microbatch b = microbatch(m);  // fetched before any capture: no copy from the host in it
-    if (!graph_) {
-      // Microbatch 0 of the first graphed step is recorded (not run) with the input buffers;
-      // its pipeline-stage bookkeeping (microbatch 0, a stage of one) is the same every replay.
-      graph_tokens_ = at::empty_like(b.tokens);
-      graph_labels_ = at::empty_like(b.labels);
-      auto graph = std::make_unique<CudaGraph>();
-      try {
-        graph->capture([&] {
-          const at::Tensor out = stage_->forward(0, graph_tokens_, graph_labels_, loss_scale);
-          stage_->backward(0, out, at::Tensor());
-        });
-      } catch (const std::exception& e) {
-        fail("--cuda-graph-impl local: capturing the forward and backward of a microbatch "
-             "failed (run without the flag): {}", e.what());
-      }
-      graph_ = std::move(graph);
-    }
-    graph_tokens_.copy_(b.tokens, /*non_blocking=*/true);
-    graph_labels_.copy_(b.labels, /*non_blocking=*/true);
-    graph_->replay();
-  }
-  return stage_->losses();
 }
 
 void Trainer::prefetch_next_step(int it) {
@@ -556,12 +532,13 @@ IterationStats Trainer::train_step() {
 
   const double loss_scale =
       1.0 / (static_cast<double>(cfg_.global_batch_size) * cfg_.model.seq_length);
-  const bool graphed =
-      cfg_.cuda_graph_impl == "local" && steps_run_ >= cfg_.cuda_graph_warmup_steps;
+  // --cuda-graph-impl local: eager for the warm-up steps of this process, then replayed.
+  const auto batch = [this](int m) { return microbatch(m); };
   const at::Tensor losses =
-      graphed ? run_graphed_microbatches(loss_scale)
-              : run_1f1b(*stage_, *groups_.get("pp"), num_microbatches_, cfg_.micro_batch_size,
-                         [this](int m) { return microbatch(m); }, loss_scale);
+      graphed_ && steps_run_ >= cfg_.cuda_graph_warmup_steps
+          ? graphed_->run(*stage_, num_microbatches_, batch, loss_scale)
+          : run_1f1b(*stage_, *groups_.get("pp"), num_microbatches_, cfg_.micro_batch_size,
+                     batch, loss_scale);
   ++steps_run_;
   fault_point("train.after_backward", groups_.rank(), it);  // crash and hang tests
 

@@ -36,7 +36,7 @@
 namespace weft {
 
 class AsyncCheckpointSaver;
-class CudaGraph;
+class GraphedMicrobatches;
 
 struct TrainConfig {
   ModelConfig model;
@@ -95,7 +95,7 @@ struct TrainConfig {
   bool check_for_nan = false;          // --check-for-nan-in-loss-and-grad
   int max_skipped_iterations = 0;      // --max-skipped-iterations
   // CUDA graphs (Megatron's flags): with --cuda-graph-impl local, the forward and backward of
-  // one microbatch is captured as a CUDA graph (comm/device_graph.h) after
+  // one microbatch is captured as a CUDA graph (parallel/graphed_schedule.h) after
   // --cuda-graph-warmup-steps eager iterations of this run, and replayed for every microbatch
   // from then on. Its scope is one microbatch (Megatron's per_microbatch); the gradient norm,
   // clipping and AdamW stay eager. Needs --device cuda, --pipeline-model-parallel-size 1, an
@@ -156,7 +156,7 @@ class Trainer {
   int skipped_iterations() const { return skipped_iters_; }
   int nan_iterations() const { return nan_iters_; }
   // Whether --cuda-graph-impl local has captured its graph (the steps since replay it).
-  bool cuda_graph_captured() const { return graph_ != nullptr; }
+  bool cuda_graph_captured() const;
   PipelineStage& stage() { return *stage_; }
   ShardedAdamW& optimizer() { return *optimizer_; }
   // Startup summary (layout, groups, parameter counts, bytes per rank); rank 0 prints it.
@@ -175,9 +175,6 @@ class Trainer {
   // Fetches the microbatches of the step after iteration `it` (host reads, copies to the device
   // started), while the device still works on this one. None after the last iteration.
   void prefetch_next_step(int it);
-  // --cuda-graph-impl local: this step's microbatches through the captured graph (captured
-  // from microbatch 0 the first time); returns the stage's losses as run_1f1b does.
-  at::Tensor run_graphed_microbatches(double loss_scale);
   // --dump-first-batch: writes the next global batch's tokens and labels (rank 0 only).
   void dump_first_batch() const;
   // Refuses a checkpoint trained with another tokenizer (unless --override-tokenizer).
@@ -207,8 +204,7 @@ class Trainer {
   int64_t prefetched_for_ = -1;         // the consumed samples the prefetched step starts at
   std::vector<Microbatch> prefetched_;  // its microbatches
   int steps_run_ = 0;                   // train_step calls in this process
-  std::unique_ptr<CudaGraph> graph_;    // --cuda-graph-impl local, once captured
-  at::Tensor graph_tokens_, graph_labels_;  // the graph's input buffers
+  std::unique_ptr<GraphedMicrobatches> graphed_;  // with --cuda-graph-impl local
   int dp_rank_ = 0;
   int iteration_ = 0;
   int64_t consumed_samples_ = 0;
