@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bad MoE/MTP/hybrid input to `weft train` ends with exit code 2 and one line naming the flag, before
+# Bad MoE/MTP/hybrid and CUDA-graph input to `weft train` ends with exit code 2 and one line naming the flag, before
 # any collective. Usage: bad_input.sh WEFT MPIRUN...
 set -u
 weft=$1
@@ -50,4 +50,11 @@ expect 1 "2 * --hidden-size 32 is not a multiple of --mamba-head-dim 12" \
   --hybrid-layer-pattern "M*" --mamba-head-dim 12
 expect 1 "--hidden-size 32 must be a positive multiple of --num-attention-heads 5" \
   --hybrid-layer-pattern "M*" "${mamba[@]}" --num-attention-heads 5 --num-query-groups 5
+# CUDA graphs (the CPU build: the device check comes first; TrainConfig.CudaGraphRefusals has
+# the layout and MoE refusals).
+expect 1 "--cuda-graph-impl local needs --device cuda" --num-experts 0 --cuda-graph-impl local
+expect 1 "--cuda-graph-impl must be none or local (got 'full')" --num-experts 0 \
+  --cuda-graph-impl full
+expect 1 "--enable-cuda-graph (the older name of --cuda-graph-impl local) and --cuda-graph-impl" \
+  --num-experts 0 --enable-cuda-graph --cuda-graph-impl none
 [ "$fails" -eq 0 ] || { echo "$fails case(s) failed"; exit 1; }
