@@ -191,6 +191,19 @@ __global__ void __launch_bounds__(1024)
 // computed: with the pointers __restrict__ (every caller writes a fresh tensor), the loads of a
 // round do not wait for its stores, so a tensor larger than the grid keeps twice the bytes in
 // flight per thread.
+// Vector i (N elements) of act [rows, f]: its row r and column c, and the gate and up vectors
+// of fc1 [rows, 2f] it is computed from.
+template <typename T, int N>
+__device__ __forceinline__ void swiglu_load(const T* __restrict__ fc1, int64_t f, int64_t i,
+                                            int64_t& r, int64_t& c, float (&g)[N],
+                                            float (&u)[N]) {
+  const int64_t fv = f / N;
+  r = i / fv;
+  c = (i - r * fv) * N;
+  vload<T, N>(fc1 + r * 2 * f + c, g);
+  vload<T, N>(fc1 + r * 2 * f + f + c, u);
+}
+
 template <typename T, int N>
 __global__ void swiglu_fwd_kernel(const T* __restrict__ fc1, T* __restrict__ act, int64_t rows,
                                   int64_t f) {
@@ -201,11 +214,7 @@ __global__ void swiglu_fwd_kernel(const T* __restrict__ fc1, T* __restrict__ act
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int64_t i = i0 + j * stride;
-      if (i >= n) continue;
-      row[j] = i / fv;
-      c[j] = (i - row[j] * fv) * N;
-      vload<T, N>(fc1 + row[j] * 2 * f + c[j], g[j]);
-      vload<T, N>(fc1 + row[j] * 2 * f + f + c[j], u[j]);
+      if (i < n) swiglu_load<T, N>(fc1, f, i, row[j], c[j], g[j], u[j]);
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -229,10 +238,7 @@ __global__ void swiglu_bwd_kernel(const T* __restrict__ dact, const T* __restric
     for (int j = 0; j < 2; ++j) {
       const int64_t i = i0 + j * stride;
       if (i >= n) continue;
-      row[j] = i / fv;
-      c[j] = (i - row[j] * fv) * N;
-      vload<T, N>(fc1 + row[j] * 2 * f + c[j], g[j]);
-      vload<T, N>(fc1 + row[j] * 2 * f + f + c[j], u[j]);
+      swiglu_load<T, N>(fc1, f, i, row[j], c[j], g[j], u[j]);
       vload<T, N>(dact + row[j] * f + c[j], d[j]);
     }
 #pragma unroll
