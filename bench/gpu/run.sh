@@ -251,12 +251,15 @@ profile)
 profcurve)
   # Profile summaries at the size curve's shapes (docs/performance.md "Where the time goes"):
   # iterations 5-6 of each size in PROF_SIZES (default: the curve's four, then 125m at
-  # bench125m's micro-batch 8 x 1024 as "125m-s1024"), traced by `weft train --profile` and
-  # summarised by trace_summary.py into $OUT/profcurve.txt; the traces are not kept (size).
+  # bench125m's micro-batch 8 x 1024 as "125m-s1024"; bench1b's 0.8B at micro-batch 2 is
+  # "0.8b-m2", not in the default list), traced by `weft train --profile` and summarised by
+  # trace_summary.py (the PROF_TOP longest kernels, default 12) into $OUT/profcurve.txt; the
+  # traces are not kept (size).
   P=/tmp/weft-profcurve; rm -rf $P; mkdir -p $P; : > "$OUT/profcurve.txt"
   for tag in ${PROF_SIZES:-125m 0.8b 1.5b 3b 125m-s1024}; do
     SEQ=4096
     if [ $tag = 125m-s1024 ]; then read -r L H NH NG F MBS <<< "12 768 12 12 2048 8"; SEQ=1024
+    elif [ $tag = 0.8b-m2 ]; then read -r L H NH NG F MBS <<< "16 2048 16 8 5632 2"  # bench1b's
     else read -r L H NH NG F MBS <<< "$(curve_shape $tag)"; fi
     timeout 200 ./$B/app/weft train --device cuda --bf16 --num-layers $L --hidden-size $H \
       --num-attention-heads $NH --num-query-groups $NG --ffn-hidden-size $F --vocab-size 32000 \
@@ -264,7 +267,7 @@ profcurve)
       ${PROF_EXTRA:-} --profile --profile-step-start 5 --profile-step-end 6 --profile-dir $P/$tag > $P/$tag.log 2>&1
     rc=$?
     { echo "== $tag (layers $L hidden $H mbs $MBS seq $SEQ) rc=$rc"; grep -E "iteration +6/" $P/$tag.log | cut -c1-200
-      python3 bench/gpu/trace_summary.py $P/$tag/trace_rank0.json --iters 2 --top 12; } >> "$OUT/profcurve.txt" 2>&1
+      python3 bench/gpu/trace_summary.py $P/$tag/trace_rank0.json --iters 2 --top ${PROF_TOP:-12}; } >> "$OUT/profcurve.txt" 2>&1
     rm -f $P/$tag/trace_rank0.json
   done
   grep -E "^==|device span|^  [a-z/]+ +[0-9.]+ +[0-9.]+%|ATen ops|cudaDeviceSynchronize" "$OUT/profcurve.txt"

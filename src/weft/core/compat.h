@@ -22,8 +22,6 @@
 #include <ATen/ops/mm.h>
 
 #if TORCH_VERSION_MAJOR >= 2
-#include <ATen/ops/_fused_adamw.h>
-#include <ATen/ops/full.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #else
 #include <ATen/ops/matmul.h>
@@ -87,39 +85,6 @@ inline at::Tensor causal_attention_gqa(const at::Tensor& q, const at::Tensor& k,
   return causal_attention(q, r == 1 ? k : expand(k), r == 1 ? v : expand(v));
 #endif
 }
-
-// One fused AdamW step (decoupled weight decay, bias correction for step `step`) over lists of
-// float32 CUDA tensors: params, grads and both moments updated in one kernel per chunk. The
-// gradients enter divided by `grad_scale` (float32 scalar tensor, or undefined: 1; gradient
-// clipping without a separate pass), and where `found_inf` (float32 scalar tensor, or
-// undefined) is 1 the kernel changes nothing. Both may live on the device: no host sync.
-// Returns false where the fused kernel is unavailable (torch < 2.x or not CUDA): the caller
-// then runs its own unfused update.
-inline bool fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
-                        const std::vector<at::Tensor>& exp_avgs,
-                        const std::vector<at::Tensor>& exp_avg_sqs, double lr, double beta1,
-                        double beta2, double weight_decay, double eps, int64_t step,
-                        const at::Tensor& grad_scale, const at::Tensor& found_inf) {
-#if TORCH_VERSION_MAJOR >= 2
-  if (params.empty()) return true;
-  if (!params[0].is_cuda()) return false;
-  at::Tensor step_t = at::full({}, static_cast<double>(step), params[0].options());
-  std::vector<at::Tensor> steps(params.size(), step_t);
-  c10::optional<at::Tensor> scale, inf;
-  if (grad_scale.defined()) scale = grad_scale;
-  if (found_inf.defined()) inf = found_inf;
-  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, {}, steps, lr, beta1, beta2,
-                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, scale, inf);
-  return true;
-#else
-  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)lr, (void)beta1;
-  (void)beta2, (void)weight_decay, (void)eps, (void)step, (void)grad_scale, (void)found_inf;
-  return false;
-#endif
-}
-
-// Whether fused_adamw can run (torch 2.x; it still needs CUDA tensors).
-constexpr bool has_fused_adamw() { return TORCH_VERSION_MAJOR >= 2; }
 
 // acc += a @ b, with acc float32 and a, b in the compute dtype. Where the matmul can write float32
 // from bfloat16/float16 inputs (CUDA, torch >= 2.8: addmm's out_dtype), the product is added

@@ -2,12 +2,13 @@
 // back once per step.
 #include "weft/optim/adamw.h"
 
+#include "weft/optim/fused_adamw.h"
+
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
 
 #include <cmath>
 
-#include "weft/core/compat.h"
 #include "weft/core/error.h"
 #include "weft/parallel/grad_access.h"
 
@@ -67,11 +68,11 @@ void ShardedAdamW::zero_grad() {
   for (FsdpUnit* u : units_) grad_shard(*u).zero_();
 }
 
-// The fused path: one multi-tensor kernel per parameter group, where the moments are float32
-// and the fused kernel exists (CUDA, torch 2.x).
+// The device path: weft's one-pass kernel (fused_adamw.h) per range of a group, where the
+// moments are float32 and the shards live on a CUDA device of a CUDA build.
 bool ShardedAdamW::can_step_on_device() const {
   return cfg_.exp_avg_dtype == at::kFloat && cfg_.exp_avg_sq_dtype == at::kFloat &&
-         !units_.empty() && units_[0]->param_shard().is_cuda() && compat::has_fused_adamw();
+         !units_.empty() && units_[0]->param_shard().is_cuda() && fused_adamw::compiled();
 }
 
 bool ShardedAdamW::step_on_device(double lr, const at::Tensor& grad_scale,
@@ -79,38 +80,27 @@ bool ShardedAdamW::step_on_device(double lr, const at::Tensor& grad_scale,
   if (!can_step_on_device()) return false;
   at::NoGradGuard no_grad;
   ++steps_;
-  WEFT_CHECK(fused_step(lr, grad_scale, found_inf), "optimizer: the fused AdamW kernel failed");
+  fused_step(lr, grad_scale, found_inf);
   return true;
 }
 
-// Returns false when the kernel is not available (before any update: every group takes the
-// same branch).
-bool ShardedAdamW::fused_step(double lr, const at::Tensor& grad_scale, const at::Tensor& found_inf) {
-  struct Lists {
-    std::vector<at::Tensor> p, g, m, v;
-  };
-  std::map<std::string, Lists> by_group;
+// Each range is one launch that updates the master and moments and writes the rounded weights;
+// padding between ranges keeps its zero value and gradient, and so its zero weight. Weights of
+// a dtype the kernel does not write are copied from the master after the step.
+void ShardedAdamW::fused_step(double lr, const at::Tensor& grad_scale, const at::Tensor& found_inf) {
   for (size_t k = 0; k < units_.size(); ++k) {
     UnitOptimState& st = states_[k];
     const at::Tensor& grad = grad_shard(*units_[k]);
+    const at::Tensor& weights = units_[k]->param_shard();
+    bool written = true;
     for (const Range& r : ranges_[k]) {
-      Lists& l = by_group[r.group];
-      l.p.push_back(st.master.narrow(0, r.offset, r.numel));
-      l.g.push_back(grad.narrow(0, r.offset, r.numel));
-      l.m.push_back(st.exp_avg.narrow(0, r.offset, r.numel));
-      l.v.push_back(st.exp_avg_sq.narrow(0, r.offset, r.numel));
+      const ParamGroupSettings& g = groups_.at(r.group);
+      const fused_adamw::Hyper h{lr, g.beta1, g.beta2, g.eps, g.weight_decay, steps_};
+      written = fused_adamw::step(st.master, grad, st.exp_avg, st.exp_avg_sq, weights, r.offset,
+                                  r.numel, h, grad_scale, found_inf) && written;
     }
+    if (!written) weights.copy_(st.master);
   }
-  for (auto& [name, l] : by_group) {
-    const ParamGroupSettings& g = groups_.at(name);
-    if (!compat::fused_adamw(l.p, l.g, l.m, l.v, lr, g.beta1, g.beta2, g.weight_decay, g.eps,
-                             steps_, grad_scale, found_inf))
-      return false;  // only before any update: every group takes the same branch
-  }
-  for (size_t k = 0; k < units_.size(); ++k)
-    if (!units_[k]->param_shard().is_same(states_[k].master))
-      units_[k]->param_shard().copy_(states_[k].master);
-  return true;
 }
 
 void ShardedAdamW::step(double lr, double grad_multiplier) {
@@ -121,7 +111,8 @@ void ShardedAdamW::step(double lr, double grad_multiplier) {
     if (grad_multiplier != 1.0)
       scale = at::full({}, 1.0 / grad_multiplier,
                        units_[0]->param_shard().options().dtype(at::kFloat));
-    if (fused_step(lr, scale, at::Tensor())) return;
+    fused_step(lr, scale, at::Tensor());
+    return;
   }
   if (grad_multiplier != 1.0)
     for (FsdpUnit* u : units_) grad_shard(*u).mul_(grad_multiplier);

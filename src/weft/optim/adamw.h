@@ -6,9 +6,9 @@
 // compute the unit's weight shard is the master shard itself. Padding elements of a shard have
 // zero gradient and zero value, so the update leaves them zero.
 //
-// On CUDA with torch 2.x and float32 moments the update is PyTorch's fused multi-tensor AdamW
-// kernel (one launch per chunk of tensors); elsewhere an unfused per-parameter update with the
-// same formula.
+// On CUDA with float32 moments the update is weft's one-pass kernel (fused_adamw.h: master,
+// moments and the rounded weights in one pass, one launch per range of a group); elsewhere an
+// unfused per-parameter update with the same formula.
 //
 // Parameter groups are keyed by global parameter name (never by position): "decay" for
 // matrices, "no_decay" for norms and biases, each with its own weight decay and betas.
@@ -65,9 +65,10 @@ class ShardedAdamW {
   // one element: 1 / the clipping multiplier; undefined: 1), and nothing changes where
   // `found_inf` (float32, one element) is 1. Counts the step; when the host later learns that
   // it was skipped, uncount_step(). Returns false, queueing nothing, where the fused CUDA
-  // kernel does not apply (CPU, bf16 moments): then decide on the host and call step().
+  // kernel does not apply (CPU, bf16 moments): then decide on the host and call step(). The
+  // gradient shards are left as they were.
   bool step_on_device(double lr, const at::Tensor& grad_scale, const at::Tensor& found_inf);
-  // Whether step_on_device applies: float32 moments on CUDA with torch's fused AdamW.
+  // Whether step_on_device applies: float32 moments on CUDA in a CUDA build.
   bool can_step_on_device() const;
   void uncount_step() { --steps_; }
   int64_t steps() const { return steps_; }
@@ -88,7 +89,7 @@ class ShardedAdamW {
   int64_t grad_bytes() const;
 
  private:
-  bool fused_step(double lr, const at::Tensor& grad_scale, const at::Tensor& found_inf);
+  void fused_step(double lr, const at::Tensor& grad_scale, const at::Tensor& found_inf);
 
   AdamWConfig cfg_;
   std::vector<FsdpUnit*> units_;
