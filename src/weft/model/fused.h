@@ -25,9 +25,16 @@ bool usable(const at::Tensor& x);
 // RMSNorm with the weight w [h] in x's dtype: {y, rstd [rows] float32}.
 std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& w,
                                                    double eps);
-// dx, and the weight gradient sum over rows of dy * xhat (float32 [h]) into *dw_sum.
+// The residual add and the RMSNorm of its result in one pass: {x + res, its norm y, rstd}, the
+// bits of the add followed by rms_norm_forward.
+std::array<at::Tensor, 3> add_rms_norm_forward(const at::Tensor& x, const at::Tensor& res,
+                                               const at::Tensor& w, double eps);
+// dx, and the weight gradient sum over rows of dy * xhat (float32 [h]) into *dw_sum. With dres
+// (the gradient reaching x by another path, as after add_rms_norm_forward) dx + dres instead,
+// with the bits of the separate add.
 at::Tensor rms_norm_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
-                             const at::Tensor& rstd, at::Tensor* dw_sum);
+                             const at::Tensor& rstd, at::Tensor* dw_sum,
+                             const at::Tensor& dres = at::Tensor());
 bool rms_norm_supports(int64_t hidden);
 
 // act = silu(fc1[..., :f]) * fc1[..., f:], with autograd.

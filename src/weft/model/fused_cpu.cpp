@@ -19,8 +19,12 @@ bool rms_norm_supports(int64_t) { return false; }
 std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor&, const at::Tensor&, double) {
   not_compiled();
 }
+std::array<at::Tensor, 3> add_rms_norm_forward(const at::Tensor&, const at::Tensor&,
+                                               const at::Tensor&, double) {
+  not_compiled();
+}
 at::Tensor rms_norm_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                             const at::Tensor&, at::Tensor*) {
+                             const at::Tensor&, at::Tensor*, const at::Tensor&) {
   not_compiled();
 }
 at::Tensor swiglu_forward(const at::Tensor&) { not_compiled(); }

@@ -61,36 +61,68 @@ bool compiled() { return true; }
 
 bool rms_norm_supports(int64_t hidden) { return hidden <= kernels::rms_norm_max_hidden(); }
 
-std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& w,
-                                                   double eps) {
+namespace {
+
+// {sum (x + res, or undefined without res), y, rstd}.
+std::array<at::Tensor, 3> rms_norm_impl(const at::Tensor& x, const at::Tensor& res,
+                                        const at::Tensor& w, double eps) {
   check_same(x, w, "rms_norm");
   const int64_t h = x.size(-1);
   WEFT_CHECK(w.numel() == h, "rms_norm: weight of {} elements for hidden {}", w.numel(), h);
   c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor xc = aligned(x), wc = aligned(w);
+  at::Tensor rc, sum;
+  if (res.defined()) {
+    check_same(x, res, "add_rms_norm");
+    WEFT_CHECK(res.sizes() == x.sizes(), "add_rms_norm: residual and input differ in shape");
+    rc = aligned(res);
+    sum = at::empty_like(xc);
+  }
   const int64_t rows = h == 0 ? 0 : xc.numel() / h;
   at::Tensor y = at::empty_like(xc);
   at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
-  check_launch(kernels::rms_norm_forward(elem_of(xc), xc.data_ptr(), wc.data_ptr(), y.data_ptr(),
+  check_launch(kernels::rms_norm_forward(elem_of(xc), xc.data_ptr(),
+                                         rc.defined() ? rc.data_ptr() : nullptr, wc.data_ptr(),
+                                         sum.defined() ? sum.data_ptr() : nullptr, y.data_ptr(),
                                          rstd.data_ptr<float>(), rows, h,
                                          static_cast<float>(eps), stream_of(xc)),
                "rms_norm_forward");
+  return {sum, y, rstd};
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& w,
+                                                   double eps) {
+  auto [sum, y, rstd] = rms_norm_impl(x, at::Tensor(), w, eps);
   return {y, rstd};
 }
 
+std::array<at::Tensor, 3> add_rms_norm_forward(const at::Tensor& x, const at::Tensor& res,
+                                               const at::Tensor& w, double eps) {
+  return rms_norm_impl(x, res, w, eps);
+}
+
 at::Tensor rms_norm_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
-                             const at::Tensor& rstd, at::Tensor* dw_sum) {
+                             const at::Tensor& rstd, at::Tensor* dw_sum, const at::Tensor& dres) {
   check_same(x, w, "rms_norm backward");
   check_same(x, dy, "rms_norm backward");
   const int64_t h = x.size(-1);
   c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor xc = aligned(x), dyc = aligned(dy), wc = aligned(w);
+  at::Tensor drc;
+  if (dres.defined()) {
+    check_same(x, dres, "rms_norm backward");
+    WEFT_CHECK(dres.sizes() == x.sizes(), "rms_norm backward: residual gradient of another shape");
+    drc = aligned(dres);
+  }
   const int64_t rows = h == 0 ? 0 : xc.numel() / h;
   at::Tensor dx = at::empty_like(xc);
   at::Tensor partial =
       at::empty({kernels::rms_norm_blocks(elem_of(xc), rows, h), h}, x.options().dtype(at::kFloat));
   check_launch(kernels::rms_norm_backward(elem_of(xc), dyc.data_ptr(), xc.data_ptr(),
-                                          wc.data_ptr(), rstd.data_ptr<float>(), dx.data_ptr(),
+                                          wc.data_ptr(), rstd.data_ptr<float>(),
+                                          drc.defined() ? drc.data_ptr() : nullptr, dx.data_ptr(),
                                           partial.data_ptr<float>(), rows, h, stream_of(xc)),
                "rms_norm_backward");
   *dw_sum = rows == 0 ? at::zeros({h}, partial.options()) : partial.sum(0);

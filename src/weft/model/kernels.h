@@ -18,16 +18,21 @@ enum class Elem { kF32, kBF16 };
 
 // y[r, :] = round(round(x[r, :] * rstd[r]) * w), rstd[r] = 1/sqrt(mean(x[r, :]^2) + eps).
 // The inner rounding is to the element type (xhat is cast back before the scale, as Megatron's
-// RMSNorm does). rstd is float32 [rows].
-std::string rms_norm_forward(Elem t, const void* x, const void* w, void* y, float* rstd,
-                             int64_t rows, int64_t h, float eps, void* stream);
+// RMSNorm does). rstd is float32 [rows]. With `res` (else null), the residual sum
+// s = round(x + res) is normalised instead and stored into `sum` [rows, h]: the bits of an add
+// in the element type followed by the norm of its result.
+std::string rms_norm_forward(Elem t, const void* x, const void* res, const void* w, void* sum,
+                             void* y, float* rstd, int64_t rows, int64_t h, float eps,
+                             void* stream);
 
 // Gradients of the above: dx [rows, h] (element type) and, per block of rows, the partial
 // weight gradient sum(dy * xhat) into dw_partial [rms_norm_blocks(t, rows, h), h] (float32), to be
-// summed over dim 0 by the caller. Needs h <= rms_norm_max_hidden().
+// summed over dim 0 by the caller; x is the row normalised (the sum, with a residual). With
+// `dres` (else null), the gradient reaching x by another path, dx = round(round(dx) + dres):
+// the bits of autograd adding the two. Needs h <= rms_norm_max_hidden().
 std::string rms_norm_backward(Elem t, const void* dy, const void* x, const void* w,
-                              const float* rstd, void* dx, float* dw_partial, int64_t rows,
-                              int64_t h, void* stream);
+                              const float* rstd, const void* dres, void* dx, float* dw_partial,
+                              int64_t rows, int64_t h, void* stream);
 int64_t rms_norm_blocks(Elem t, int64_t rows, int64_t h);
 int64_t rms_norm_max_hidden();
 

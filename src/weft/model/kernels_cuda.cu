@@ -87,16 +87,31 @@ __device__ __forceinline__ void vstore(T* p, const float (&in)[N]) {
 
 // --- RMSNorm ------------------------------------------------------------------------------------
 
+// Row values of the forward: x, or with a residual `res` the sum s = round(x + res), which the
+// kernel also stores into `sum`.
 template <typename T, int N>
-__global__ void rms_fwd_kernel(const T* x, const T* w, T* y, float* rstd, int64_t h, float eps) {
+__device__ __forceinline__ void rms_fwd_load(const T* xr, const T* rr, int64_t c, float (&v)[N]) {
+  vload<T, N>(xr + c, v);
+  if (rr == nullptr) return;
+  float a[N];
+  vload<T, N>(rr + c, a);
+#pragma unroll
+  for (int k = 0; k < N; ++k) v[k] = rounded(v[k] + a[k], xr);
+}
+
+template <typename T, int N>
+__global__ void rms_fwd_kernel(const T* x, const T* res, const T* w, T* sum, T* y, float* rstd,
+                               int64_t h, float eps) {
   __shared__ float smem[32];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * h;
+  const T* rr = res == nullptr ? nullptr : res + row * h;
   T* yr = y + row * h;
   float ss = 0.f;
   for (int64_t c = threadIdx.x * N; c < h; c += blockDim.x * N) {
     float v[N];
-    vload<T, N>(xr + c, v);
+    rms_fwd_load<T, N>(xr, rr, c, v);
+    if (rr != nullptr) vstore<T, N>(sum + row * h + c, v);
 #pragma unroll
     for (int k = 0; k < N; ++k) ss += v[k] * v[k];
   }
@@ -105,7 +120,7 @@ __global__ void rms_fwd_kernel(const T* x, const T* w, T* y, float* rstd, int64_
   if (threadIdx.x == 0) rstd[row] = r;
   for (int64_t c = threadIdx.x * N; c < h; c += blockDim.x * N) {
     float v[N], wv[N], o[N];
-    vload<T, N>(xr + c, v);
+    rms_fwd_load<T, N>(xr, rr, c, v);
     vload<T, N>(w + c, wv);
 #pragma unroll
     for (int k = 0; k < N; ++k) o[k] = rounded(v[k] * r, xr) * wv[k];
@@ -114,13 +129,13 @@ __global__ void rms_fwd_kernel(const T* x, const T* w, T* y, float* rstd, int64_
 }
 
 // One block walks a contiguous range of rows; each thread owns the same V vectors of columns in
-// every row, so its weight-gradient sums stay in registers, and the next row's dy and x are
-// loaded while the current row's dot product is reduced, so that loads stay in flight across
-// the block-wide reduction.
+// every row, so its weight columns and weight-gradient sums stay in registers, and the next
+// row's dy, x and rstd are loaded while the current row's dot product is reduced, so that loads
+// stay in flight across the block-wide reduction and no row starts with a dependent load.
 template <typename T, int N, int V>
 __global__ void __launch_bounds__(1024)
     rms_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
-                   const float* __restrict__ rstd, T* __restrict__ dx,
+                   const float* __restrict__ rstd, const T* __restrict__ dres, T* __restrict__ dx,
                    float* __restrict__ dw_partial, int64_t rows, int64_t h, int64_t per_block) {
   using Raw = Vec<T, N>;  // rows stay in their storage type between the loads and their use
   __shared__ float smem[32];
@@ -144,30 +159,43 @@ __global__ void __launch_bounds__(1024)
       xx[v] = *reinterpret_cast<const Raw*>(x + row * h + col[v]);
     }
   };
-  if (r0 < r1) load(r0, d, xv);
+  Raw wr[V];  // the weight's columns of this thread, loaded once
+#pragma unroll
+  for (int v = 0; v < V; ++v)
+    if (on[v]) wr[v] = *reinterpret_cast<const Raw*>(w + col[v]);
+  float r = 0.f, next_r = 0.f;  // rstd of the row, and of the next (prefetched with its data)
+  if (r0 < r1) {
+    load(r0, d, xv);
+    r = rstd[r0];
+  }
   for (int64_t row = r0; row < r1; ++row) {
-    if (row + 1 < r1) load(row + 1, nd, nx);
-    const float r = rstd[row];
+    if (row + 1 < r1) {
+      load(row + 1, nd, nx);
+      next_r = rstd[row + 1];
+    }
     float dot = 0.f;
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       if (!on[v]) continue;
-      float wv[N];
-      vload<T, N>(w + col[v], wv);
 #pragma unroll
-      for (int k = 0; k < N; ++k) dot += ld(&d[v].v[k]) * wv[k] * (ld(&xv[v].v[k]) * r);
+      for (int k = 0; k < N; ++k) dot += ld(&d[v].v[k]) * ld(&wr[v].v[k]) * (ld(&xv[v].v[k]) * r);
     }
     dot = block_sum(dot, smem) / static_cast<float>(h);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       if (!on[v]) continue;
-      float wv[N], o[N];
-      vload<T, N>(w + col[v], wv);
+      float o[N];
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         const float dk = ld(&d[v].v[k]), xh = ld(&xv[v].v[k]) * r;
-        o[k] = r * (dk * wv[k] - xh * dot);
+        o[k] = r * (dk * ld(&wr[v].v[k]) - xh * dot);
         acc[v][k] += dk * rounded(xh, x);
+      }
+      if (dres != nullptr) {  // the gradient reaching x by the residual path, added as autograd
+        float a[N];           // would: to the rounded norm gradient, rounded once more
+        vload<T, N>(dres + row * h + col[v], a);
+#pragma unroll
+        for (int k = 0; k < N; ++k) o[k] = rounded(o[k], x) + a[k];
       }
       vstore<T, N>(dx + row * h + col[v], o);
     }
@@ -176,6 +204,7 @@ __global__ void __launch_bounds__(1024)
       d[v] = nd[v];
       xv[v] = nx[v];
     }
+    r = next_r;
   }
 #pragma unroll
   for (int v = 0; v < V; ++v) {
@@ -192,19 +221,20 @@ __global__ void __launch_bounds__(1024)
 // round do not wait for its stores, so a tensor larger than the grid keeps twice the bytes in
 // flight per thread.
 // Vector i (N elements) of act [rows, f]: its row r and column c, and the gate and up vectors
-// of fc1 [rows, 2f] it is computed from.
-template <typename T, int N>
+// of fc1 [rows, 2f] it is computed from. The division runs in the index type I: uint32_t
+// wherever the vectors fit it (a 64-bit division is a long software sequence per vector).
+template <typename I, typename T, int N>
 __device__ __forceinline__ void swiglu_load(const T* __restrict__ fc1, int64_t f, int64_t i,
                                             int64_t& r, int64_t& c, float (&g)[N],
                                             float (&u)[N]) {
-  const int64_t fv = f / N;
-  r = i / fv;
-  c = (i - r * fv) * N;
+  const I fv = static_cast<I>(f / N), ii = static_cast<I>(i), q = ii / fv;
+  r = static_cast<int64_t>(q);
+  c = static_cast<int64_t>(ii - q * fv) * N;
   vload<T, N>(fc1 + r * 2 * f + c, g);
   vload<T, N>(fc1 + r * 2 * f + f + c, u);
 }
 
-template <typename T, int N>
+template <typename I, typename T, int N>
 __global__ void swiglu_fwd_kernel(const T* __restrict__ fc1, T* __restrict__ act, int64_t rows,
                                   int64_t f) {
   const int64_t fv = f / N, n = rows * fv, stride = grid_stride();
@@ -214,7 +244,7 @@ __global__ void swiglu_fwd_kernel(const T* __restrict__ fc1, T* __restrict__ act
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int64_t i = i0 + j * stride;
-      if (i < n) swiglu_load<T, N>(fc1, f, i, row[j], c[j], g[j], u[j]);
+      if (i < n) swiglu_load<I, T, N>(fc1, f, i, row[j], c[j], g[j], u[j]);
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -227,7 +257,7 @@ __global__ void swiglu_fwd_kernel(const T* __restrict__ fc1, T* __restrict__ act
   }
 }
 
-template <typename T, int N>
+template <typename I, typename T, int N>
 __global__ void swiglu_bwd_kernel(const T* __restrict__ dact, const T* __restrict__ fc1,
                                   T* __restrict__ dfc1, int64_t rows, int64_t f) {
   const int64_t fv = f / N, n = rows * fv, stride = grid_stride();
@@ -238,7 +268,7 @@ __global__ void swiglu_bwd_kernel(const T* __restrict__ dact, const T* __restric
     for (int j = 0; j < 2; ++j) {
       const int64_t i = i0 + j * stride;
       if (i >= n) continue;
-      swiglu_load<T, N>(fc1, f, i, row[j], c[j], g[j], u[j]);
+      swiglu_load<I, T, N>(fc1, f, i, row[j], c[j], g[j], u[j]);
       vload<T, N>(dact + row[j] * f + c[j], d[j]);
     }
 #pragma unroll
@@ -345,20 +375,41 @@ __global__ void ce_bwd_kernel(const T* logits, const int64_t* labels, const floa
 
 // --- rotary embedding of the fused QKV ----------------------------------------------------------
 
+// Flat index idx of the rope kernels' (token, vector) loop -> token tok = bi * S + pos, the
+// vector's first element i within the half head, the head slot `head` of the token (group g,
+// slot j of r + 2). Divisions in the index type I (uint32_t where the loop fits it: a 64-bit
+// division is a long software sequence) and unsigned 32-bit for the small ones.
+template <typename I, int N>
+__device__ __forceinline__ void rope_index(int64_t idx, int per_tok, int64_t S, int hv, int slots,
+                                           int64_t& tok, int64_t& bi, int64_t& pos, int& i,
+                                           int& head, int& j, int& g) {
+  const I ii = static_cast<I>(idx), tk = ii / static_cast<I>(per_tok), b = tk / static_cast<I>(S);
+  tok = static_cast<int64_t>(tk);
+  bi = static_cast<int64_t>(b);
+  pos = tok - bi * S;
+  const unsigned t = static_cast<unsigned>(ii - tk * static_cast<I>(per_tok));
+  const unsigned uh = static_cast<unsigned>(hv), us = static_cast<unsigned>(slots);
+  const unsigned hd = t / uh, gg = hd / us;
+  i = static_cast<int>((t - hd * uh) * N);
+  head = static_cast<int>(hd);
+  j = static_cast<int>(hd - gg * us);
+  g = static_cast<int>(gg);
+}
+
 // Threads walk (token, t) pairs in one flat grid-stride loop, so every thread has work whatever
 // the number of heads per token: t takes head slot t / hv (group g, slot j: j < r a query head,
 // r the key head, r + 1 the value head) and the N elements from i = (t % hv) * N of both halves
 // of the head (element i pairs with i + hd/2).
-template <typename T, int N>
+template <typename I, typename T, int N>
 __global__ void rope_fwd_kernel(const T* qkv, const T* cos, const T* sin, T* q, T* k, T* v,
                                 RopeShape s) {
   const int half = static_cast<int>(s.hd / 2), hv = half / N, slots = static_cast<int>(s.r + 2);
   const int per_tok = static_cast<int>(s.ng) * slots * hv;
   const int64_t n = s.b * s.s * per_tok;
   for (int64_t idx = global_index(); idx < n; idx += grid_stride()) {
-    const int64_t tok = idx / per_tok, pos = tok % s.s;
-    const int t = static_cast<int>(idx - tok * per_tok);
-    const int i = (t % hv) * N, head = t / hv, j = head % slots, g = head / slots;
+    int64_t tok, bi, pos;
+    int i, head, j, g;
+    rope_index<I, N>(idx, per_tok, s.s, hv, slots, tok, bi, pos, i, head, j, g);
     const T* src = qkv + (tok * s.ng * slots + head) * s.hd;
     float x1[N], x2[N];
     vload<T, N>(src + i, x1);
@@ -385,16 +436,16 @@ __global__ void rope_fwd_kernel(const T* qkv, const T* cos, const T* sin, T* q, 
   }
 }
 
-template <typename T, int N>
+template <typename I, typename T, int N>
 __global__ void rope_bwd_kernel(Strided dq, Strided dk, Strided dv, const T* cos, const T* sin,
                                 T* dqkv, RopeShape s) {
   const int half = static_cast<int>(s.hd / 2), hv = half / N, slots = static_cast<int>(s.r + 2);
   const int per_tok = static_cast<int>(s.ng) * slots * hv;
   const int64_t n = s.b * s.s * per_tok;
   for (int64_t idx = global_index(); idx < n; idx += grid_stride()) {
-    const int64_t tok = idx / per_tok, bi = tok / s.s, pos = tok - bi * s.s;
-    const int t = static_cast<int>(idx - tok * per_tok);
-    const int i = (t % hv) * N, head = t / hv, j = head % slots, g = head / slots;
+    int64_t tok, bi, pos;
+    int i, head, j, g;
+    rope_index<I, N>(idx, per_tok, s.s, hv, slots, tok, bi, pos, i, head, j, g);
     T* dst = dqkv + (tok * s.ng * slots + head) * s.hd;
     const Strided& gr = j < s.r ? dq : j == s.r ? dk : dv;
     const int64_t h = j < s.r ? g * s.r + j : g;
@@ -659,6 +710,9 @@ namespace {
 
 int vector_width(Elem t) { return t == Elem::kBF16 ? 8 : 4; }
 
+// Whether n vectors can be indexed in 32 bits.
+bool fits_u32(int64_t n) { return n <= static_cast<int64_t>(UINT32_MAX); }
+
 // rms_bwd_kernel's launch, a function of the shape alone (so is its arithmetic order): V
 // vectors of N per thread, the fewest (1, 2, 4 or 8) that cover a row with at most 1024
 // threads (the kernel is compiled for 1024-thread blocks, so every variant launches); threads
@@ -702,27 +756,32 @@ void dispatch(Elem t, bool wide, F&& f) {
   }
 }
 
-// Blocks for the rope kernels' flat loop over (token, vector) pairs.
+// The rope kernels' flat loop over (token, vector) pairs: its length, and its blocks.
+int64_t rope_vectors(const RopeShape& s, int n) {
+  return s.b * s.s * s.ng * (s.r + 2) * (s.hd / 2 / n);
+}
 unsigned rope_blocks(const RopeShape& s, int n) {
-  return static_cast<unsigned>(grid_for(s.b * s.s * s.ng * (s.r + 2) * (s.hd / 2 / n)));
+  return static_cast<unsigned>(grid_for(rope_vectors(s, n)));
 }
 
 }  // namespace
 
-std::string rms_norm_forward(Elem t, const void* x, const void* w, void* y, float* rstd,
-                             int64_t rows, int64_t h, float eps, void* stream) {
+std::string rms_norm_forward(Elem t, const void* x, const void* res, const void* w, void* sum,
+                             void* y, float* rstd, int64_t rows, int64_t h, float eps,
+                             void* stream) {
   if (rows == 0) return {};
   const bool wide = h % vector_width(t) == 0;
   dispatch(t, wide, [&]<typename T, int N>() {
     rms_fwd_kernel<T, N><<<static_cast<unsigned>(rows), kThreads, 0, as_stream(stream)>>>(
-        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), rstd, h, eps);
+        static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(w),
+        static_cast<T*>(sum), static_cast<T*>(y), rstd, h, eps);
   });
   return launched();
 }
 
 std::string rms_norm_backward(Elem t, const void* dy, const void* x, const void* w,
-                              const float* rstd, void* dx, float* dw_partial, int64_t rows,
-                              int64_t h, void* stream) {
+                              const float* rstd, const void* dres, void* dx, float* dw_partial,
+                              int64_t rows, int64_t h, void* stream) {
   if (h > kRmsMaxHidden) return "rms_norm_backward: hidden size above the kernel's limit";
   if (rows == 0) return {};
   const RmsBwdLaunch l = rms_bwd_launch(t, rows, h);
@@ -732,7 +791,7 @@ std::string rms_norm_backward(Elem t, const void* dy, const void* x, const void*
       rms_bwd_kernel<T, N, V><<<static_cast<unsigned>(l.blocks), l.threads, 0,
                                 as_stream(stream)>>>(
           static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), rstd,
-          static_cast<T*>(dx), dw_partial, rows, h, per_block);
+          static_cast<const T*>(dres), static_cast<T*>(dx), dw_partial, rows, h, per_block);
     };
     if (l.v == 1) go.template operator()<1>();
     else if (l.v == 2) go.template operator()<2>();
@@ -746,9 +805,13 @@ std::string swiglu_forward(Elem t, const void* fc1, void* act, int64_t rows, int
                            void* stream) {
   const bool wide = f % vector_width(t) == 0;
   dispatch(t, wide, [&]<typename T, int N>() {
-    swiglu_fwd_kernel<T, N><<<static_cast<unsigned>(grid_for(rows * f / N)), kThreads, 0,
-                              as_stream(stream)>>>(static_cast<const T*>(fc1),
-                                                   static_cast<T*>(act), rows, f);
+    const auto grid = static_cast<unsigned>(grid_for(rows * f / N));
+    if (fits_u32(rows * f / N))
+      swiglu_fwd_kernel<uint32_t, T, N><<<grid, kThreads, 0, as_stream(stream)>>>(
+          static_cast<const T*>(fc1), static_cast<T*>(act), rows, f);
+    else
+      swiglu_fwd_kernel<int64_t, T, N><<<grid, kThreads, 0, as_stream(stream)>>>(
+          static_cast<const T*>(fc1), static_cast<T*>(act), rows, f);
   });
   return launched();
 }
@@ -757,10 +820,13 @@ std::string swiglu_backward(Elem t, const void* dact, const void* fc1, void* dfc
                             int64_t f, void* stream) {
   const bool wide = f % vector_width(t) == 0;
   dispatch(t, wide, [&]<typename T, int N>() {
-    swiglu_bwd_kernel<T, N><<<static_cast<unsigned>(grid_for(rows * f / N)), kThreads, 0,
-                              as_stream(stream)>>>(static_cast<const T*>(dact),
-                                                   static_cast<const T*>(fc1),
-                                                   static_cast<T*>(dfc1), rows, f);
+    const auto grid = static_cast<unsigned>(grid_for(rows * f / N));
+    if (fits_u32(rows * f / N))
+      swiglu_bwd_kernel<uint32_t, T, N><<<grid, kThreads, 0, as_stream(stream)>>>(
+          static_cast<const T*>(dact), static_cast<const T*>(fc1), static_cast<T*>(dfc1), rows, f);
+    else
+      swiglu_bwd_kernel<int64_t, T, N><<<grid, kThreads, 0, as_stream(stream)>>>(
+          static_cast<const T*>(dact), static_cast<const T*>(fc1), static_cast<T*>(dfc1), rows, f);
   });
   return launched();
 }
@@ -772,7 +838,9 @@ bool rope_wide(Elem t, const RopeShape& s) { return (s.hd / 2) % vector_width(t)
 std::string rope_qkv_forward(Elem t, const void* qkv, const void* cos, const void* sin, void* q,
                              void* k, void* v, RopeShape s, void* stream) {
   dispatch(t, rope_wide(t, s), [&]<typename T, int N>() {
-    rope_fwd_kernel<T, N><<<rope_blocks(s, N), kThreads, 0, as_stream(stream)>>>(
+    const auto kernel = fits_u32(rope_vectors(s, N)) ? rope_fwd_kernel<uint32_t, T, N>
+                                                      : rope_fwd_kernel<int64_t, T, N>;
+    kernel<<<rope_blocks(s, N), kThreads, 0, as_stream(stream)>>>(
         static_cast<const T*>(qkv), static_cast<const T*>(cos), static_cast<const T*>(sin),
         static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), s);
   });
@@ -786,7 +854,9 @@ std::string rope_qkv_backward(Elem t, Strided dq, Strided dk, Strided dv, const 
   for (const Strided* g : {&dq, &dk, &dv})
     wide = wide && g->sb % n == 0 && g->ss % n == 0 && g->sh % n == 0;
   dispatch(t, wide, [&]<typename T, int N>() {
-    rope_bwd_kernel<T, N><<<rope_blocks(s, N), kThreads, 0, as_stream(stream)>>>(
+    const auto kernel = fits_u32(rope_vectors(s, N)) ? rope_bwd_kernel<uint32_t, T, N>
+                                                      : rope_bwd_kernel<int64_t, T, N>;
+    kernel<<<rope_blocks(s, N), kThreads, 0, as_stream(stream)>>>(
         dq, dk, dv, static_cast<const T*>(cos), static_cast<const T*>(sin),
         static_cast<T*>(dqkv), s);
   });

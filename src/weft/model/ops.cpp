@@ -168,6 +168,38 @@ struct RmsNormFn : Function<RmsNormFn> {
   }
 };
 
+// --- fused residual add and RMSNorm (CUDA): {s = x + res, round(s * rstd) * w} -------------------
+
+// The gradient of s arrives from its later uses (the next residual add) and from the norm; the
+// backward adds them inside the norm's kernel, which autograd would otherwise do as a separate
+// add, and hands the sum to both x and res, as the add's own backward does.
+struct AddRmsNormFn : Function<AddRmsNormFn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& res,
+                               const c10::optional<at::Tensor>& /*anchor*/, const WeightRef& w,
+                               ParamHandle h, double eps) {
+    save_handle(ctx, h);
+    auto [sum, y, rstd] = fused::add_rms_norm_forward(x, res, w.value, eps);
+    ctx->save_for_backward({sum, rstd});
+    return {sum, y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const ParamHandle h = load_handle(ctx);
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& sum = saved[0];
+    const int64_t n = sum.size(-1);
+    // Undefined output gradients arrive as zeros (materialised), so both are tensors here.
+    at::Tensor dw;
+    at::Tensor dsum = fused::rms_norm_backward(grads[1], sum, h.source->backward_weight(h.index),
+                                               saved[1], &dw, grads[0]);
+    fetch_grad_buffer(h, {n}).add_(dw);
+    h.source->grad_ready(h.index);
+    at::Tensor dx = ctx->needs_input_grad(0) ? dsum : at::Tensor();
+    at::Tensor dres = ctx->needs_input_grad(1) ? dsum : at::Tensor();
+    return {dx, dres, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 // --- embedding: y = W[tokens] --------------------------------------------------------------------
 
 struct EmbeddingFn : Function<EmbeddingFn> {
@@ -259,19 +291,49 @@ at::Tensor reference_rms_norm(const at::Tensor& x, ParamHandle weight, at::Tenso
   return ScaleFn::apply(xhat, anchor, WeightRef{std::move(w)}, weight);
 }
 
-}  // namespace
+// Whether the fused RMSNorm kernels take x with the fetched weight w.
+bool fused_norm_applies(const at::Tensor& x, const at::Tensor& w) {
+  return fused::usable(x) && fused::rms_norm_supports(x.size(-1)) &&
+         w.scalar_type() == x.scalar_type() && w.dim() == 1 && w.size(0) == x.size(-1);
+}
 
-at::Tensor rms_norm(const at::Tensor& x, ParamHandle weight, double eps) {
-  check_handle(weight);
+// rms_norm with the weight already fetched (one use of it).
+at::Tensor rms_norm_fetched(const at::Tensor& x, ParamHandle weight, at::Tensor w, double eps) {
   const bool grad_mode = at::GradMode::is_enabled();
-  at::Tensor w = weight.source->forward_weight(weight.index);
-  if (fused::usable(x) && fused::rms_norm_supports(x.size(-1)) &&
-      w.scalar_type() == x.scalar_type() && w.dim() == 1 && w.size(0) == x.size(-1)) {
+  if (fused_norm_applies(x, w)) {
     if (!grad_mode) return fused::rms_norm_forward(x, w, eps).first;
     auto anchor = grad_anchor(grad_mode, x, w);
     return RmsNormFn::apply(x, anchor, WeightRef{std::move(w)}, weight, eps);
   }
   return reference_rms_norm(x, weight, std::move(w), eps, grad_mode);
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, ParamHandle weight, double eps) {
+  check_handle(weight);
+  return rms_norm_fetched(x, weight, weight.source->forward_weight(weight.index), eps);
+}
+
+std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& res,
+                                               ParamHandle weight, double eps) {
+  check_handle(weight);
+  WEFT_CHECK(x.sizes() == res.sizes() && x.scalar_type() == res.scalar_type(),
+             "add_rms_norm: input and residual differ in shape or dtype");
+  at::Tensor w = weight.source->forward_weight(weight.index);  // the one use of the weight
+  if (fused_norm_applies(x, w) && fused::usable(res) && x.device() == res.device()) {
+    const bool grad_mode = at::GradMode::is_enabled();
+    if (!grad_mode) {
+      auto [sum, y, rstd] = fused::add_rms_norm_forward(x, res, w, eps);
+      return {sum, y};
+    }
+    c10::optional<at::Tensor> anchor;
+    if (!x.requires_grad() && !res.requires_grad()) anchor = grad_anchor(grad_mode, x, w);
+    variable_list out = AddRmsNormFn::apply(x, res, anchor, WeightRef{std::move(w)}, weight, eps);
+    return {out[0], out[1]};
+  }
+  const at::Tensor sum = x + res;
+  return {sum, rms_norm_fetched(sum, weight, std::move(w), eps)};
 }
 
 at::Tensor embedding(const at::Tensor& tokens, ParamHandle weight) {

@@ -17,6 +17,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <utility>
+
 #include "weft/model/param_source.h"
 
 namespace weft::ops {
@@ -27,6 +29,12 @@ at::Tensor linear(const at::Tensor& x, ParamHandle weight);
 // y = x * rsqrt(mean(x^2, last dim) + eps) * w, w [h]. The normalisation runs in float32
 // (float64 for float64 x) and is cast back to x's dtype before the multiply by w.
 at::Tensor rms_norm(const at::Tensor& x, ParamHandle weight, double eps);
+
+// The residual add and the RMSNorm of its sum: {s = x + res, rms_norm(s, weight, eps)}, with the
+// bits of the two ops; on CUDA one kernel each way (the backward adds the gradient s receives
+// from its other uses into the norm's, as autograd would).
+std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& res,
+                                               ParamHandle weight, double eps);
 
 // tokens [...] int64 -> W[tokens] [..., h]. Tokens get no gradient.
 at::Tensor embedding(const at::Tensor& tokens, ParamHandle weight);

@@ -437,21 +437,37 @@ AttentionQkv attention_qkv(const at::Tensor& x, const LayerHandles& w, const Rot
   return out;
 }
 
+namespace {
+
+// linear_proj(attn), attn [b, nh, s, hd] the attention's output per head.
+at::Tensor attention_projection(const at::Tensor& attn, const LayerHandles& w,
+                                const ModelConfig& cfg) {
+  const int64_t nh = cfg.num_attention_heads, hd = cfg.head_dim();
+  return ops::linear(attn.transpose(1, 2).reshape({attn.size(0), attn.size(2), nh * hd}),
+                     w.linear_proj);
+}
+
+// x + mlp(xn), xn = pre_mlp_layernorm(x): the SwiGLU MLP (fc1 rows [0, ffn) are the gate,
+// [ffn, 2*ffn) the up projection) or MoE.
+at::Tensor mlp_residual(const at::Tensor& x, const at::Tensor& xn, const LayerHandles& w,
+                        const ModelConfig& cfg, at::Tensor* aux_loss) {
+  if (w.experts)
+    return x + moe_mlp(xn, w.router, w.shared_fc1, w.shared_fc2, *w.experts, cfg, aux_loss);
+  return x + swiglu_mlp(xn, w.linear_fc1, w.linear_fc2, cfg.ffn_hidden_size);
+}
+
+}  // namespace
+
 at::Tensor attention_residual(const at::Tensor& x, const at::Tensor& attn, const LayerHandles& w,
                               const ModelConfig& cfg) {
-  const int64_t nh = cfg.num_attention_heads, hd = cfg.head_dim();
-  return x + ops::linear(attn.transpose(1, 2).reshape({x.size(0), x.size(1), nh * hd}),
-                         w.linear_proj);
+  return x + attention_projection(attn, w, cfg);
 }
 
 at::Tensor mlp_block(const at::Tensor& x, const LayerHandles& w, const ModelConfig& cfg,
                      at::Tensor* aux_loss) {
-  // MLP: SwiGLU (fc1 rows [0, ffn) are the gate, [ffn, 2*ffn) the up projection) or MoE.
   if (!w.pre_mlp_layernorm.source) return x;
-  const at::Tensor xn = ops::rms_norm(x, w.pre_mlp_layernorm, cfg.norm_epsilon);
-  if (w.experts)
-    return x + moe_mlp(xn, w.router, w.shared_fc1, w.shared_fc2, *w.experts, cfg, aux_loss);
-  return x + swiglu_mlp(xn, w.linear_fc1, w.linear_fc2, cfg.ffn_hidden_size);
+  return mlp_residual(x, ops::rms_norm(x, w.pre_mlp_layernorm, cfg.norm_epsilon), w, cfg,
+                      aux_loss);
 }
 
 at::Tensor decoder_layer(const at::Tensor& x, const LayerHandles& w, const RotaryTables& rope,
@@ -461,7 +477,14 @@ at::Tensor decoder_layer(const at::Tensor& x, const LayerHandles& w, const Rotar
   at::Tensor hidden = x;
   if (w.linear_qkv.source) {  // x + attention(input_layernorm(x))
     const AttentionQkv a = attention_qkv(hidden, w, rope, cfg, 0);
-    hidden = attention_residual(hidden, compat::causal_attention_gqa(a.q, a.k, a.v), w, cfg);
+    const at::Tensor proj =
+        attention_projection(compat::causal_attention_gqa(a.q, a.k, a.v), w, cfg);
+    if (w.pre_mlp_layernorm.source && !w.mamba.in_proj.source) {
+      // The residual add and the MLP's norm of its sum in one op (one kernel each way on CUDA).
+      auto [sum, xn] = ops::add_rms_norm(hidden, proj, w.pre_mlp_layernorm, cfg.norm_epsilon);
+      return mlp_residual(sum, xn, w, cfg, aux_loss);
+    }
+    hidden = hidden + proj;
   }
   if (w.mamba.in_proj.source) hidden = hidden + mamba_mixer(hidden, w.mamba, cfg);
   return mlp_block(hidden, w, cfg, aux_loss);

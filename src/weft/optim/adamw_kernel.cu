@@ -77,15 +77,20 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// As many blocks as are resident at once on the current device (at most `wanted`): one wave, so
-// that no block of the grid-stride loop waits for a second one.
-template <typename Kernel>
-int grid(Kernel kernel, int64_t wanted) {
-  int device = 0, sms = 132, per_sm = 1;
-  if (cudaGetDevice(&device) == cudaSuccess)
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
-  return static_cast<int>(std::clamp<int64_t>(wanted, 1, int64_t{sms} * std::max(per_sm, 1)));
+// As many blocks as are resident at once on the device (at most `wanted`): one wave, so that no
+// block of the grid-stride loop waits for a second one. Asked of the runtime once per kernel
+// (a step launches one kernel per range; the queries would cost more host time than the
+// smaller launches take on the device); weft computes on one device per process.
+template <Weights K, bool Vector>
+int grid(int64_t wanted) {
+  static const int64_t resident = [] {
+    int device = 0, sms = 132, per_sm = 1;
+    if (cudaGetDevice(&device) == cudaSuccess)
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, adamw_kernel<K, Vector>, kThreads, 0);
+    return int64_t{sms} * std::max(per_sm, 1);
+  }();
+  return static_cast<int>(std::clamp<int64_t>(wanted, 1, resident));
 }
 
 bool aligned(const void* p, uintptr_t bytes) {
@@ -101,10 +106,10 @@ void launch(float* master, const float* grad, float* m, float* v, void* w, int64
   const int64_t work = vec ? (n + 3) / 4 : n;
   const int64_t wanted = (work + kThreads - 1) / kThreads;
   if (vec)
-    adamw_kernel<K, true><<<grid(adamw_kernel<K, true>, wanted), kThreads, 0, s>>>(
+    adamw_kernel<K, true><<<grid<K, true>(wanted), kThreads, 0, s>>>(
         master, grad, m, v, w, n, c, scale, inf);
   else
-    adamw_kernel<K, false><<<grid(adamw_kernel<K, false>, wanted), kThreads, 0, s>>>(
+    adamw_kernel<K, false><<<grid<K, false>(wanted), kThreads, 0, s>>>(
         master, grad, m, v, w, n, c, scale, inf);
 }
 
