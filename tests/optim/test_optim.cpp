@@ -223,8 +223,10 @@ TEST(ShardedAdamW, StepOnDeviceEqualsHostStep) {
 // and the bfloat16 weights the masters rounded, bitwise. Parameters of odd sizes put range
 // starts off the 16-byte grid and leave scalar tails (the kernel's second loop); a no_decay
 // parameter between two decay ones gives three ranges with their own constants; a skipped step
-// (found_inf) changes nothing. Seen to fail on the CPU with the weights left uncopied; passed
-// on the H200 through the kernel.
+// (found_inf) changes nothing; eps of the gradients' order and the moments compared too, so a
+// gradient scale ignored or applied the wrong way shows. Seen to fail on the CPU with the
+// weights left uncopied and with the multiplier ignored; passed on the H200 through the kernel
+// (before the moments were compared and eps raised).
 TEST(ShardedAdamW, Bf16WeightsFollowTheMasters) {
   const c10::Device dev(test::test_device());
   LayoutConfig l;
@@ -243,6 +245,7 @@ TEST(ShardedAdamW, Bf16WeightsFollowTheMasters) {
   });
   AdamWConfig cfg;
   cfg.weight_decay = 0.1;
+  cfg.eps = 0.05;  // of the order of the gradients, so that their scale shows in the update
   ShardedAdamW opt({&unit}, cfg);
   ASSERT_FALSE(unit.param_shard().is_same(opt.state(0).master));
   std::vector<at::Tensor> p, m, v;
@@ -285,6 +288,12 @@ TEST(ShardedAdamW, Bf16WeightsFollowTheMasters) {
       EXPECT_TRUE(at::allclose(master, p[i].reshape({-1}), 1e-5, 1e-6))
           << specs[i].name << " step " << step << ": max diff "
           << (master - p[i].reshape({-1})).abs().max().item<double>();
+      for (const auto& [got, want] : {std::pair{&opt.state(0).exp_avg, &m[i]},
+                                      std::pair{&opt.state(0).exp_avg_sq, &v[i]}}) {
+        const at::Tensor g64 = got->narrow(0, seg.offset, want->numel()).to(at::kDouble).cpu();
+        EXPECT_TRUE(at::allclose(g64, want->reshape({-1}), 1e-5, 1e-7))
+            << specs[i].name << " step " << step << ": a moment is off";
+      }
       const at::Tensor w = unit.backward_weight(static_cast<int>(i)).cpu().reshape({-1});
       EXPECT_TRUE(at::equal(w, master.to(at::kBFloat16)))
           << specs[i].name << " step " << step << ": weights are not the rounded masters";

@@ -2,6 +2,7 @@
 #include "weft/comm/device.h"
 
 #include <ATen/Context.h>
+#include <ATen/ops/empty.h>
 #include <sys/resource.h>
 
 #include <cstdlib>
@@ -16,6 +17,8 @@ void set_cuda_device_impl(int index);
 void cuda_synchronize_impl(int index);
 double cuda_peak_memory_mb_impl(int index);
 std::string cuda_device_pci_id_impl();
+std::shared_ptr<void> cuda_record_event_impl(int index);
+void cuda_wait_event_impl(void* event);
 #endif
 
 int cuda_device_count() {
@@ -57,6 +60,26 @@ std::string cuda_device_pci_id() {
 #else
   return "";
 #endif
+}
+
+HostCopy::HostCopy(const at::Tensor& t) {
+#if defined(WEFT_WITH_CUDA)
+  if (t.is_cuda()) {
+    host_ = at::empty(t.sizes(), t.options().device(c10::kCPU).pinned_memory(true));
+    host_.copy_(t, /*non_blocking=*/true);
+    event_ = cuda_record_event_impl(t.device().index());
+    return;
+  }
+#endif
+  host_ = t.is_cpu() ? t.clone() : t.cpu();
+}
+
+at::Tensor HostCopy::wait() {
+#if defined(WEFT_WITH_CUDA)
+  if (event_) cuda_wait_event_impl(event_.get());
+#endif
+  event_.reset();
+  return host_;
 }
 
 void set_deterministic_mode() {

@@ -97,20 +97,32 @@ bool aligned(const void* p, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
+// A range usually starts on the 16-byte grid; where it does not (a shard offset that is not a
+// multiple of 4 elements), its first 1-3 elements go to a scalar launch of their own, so that
+// the rest still moves in vectors. All buffers share the element offset, so one head aligns
+// them all unless their bases disagree, which leaves the whole range scalar.
 template <Weights K>
 void launch(float* master, const float* grad, float* m, float* v, void* w, int64_t n,
             const Constants& c, const float* scale, const float* inf, cudaStream_t s) {
-  const uintptr_t wbytes = K == Weights::kBF16 ? 8 : 16;
-  const bool vec = aligned(master, 16) && aligned(grad, 16) && aligned(m, 16) && aligned(v, 16) &&
-                   (K == Weights::kNone || aligned(w, wbytes));
-  const int64_t work = vec ? (n + 3) / 4 : n;
-  const int64_t wanted = (work + kThreads - 1) / kThreads;
-  if (vec)
-    adamw_kernel<K, true><<<grid<K, true>(wanted), kThreads, 0, s>>>(
+  constexpr int64_t wsize = K == Weights::kBF16 ? 2 : 4;
+  const int64_t head =
+      std::min<int64_t>(n, (16 - reinterpret_cast<uintptr_t>(master) % 16) % 16 / 4);
+  char* wb = static_cast<char*>(w);
+  const bool vec = n - head >= 4 && aligned(master + head, 16) && aligned(grad + head, 16) &&
+                   aligned(m + head, 16) && aligned(v + head, 16) &&
+                   (K == Weights::kNone || aligned(wb + head * wsize, 4 * wsize));
+  if (!vec) {
+    adamw_kernel<K, false><<<grid<K, false>((n + kThreads - 1) / kThreads), kThreads, 0, s>>>(
         master, grad, m, v, w, n, c, scale, inf);
-  else
-    adamw_kernel<K, false><<<grid<K, false>(wanted), kThreads, 0, s>>>(
-        master, grad, m, v, w, n, c, scale, inf);
+    return;
+  }
+  if (head > 0)
+    adamw_kernel<K, false><<<1, kThreads, 0, s>>>(master, grad, m, v, w, head, c, scale, inf);
+  const int64_t rest = n - head;
+  adamw_kernel<K, true><<<grid<K, true>(((rest + 3) / 4 + kThreads - 1) / kThreads), kThreads, 0,
+                          s>>>(master + head, grad + head, m + head, v + head,
+                               K == Weights::kNone ? nullptr : wb + head * wsize, rest, c, scale,
+                               inf);
 }
 
 }  // namespace

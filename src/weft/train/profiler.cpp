@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fmt/format.h>
 
+#include "weft/comm/device.h"
 #include "weft/core/error.h"
 
 namespace weft {
@@ -71,6 +72,9 @@ std::string IterationProfiler::after_iteration(int iteration) {
   std::string path;
 #if defined(WEFT_WITH_CUDA)
   path = (std::filesystem::path(cfg_.dir) / fmt::format("trace_rank{}.json", rank_)).string();
+  // The last step's optimizer may still run (train_step does not wait for it): let it finish
+  // inside the profiled window.
+  if (cuda_device_count() > 0) device_synchronize(c10::Device(c10::kCUDA));
   kineto_stop_and_save(path);
 #endif
   return path;

@@ -564,6 +564,8 @@ IterationStats Trainer::train_step() {
   const at::Tensor sumsq = local_grad_sumsq(*stage_);
   at::Tensor red = at::cat({losses.to(sumsq.options()), sumsq.reshape({1})});
   groups_.world().all_reduce(red, ReduceOp::kSum);
+  // Queued before the optimizer: the host below waits for this copy, not for the update.
+  HostCopy red_on_host(red);
   // Where the fused CUDA step applies, the skip decision and the clipping multiplier stay on
   // the device and the step is queued before the host reads the losses: the GPU goes on from
   // the norm into the optimizer instead of idling while the host decides. The arithmetic is
@@ -576,7 +578,7 @@ IterationStats Trainer::train_step() {
     queued = optimizer_->step_on_device(lr, scale, found_inf);
   }
   prefetch_next_step(it);  // the host prepares the next batch while the device works
-  red = red.cpu();
+  red = red_on_host.wait();
   IterationStats s;
   s.iteration = it;
   s.lr = lr;
@@ -596,11 +598,11 @@ IterationStats Trainer::train_step() {
     optimizer_->step(lr, cfg_.clip_grad > 0 ? clip_multiplier(s.grad_norm, cfg_.clip_grad) : 1.0);
   }
   // No device synchronisation here: the host logs, and queues the next step's first kernels,
-  // while the device still runs this step's optimizer, so the device does not idle between
-  // steps. Everything after (the next step, a save's snapshot copies, evaluation) is queued on
-  // the same stream and so runs after the update. The step time below is the host's; since
-  // every step waits for its own losses (red.cpu() above), in the steady state it equals the
-  // device's time per step.
+  // while the device still runs this step's optimizer (the losses came back by an event of
+  // their own), so the device does not idle between steps. Everything after (the next step, a
+  // save's snapshot copies, evaluation) is queued on the same stream and so runs after the
+  // update. The step time below is the host's; since every step waits for its own losses, in
+  // the steady state it equals the device's time per step.
   iteration_ = it;
   consumed_samples_ += cfg_.global_batch_size;
   s.consumed_samples = consumed_samples_;
