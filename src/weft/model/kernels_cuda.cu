@@ -396,6 +396,17 @@ __device__ __forceinline__ void rope_index(int64_t idx, int per_tok, int64_t S, 
   g = static_cast<int>(gg);
 }
 
+// The cos and sin entries of both halves of one vector, from element `at` of the tables.
+template <typename T, int N>
+__device__ __forceinline__ void rope_load_tables(const T* cos, const T* sin, int64_t at, int half,
+                                                 float (&c1)[N], float (&c2)[N], float (&s1)[N],
+                                                 float (&s2)[N]) {
+  vload<T, N>(cos + at, c1);
+  vload<T, N>(cos + at + half, c2);
+  vload<T, N>(sin + at, s1);
+  vload<T, N>(sin + at + half, s2);
+}
+
 // Threads walk (token, t) pairs in one flat grid-stride loop, so every thread has work whatever
 // the number of heads per token: t takes head slot t / hv (group g, slot j: j < r a query head,
 // r the key head, r + 1 the value head) and the N elements from i = (t % hv) * N of both halves
@@ -421,10 +432,7 @@ __global__ void rope_fwd_kernel(const T* qkv, const T* cos, const T* sin, T* q, 
       continue;
     }
     float c1[N], c2[N], s1[N], s2[N], o1[N], o2[N];
-    vload<T, N>(cos + pos * s.hd + i, c1);
-    vload<T, N>(cos + pos * s.hd + i + half, c2);
-    vload<T, N>(sin + pos * s.hd + i, s1);
-    vload<T, N>(sin + pos * s.hd + i + half, s2);
+    rope_load_tables<T, N>(cos, sin, pos * s.hd + i, half, c1, c2, s1, s2);
 #pragma unroll
     for (int e = 0; e < N; ++e) {
       o1[e] = x1[e] * c1[e] - x2[e] * s1[e];
@@ -459,10 +467,7 @@ __global__ void rope_bwd_kernel(Strided dq, Strided dk, Strided dv, const T* cos
       continue;
     }
     float c1[N], c2[N], s1[N], s2[N], o1[N], o2[N];
-    vload<T, N>(cos + pos * s.hd + i, c1);
-    vload<T, N>(cos + pos * s.hd + i + half, c2);
-    vload<T, N>(sin + pos * s.hd + i, s1);
-    vload<T, N>(sin + pos * s.hd + i + half, s2);
+    rope_load_tables<T, N>(cos, sin, pos * s.hd + i, half, c1, c2, s1, s2);
 #pragma unroll
     for (int e = 0; e < N; ++e) {
       o1[e] = d1[e] * c1[e] + d2[e] * s2[e];

@@ -141,6 +141,21 @@ struct ScaleFn : Function<ScaleFn> {
 
 // --- fused RMSNorm (CUDA): y = round(x * rstd) * w in one kernel ------------------------------
 
+// The backward of the fused norm functions below, from their saved {x, rstd} (x the row that was
+// normalised): dx for dy, plus dres where defined, and the weight gradient delivered once. The
+// kernel needs the weight for dx and yields the weight gradient in the same pass, so the
+// weight is fetched even when x needs no gradient.
+at::Tensor fused_norm_backward(AutogradContext* ctx, const at::Tensor& dy, const at::Tensor& dres) {
+  const ParamHandle h = load_handle(ctx);
+  const auto saved = ctx->get_saved_variables();
+  at::Tensor dw;
+  at::Tensor dx = fused::rms_norm_backward(dy, saved[0], h.source->backward_weight(h.index),
+                                           saved[1], &dw, dres);
+  fetch_grad_buffer(h, {saved[0].size(-1)}).add_(dw);
+  h.source->grad_ready(h.index);
+  return dx;
+}
+
 struct RmsNormFn : Function<RmsNormFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
                             const c10::optional<at::Tensor>& /*anchor*/, const WeightRef& w,
@@ -152,17 +167,7 @@ struct RmsNormFn : Function<RmsNormFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const ParamHandle h = load_handle(ctx);
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor& x = saved[0];
-    const int64_t n = x.size(-1);
-    // The kernel needs the weight for dx and yields the weight gradient in the same pass, so
-    // the weight is fetched even when x needs no gradient.
-    at::Tensor dw;
-    at::Tensor dx = fused::rms_norm_backward(grads[0], x, h.source->backward_weight(h.index),
-                                             saved[1], &dw);
-    fetch_grad_buffer(h, {n}).add_(dw);
-    h.source->grad_ready(h.index);
+    at::Tensor dx = fused_norm_backward(ctx, grads[0], at::Tensor());
     if (!ctx->needs_input_grad(0)) dx = at::Tensor();
     return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -184,16 +189,8 @@ struct AddRmsNormFn : Function<AddRmsNormFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const ParamHandle h = load_handle(ctx);
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor& sum = saved[0];
-    const int64_t n = sum.size(-1);
     // Undefined output gradients arrive as zeros (materialised), so both are tensors here.
-    at::Tensor dw;
-    at::Tensor dsum = fused::rms_norm_backward(grads[1], sum, h.source->backward_weight(h.index),
-                                               saved[1], &dw, grads[0]);
-    fetch_grad_buffer(h, {n}).add_(dw);
-    h.source->grad_ready(h.index);
+    const at::Tensor dsum = fused_norm_backward(ctx, grads[1], grads[0]);
     at::Tensor dx = ctx->needs_input_grad(0) ? dsum : at::Tensor();
     at::Tensor dres = ctx->needs_input_grad(1) ? dsum : at::Tensor();
     return {dx, dres, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
