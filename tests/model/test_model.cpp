@@ -614,6 +614,58 @@ TEST(ModelOps, AddRmsNormEqualsAddThenNorm) {
       }
 }
 
+// The residual stream (transformer.h, Residual): layers that leave their MLP's residual add to
+// the next norm (the next layer's input norm, the final norm) give the bits of layers that add
+// first, forward and in every parameter's gradient. On the CPU both are one composition (the
+// test still fails there with the pending add dropped); on CUDA the fused add+norm kernels
+// run against the separate add and norm. Three layers, so that a layer both takes and leaves an
+// add; tied embeddings, so that the embedding's gradient sums two uses.
+TEST(ModelOps, ResidualStreamEqualsSummedLayers) {
+  std::vector<torch::Device> devices = {torch::kCPU};
+  if (torch::cuda::is_available() && fused::compiled()) devices.emplace_back(torch::kCUDA, 0);
+  ModelConfig cfg = small_config(true);
+  cfg.num_layers = 3;
+  const Batch batch = make_batch(cfg, 2, 9);
+  for (const torch::Device dev : devices)
+    for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      SCOPED_TRACE(::testing::Message() << dev << " " << dtype);
+      std::vector<torch::Tensor> out[2];
+      for (int stream = 0; stream < 2; ++stream) {
+        FullParams params;
+        const Handles h = register_model(params, cfg, 5, dtype, dev);
+        const RotaryTables rope = make_rotary_tables(cfg, dev, dtype);
+        const torch::Tensor tokens = batch.tokens.to(dev);
+        torch::Tensor normed;
+        if (stream == 1) {
+          Residual x{embed_tokens(tokens, h.emb), {}};
+          for (const auto& l : h.layers) {
+            x = decoder_layer(std::move(x), l, rope, cfg);
+            EXPECT_TRUE(x.delta.defined()) << "the MLP's add is left to the next norm";
+          }
+          normed = final_norm(x, h.final_norm, cfg);
+          EXPECT_FALSE(x.delta.defined());
+        } else {
+          torch::Tensor x = embed_tokens(tokens, h.emb);
+          for (const auto& l : h.layers) x = decoder_layer(x, l, rope, cfg);
+          normed = final_norm(x, h.final_norm, cfg);
+        }
+        const torch::Tensor loss = lm_loss_sum(output_logits(normed, h.emb), batch.labels.to(dev));
+        loss.backward();
+        out[stream].push_back(normed.detach().cpu());
+        for (int i = 0; i < params.size(); ++i) {
+          EXPECT_EQ(params.pending_uses(i), 0) << params.spec(i).name;
+          out[stream].push_back(params.grad(i).cpu());
+        }
+      }
+      ASSERT_EQ(out[0].size(), out[1].size());
+      for (size_t i = 0; i < out[0].size(); ++i)
+        EXPECT_TRUE(torch::equal(out[0][i], out[1][i]))
+            << (i == 0 ? std::string("final norm") : "gradient " + std::to_string(i - 1))
+            << ": max diff "
+            << (out[0][i].to(torch::kDouble) - out[1][i].to(torch::kDouble)).abs().max().item<double>();
+    }
+}
+
 TEST(ModelOps, EmbeddingAccumulatesRepeatedTokens) {
   FullParams params;
   const torch::Tensor w0 = torch::randn({7, 3}, torch::kDouble);

@@ -230,6 +230,52 @@ TEST(Memory, OptimizerStateScalesAsOneOverDp) {
   }
 }
 
+// Lazy gradient zeroing (FsdpUnit::zero_grad): the first write of a step overwrites the
+// gradient shard (GEMMs with beta 0, the first reduce-scatter's result copied) instead of adding
+// into zeros. After every step both runs fill every gradient shard with NaN, which the lazy run
+// then never zeroes: any buffer a backward added into without its first write, or left
+// unwritten, shows up as NaN. From iteration 2 on the eager run zeroes (lazy off) and the lazy
+// one does not; losses, grad norms and the gradient shards themselves must be bitwise equal.
+// Layouts: world 1 (the buffers are views of the shard; 8 microbatches, so later ones add),
+// pp 2 x dp 4 (full-shape buffers reduce-scattered), dp 8 of the tiny model (empty shards).
+TEST(LazyGradZeroing, EqualsEagerZeroingOverNaN) {
+  struct Case {
+    const char* name;
+    int world, pp;
+    bool tiny;
+  };
+  for (const Case& k : {Case{"world1", 1, 1, false}, Case{"pp2_dp4", 8, 2, false},
+                        Case{"dp8_empty_shards", 8, 1, true}}) {
+    if (k.world > test::world_size()) continue;
+    SCOPED_TRACE(k.name);
+    TrainConfig c = base_config(k.tiny);
+    c.layout.pp = k.pp;
+    std::vector<std::vector<at::Tensor>> grads[2];
+    std::vector<IterationStats> stats[2];
+    for (int lazy = 0; lazy < 2; ++lazy) {
+      auto inspect = [&](Trainer& t, const ProcessGroups&) {
+        std::vector<at::Tensor> g;
+        for (auto& u : t.stage().units()) {
+          g.push_back(grad_shard(*u).cpu().clone());
+          grad_shard(*u).fill_(std::nanf(""));
+        }
+        grads[lazy].push_back(std::move(g));
+        if (!lazy) t.stage().set_lazy_grad_zeroing(false);
+      };
+      stats[lazy] = run_job(c, k.world, k.world == 1, inspect);
+    }
+    if (k.world > 1 && test::world_rank() >= k.world) continue;
+    ASSERT_EQ(stats[0].size(), stats[1].size());
+    for (size_t i = 0; i < stats[0].size(); ++i) {
+      EXPECT_EQ(stats[1][i].lm_loss, stats[0][i].lm_loss) << "iteration " << i + 1;
+      EXPECT_EQ(stats[1][i].grad_norm, stats[0][i].grad_norm) << "iteration " << i + 1;
+      for (size_t u = 0; u < grads[0][i].size(); ++u)
+        EXPECT_TRUE(at::equal(grads[1][i][u], grads[0][i][u]))
+            << "iteration " << i + 1 << ", gradient shard of unit " << u;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace weft
 

@@ -105,6 +105,23 @@ inline void addmm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Ten
   acc.add_(at::mm(a, b));
 }
 
+// acc = a @ b, acc's old values ignored (NaN included), the dtypes as for addmm_accumulate: the
+// first write of a weight gradient into a buffer that was not zeroed (a GEMM with beta 0).
+inline void mm_write(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() == acc.scalar_type() && b.scalar_type() == acc.scalar_type()) {
+    at::mm_out(acc, a, b);
+    return;
+  }
+#if WEFT_TORCH_AT_LEAST(2, 8)
+  if (acc.is_cuda() && acc.scalar_type() == at::kFloat && a.scalar_type() == b.scalar_type() &&
+      (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf) && acc.is_contiguous()) {
+    at::addmm_out(acc, acc, a, b, at::kFloat, /*beta=*/0, /*alpha=*/1);
+    return;
+  }
+#endif
+  acc.copy_(at::mm(a, b));
+}
+
 // Grouped matmul (torch._grouped_mm), groups given by `offs` (int32 [G], cumulative ends, on
 // the operands' device):
 //   a [N, K] 2-D, b [G, K, M] 3-D: rows of a split into groups -> [N, M], group rows times b[g];

@@ -65,13 +65,23 @@ c10::optional<at::Tensor> grad_anchor(bool grad_mode, const at::Tensor& x,
   return at::empty({0}, weight.options()).requires_grad_(true);
 }
 
-at::Tensor fetch_grad_buffer(ParamHandle h, at::IntArrayRef shape) {
-  at::Tensor buf = h.source->grad_buffer(h.index);
+void check_grad_buffer(ParamHandle h, const at::Tensor& buf, at::IntArrayRef shape) {
   WEFT_CHECK(buf.defined() && buf.sizes() == shape,
              "grad_buffer({}) must be a full-shape [{}] buffer, got [{}]", h.index,
              fmt::join(shape, ", "),
              buf.defined() ? fmt::format("{}", fmt::join(buf.sizes(), ", ")) : "undefined");
+}
+
+at::Tensor fetch_grad_buffer(ParamHandle h, at::IntArrayRef shape) {
+  at::Tensor buf = h.source->grad_buffer(h.index);
+  check_grad_buffer(h, buf, shape);
   return buf;
+}
+
+ParamSource::WriteTarget fetch_grad_write_target(ParamHandle h, at::IntArrayRef shape) {
+  ParamSource::WriteTarget t = h.source->grad_buffer_to_write(h.index);
+  check_grad_buffer(h, t.buffer, shape);
+  return t;
 }
 
 // --- linear: y = x @ W^T ---------------------------------------------------------------------
@@ -100,11 +110,15 @@ struct LinearFn : Function<LinearFn> {
       dx = at::matmul(dy, w);
     }
 
-    // dW = dy2d^T @ x2d, summed over every token.
-    at::Tensor buf = fetch_grad_buffer(h, {out, in});
+    // dW = dy2d^T @ x2d, summed over every token: written by the GEMM into a fresh buffer,
+    // added by it otherwise.
+    ParamSource::WriteTarget t = fetch_grad_write_target(h, {out, in});
     const at::Tensor dy2 = dy.reshape({-1, out});
     const at::Tensor x2 = x.reshape({-1, in});
-    compat::addmm_accumulate(buf, dy2.t(), x2);
+    if (t.fresh)
+      compat::mm_write(t.buffer, dy2.t(), x2);
+    else
+      compat::addmm_accumulate(t.buffer, dy2.t(), x2);
     h.source->grad_ready(h.index);
     return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -151,7 +165,11 @@ at::Tensor fused_norm_backward(AutogradContext* ctx, const at::Tensor& dy, const
   at::Tensor dw;
   at::Tensor dx = fused::rms_norm_backward(dy, saved[0], h.source->backward_weight(h.index),
                                            saved[1], &dw, dres);
-  fetch_grad_buffer(h, {saved[0].size(-1)}).add_(dw);
+  ParamSource::WriteTarget t = fetch_grad_write_target(h, {saved[0].size(-1)});
+  if (t.fresh)
+    t.buffer.copy_(dw);
+  else
+    t.buffer.add_(dw);
   h.source->grad_ready(h.index);
   return dx;
 }
@@ -185,12 +203,16 @@ struct AddRmsNormFn : Function<AddRmsNormFn> {
     save_handle(ctx, h);
     auto [sum, y, rstd] = fused::add_rms_norm_forward(x, res, w.value, eps);
     ctx->save_for_backward({sum, rstd});
+    // The sum often has no other use (the final norm, where the last residual add of the
+    // stream ends): its gradient then stays undefined instead of a tensor of zeros to read.
+    ctx->set_materialize_grads(false);
     return {sum, y};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    // Undefined output gradients arrive as zeros (materialised), so both are tensors here.
-    const at::Tensor dsum = fused_norm_backward(ctx, grads[1], grads[0]);
+    const at::Tensor dy =
+        grads[1].defined() ? grads[1] : at::zeros_like(ctx->get_saved_variables()[0]);
+    const at::Tensor dsum = fused_norm_backward(ctx, dy, grads[0]);
     at::Tensor dx = ctx->needs_input_grad(0) ? dsum : at::Tensor();
     at::Tensor dres = ctx->needs_input_grad(1) ? dsum : at::Tensor();
     return {dx, dres, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};

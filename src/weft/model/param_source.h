@@ -8,8 +8,8 @@
 // unit in this backward has delivered its gradient.
 //
 // Contract for ops: per forward use under grad mode, call forward_weight() once; in the
-// matching backward, call backward_weight() (if the weight is needed), add into grad_buffer(),
-// then call grad_ready() exactly once. Tensors returned by forward_weight/backward_weight are
+// matching backward, call backward_weight() (if the weight is needed), add into grad_buffer()
+// (or write into grad_buffer_to_write(), see there), then call grad_ready() exactly once. Tensors returned by forward_weight/backward_weight are
 // valid until the op returns; ops must not keep them (so sources may free them).
 #pragma once
 
@@ -50,6 +50,17 @@ class ParamSource {
   virtual at::Tensor grad_buffer(int index) = 0;
   // Marks one counted use's gradient as delivered.
   virtual void grad_ready(int index) = 0;
+
+  // grad_buffer() for an op that produces its whole weight gradient in one operation. Where
+  // `fresh`, the buffer holds no gradient of this step yet and arbitrary values: the op writes
+  // it (a matmul with beta 0) instead of adding into it, which spares the source a zeroing pass
+  // over it and the matmul a read of it. Otherwise add, as into grad_buffer(). A source that
+  // zeroes its gradients eagerly never hands out a fresh buffer.
+  struct WriteTarget {
+    at::Tensor buffer;
+    bool fresh = false;
+  };
+  virtual WriteTarget grad_buffer_to_write(int index) { return {grad_buffer(index), false}; }
 };
 
 struct ParamHandle {

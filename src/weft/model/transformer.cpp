@@ -408,19 +408,20 @@ at::Tensor swiglu_mlp(const at::Tensor& x, ParamHandle fc1, ParamHandle fc2, int
   return ops::linear(act, fc2);
 }
 
-AttentionQkv attention_qkv(const at::Tensor& x, const LayerHandles& w, const RotaryTables& rope,
-                           const ModelConfig& cfg, int64_t pos) {
+namespace {
+
+// attention_qkv from xn = input_layernorm(x).
+AttentionQkv attention_qkv_normed(const at::Tensor& xn, const LayerHandles& w,
+                                  const RotaryTables& rope, const ModelConfig& cfg, int64_t pos) {
   const int64_t nh = cfg.num_attention_heads, ng = cfg.num_query_groups;
   const int64_t hd = cfg.head_dim(), r = nh / ng;
-  const int64_t b = x.size(0), s = x.size(1);
+  const int64_t b = xn.size(0), s = xn.size(1);
   WEFT_CHECK(rope.cos.defined() && pos >= 0 && pos + s <= rope.cos.size(0) &&
                  rope.cos.size(1) == hd,
              "decoder_layer: positions [{}, {}) need rotary tables of at least [{}, {}]", pos,
              pos + s, pos + s, hd);
   // Fused rows per group g: r query heads, then g's key head, then its value head.
-  const at::Tensor qkv =
-      ops::linear(ops::rms_norm(x, w.input_layernorm, cfg.norm_epsilon), w.linear_qkv)
-          .view({b, s, ng, r + 2, hd});
+  const at::Tensor qkv = ops::linear(xn, w.linear_qkv).view({b, s, ng, r + 2, hd});
   AttentionQkv out;
   if (fused::usable(qkv) && rope.cos.scalar_type() == qkv.scalar_type()) {
     // One kernel: rotated q and k and a copy of v, each [b, s, heads, hd] contiguous.
@@ -437,8 +438,6 @@ AttentionQkv attention_qkv(const at::Tensor& x, const LayerHandles& w, const Rot
   return out;
 }
 
-namespace {
-
 // linear_proj(attn), attn [b, nh, s, hd] the attention's output per head.
 at::Tensor attention_projection(const at::Tensor& attn, const LayerHandles& w,
                                 const ModelConfig& cfg) {
@@ -447,16 +446,22 @@ at::Tensor attention_projection(const at::Tensor& attn, const LayerHandles& w,
                      w.linear_proj);
 }
 
-// x + mlp(xn), xn = pre_mlp_layernorm(x): the SwiGLU MLP (fc1 rows [0, ffn) are the gate,
+// mlp(xn), xn = pre_mlp_layernorm(x): the SwiGLU MLP (fc1 rows [0, ffn) are the gate,
 // [ffn, 2*ffn) the up projection) or MoE.
-at::Tensor mlp_residual(const at::Tensor& x, const at::Tensor& xn, const LayerHandles& w,
-                        const ModelConfig& cfg, at::Tensor* aux_loss) {
+at::Tensor mlp_output(const at::Tensor& xn, const LayerHandles& w, const ModelConfig& cfg,
+                      at::Tensor* aux_loss) {
   if (w.experts)
-    return x + moe_mlp(xn, w.router, w.shared_fc1, w.shared_fc2, *w.experts, cfg, aux_loss);
-  return x + swiglu_mlp(xn, w.linear_fc1, w.linear_fc2, cfg.ffn_hidden_size);
+    return moe_mlp(xn, w.router, w.shared_fc1, w.shared_fc2, *w.experts, cfg, aux_loss);
+  return swiglu_mlp(xn, w.linear_fc1, w.linear_fc2, cfg.ffn_hidden_size);
 }
 
 }  // namespace
+
+AttentionQkv attention_qkv(const at::Tensor& x, const LayerHandles& w, const RotaryTables& rope,
+                           const ModelConfig& cfg, int64_t pos) {
+  return attention_qkv_normed(ops::rms_norm(x, w.input_layernorm, cfg.norm_epsilon), w, rope, cfg,
+                              pos);
+}
 
 at::Tensor attention_residual(const at::Tensor& x, const at::Tensor& attn, const LayerHandles& w,
                               const ModelConfig& cfg) {
@@ -466,28 +471,43 @@ at::Tensor attention_residual(const at::Tensor& x, const at::Tensor& attn, const
 at::Tensor mlp_block(const at::Tensor& x, const LayerHandles& w, const ModelConfig& cfg,
                      at::Tensor* aux_loss) {
   if (!w.pre_mlp_layernorm.source) return x;
-  return mlp_residual(x, ops::rms_norm(x, w.pre_mlp_layernorm, cfg.norm_epsilon), w, cfg,
-                      aux_loss);
+  return x + mlp_output(ops::rms_norm(x, w.pre_mlp_layernorm, cfg.norm_epsilon), w, cfg, aux_loss);
+}
+
+at::Tensor Residual::hidden() const { return delta.defined() ? x + delta : x; }
+
+at::Tensor norm_residual(Residual& in, ParamHandle weight, double eps) {
+  if (!in.delta.defined()) return ops::rms_norm(in.x, weight, eps);
+  auto [sum, xn] = ops::add_rms_norm(in.x, in.delta, weight, eps);
+  in = Residual{std::move(sum), {}};
+  return xn;
+}
+
+Residual decoder_layer(Residual in, const LayerHandles& w, const RotaryTables& rope,
+                       const ModelConfig& cfg, at::Tensor* aux_loss) {
+  const int64_t h = cfg.hidden_size;
+  WEFT_CHECK(in.x.dim() == 3 && in.x.size(2) == h, "decoder_layer: input must be [b, s, {}]", h);
+  if (!w.linear_qkv.source || !w.pre_mlp_layernorm.source || w.mamba.in_proj.source) {
+    at::Tensor hidden = in.hidden();
+    if (w.linear_qkv.source) {  // x + attention(input_layernorm(x))
+      const AttentionQkv a = attention_qkv(hidden, w, rope, cfg, 0);
+      hidden = attention_residual(hidden, compat::causal_attention_gqa(a.q, a.k, a.v), w, cfg);
+    }
+    if (w.mamba.in_proj.source) hidden = hidden + mamba_mixer(hidden, w.mamba, cfg);
+    return Residual{mlp_block(hidden, w, cfg, aux_loss), {}};
+  }
+  // Attention and MLP: each residual add runs inside the norm that reads its sum.
+  const AttentionQkv a =
+      attention_qkv_normed(norm_residual(in, w.input_layernorm, cfg.norm_epsilon), w, rope, cfg, 0);
+  const at::Tensor proj =
+      attention_projection(compat::causal_attention_gqa(a.q, a.k, a.v), w, cfg);
+  auto [sum, xn] = ops::add_rms_norm(in.x, proj, w.pre_mlp_layernorm, cfg.norm_epsilon);
+  return Residual{std::move(sum), mlp_output(xn, w, cfg, aux_loss)};
 }
 
 at::Tensor decoder_layer(const at::Tensor& x, const LayerHandles& w, const RotaryTables& rope,
                          const ModelConfig& cfg, at::Tensor* aux_loss) {
-  const int64_t h = cfg.hidden_size;
-  WEFT_CHECK(x.dim() == 3 && x.size(2) == h, "decoder_layer: input must be [b, s, {}]", h);
-  at::Tensor hidden = x;
-  if (w.linear_qkv.source) {  // x + attention(input_layernorm(x))
-    const AttentionQkv a = attention_qkv(hidden, w, rope, cfg, 0);
-    const at::Tensor proj =
-        attention_projection(compat::causal_attention_gqa(a.q, a.k, a.v), w, cfg);
-    if (w.pre_mlp_layernorm.source && !w.mamba.in_proj.source) {
-      // The residual add and the MLP's norm of its sum in one op (one kernel each way on CUDA).
-      auto [sum, xn] = ops::add_rms_norm(hidden, proj, w.pre_mlp_layernorm, cfg.norm_epsilon);
-      return mlp_residual(sum, xn, w, cfg, aux_loss);
-    }
-    hidden = hidden + proj;
-  }
-  if (w.mamba.in_proj.source) hidden = hidden + mamba_mixer(hidden, w.mamba, cfg);
-  return mlp_block(hidden, w, cfg, aux_loss);
+  return decoder_layer(Residual{x, {}}, w, rope, cfg, aux_loss).hidden();
 }
 
 at::Tensor mtp_layer(const at::Tensor& h_prev, const at::Tensor& emb, const MtpHandles& w,
@@ -508,6 +528,10 @@ at::Tensor mtp_input_tokens(const at::Tensor& labels, int k) {
 
 at::Tensor final_norm(const at::Tensor& x, ParamHandle weight, const ModelConfig& cfg) {
   return ops::rms_norm(x, weight, cfg.norm_epsilon);
+}
+
+at::Tensor final_norm(Residual& x, ParamHandle weight, const ModelConfig& cfg) {
+  return norm_residual(x, weight, cfg.norm_epsilon);
 }
 
 at::Tensor output_logits(const at::Tensor& x, ParamHandle output_weight) {

@@ -117,6 +117,21 @@ at::Tensor swiglu_mlp(const at::Tensor& x, ParamHandle fc1, ParamHandle fc2, int
 // *aux_loss when given (see moe.h).
 at::Tensor decoder_layer(const at::Tensor& x, const LayerHandles& w, const RotaryTables& rope,
                          const ModelConfig& cfg, at::Tensor* aux_loss = nullptr);
+// The residual stream between layers with its last add left undone: the hidden state is
+// x + delta (x alone while delta is undefined). The next op that normalises the hidden state
+// does the add in its own kernel (ops::add_rms_norm), which saves a pass over the stream
+// forward and the gradient's accumulation backward, with the bits of the separate add.
+struct Residual {
+  at::Tensor x, delta;
+  at::Tensor hidden() const;  // x + delta
+};
+// rms_norm(in.hidden()) with the pending add done in the same op; `in` becomes {hidden}.
+at::Tensor norm_residual(Residual& in, ParamHandle weight, double eps);
+// decoder_layer on the stream: a layer of attention and MLP (no Mamba mixer) takes the pending
+// add into its input norm and leaves its MLP's residual add pending in the result; any other
+// layer adds first and returns {its output}. The same bits as decoder_layer(in.hidden()).
+Residual decoder_layer(Residual in, const LayerHandles& w, const RotaryTables& rope,
+                       const ModelConfig& cfg, at::Tensor* aux_loss = nullptr);
 // decoder_layer's pieces, for callers that run attention over cached keys and values
 // (model/generate.h). decoder_layer(x) is, for a layer with attention:
 //   a = attention_qkv(x, .., 0); h = attention_residual(x, causal_attention_gqa(a.q, a.k, a.v))
@@ -146,6 +161,8 @@ at::Tensor mtp_layer(const at::Tensor& h_prev, const at::Tensor& emb, const MtpH
 // t+k at position t, 0 in the last k positions (Megatron rolls its input ids and fills 0).
 at::Tensor mtp_input_tokens(const at::Tensor& labels, int k);
 at::Tensor final_norm(const at::Tensor& x, ParamHandle weight, const ModelConfig& cfg);
+// The same on the stream (norm_residual); `x` becomes {hidden}.
+at::Tensor final_norm(Residual& x, ParamHandle weight, const ModelConfig& cfg);
 // [b, s, h] -> logits [b, s, V] (compute dtype)
 at::Tensor output_logits(const at::Tensor& x, ParamHandle output_weight);
 // Sum over all tokens of the cross-entropy, computed in float32; labels [b, s] int64.

@@ -65,7 +65,7 @@ const std::string& ShardedAdamW::group_name_of(const std::string& name) const {
 }
 
 void ShardedAdamW::zero_grad() {
-  for (FsdpUnit* u : units_) grad_shard(*u).zero_();
+  for (FsdpUnit* u : units_) u->zero_grad();
 }
 
 // The device path: weft's one-pass kernel (fused_adamw.h) per range of a group, where the

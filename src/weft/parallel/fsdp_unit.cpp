@@ -5,6 +5,7 @@
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "weft/core/error.h"
@@ -58,6 +59,7 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<ParamSpec> specs, Communicator*
   param_shard_ = at::zeros({shard_numel_}, at::TensorOptions().dtype(dtype_).device(device_));
   full_.resize(specs_.size());
   full_grad_.resize(specs_.size());
+  unwritten_.assign(specs_.size(), 0);
 }
 
 FsdpUnit::~FsdpUnit() = default;
@@ -91,6 +93,34 @@ void FsdpUnit::set_grad_target(const at::Tensor& g) {
              "unit {}: gradient shard must be contiguous float32 of {} elements", name_,
              shard_numel_);
   grad_target_ = g;
+  std::fill(unwritten_.begin(), unwritten_.end(), 0);  // its owner's values count
+  shard_unwritten_ = false;
+}
+
+void FsdpUnit::zero_grad() {
+  WEFT_CHECK(grad_target_.defined(), "unit {}: no gradient shard set", name_);
+  if (!lazy_zero_) {
+    grad_target_.zero_();
+  } else if (shard_->size() == 1) {
+    std::fill(unwritten_.begin(), unwritten_.end(), 1);
+  } else {
+    shard_unwritten_ = true;
+  }
+}
+
+void FsdpUnit::zero_unwritten_grads() {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < unwritten_.size(); ++i)
+    if (unwritten_[i]) {
+      grad_target_.narrow(0, segments_[i].offset, segments_[i].numel()).zero_();
+      unwritten_[i] = 0;
+    }
+  // With D > 1 the shard is written only by a reduction, which runs once every use of the
+  // microbatch has its gradient; a unit no backward reached has none in flight.
+  if (shard_unwritten_ && pending_uses_.empty()) {
+    grad_target_.zero_();
+    shard_unwritten_ = false;
+  }
 }
 
 void FsdpUnit::unshard() {
@@ -144,15 +174,28 @@ at::Tensor FsdpUnit::backward_weight(int index) {
 at::Tensor FsdpUnit::grad_buffer(int index) {
   WEFT_CHECK(grad_target_.defined(), "unit {}: no gradient shard set", name_);
   on_backward_touch();
+  WriteTarget t = grad_buffer_to_write(index);
+  if (t.fresh) t.buffer.zero_();
+  return t.buffer;
+}
+
+FsdpUnit::WriteTarget FsdpUnit::grad_buffer_to_write(int index) {
+  WEFT_CHECK(grad_target_.defined(), "unit {}: no gradient shard set", name_);
+  on_backward_touch();
   at::Tensor& g = full_grad_[index];
-  if (!g.defined()) {
-    const auto& seg = segments_[index];
-    if (shard_->size() == 1)  // accumulate straight into the gradient shard
+  bool fresh = false;
+  if (shard_->size() == 1) {  // accumulate straight into the gradient shard
+    fresh = unwritten_[index] != 0;
+    unwritten_[index] = 0;
+    if (!g.defined()) {
+      const auto& seg = segments_[index];
       g = grad_target_.narrow(0, seg.offset, seg.numel()).view(specs_[index].shape);
-    else
-      g = at::zeros(specs_[index].shape, grad_target_.options());
+    }
+  } else if (!g.defined()) {  // this backward's full-shape buffer, reduced at its end
+    g = at::empty(specs_[index].shape, grad_target_.options());
+    fresh = true;
   }
-  return g;
+  return {g, fresh};
 }
 
 void FsdpUnit::grad_ready(int index) {
@@ -182,17 +225,26 @@ void FsdpUnit::reduce_grads() {
       by_rank.narrow(1, seg.offset, seg.numel()).copy_(padded.view({D, seg.numel()}));
     }
     at::Tensor mine = at::empty({shard_numel_}, grad_target_.options());
+    // The first reduction of a lazily zeroed step writes the shard; later ones add.
+    const bool overwrite = shard_unwritten_;
+    shard_unwritten_ = false;
     if (reduce_queue_) {
       std::shared_ptr<Work> work = shard_->reduce_scatter_async(send, mine, ReduceOp::kSum);
       at::Tensor target = grad_target_;
-      reduce_queue_->push([work, mine, target]() mutable {
+      reduce_queue_->push([work, mine, target, overwrite]() mutable {
         at::NoGradGuard no_grad;
         work->wait();
-        target.add_(mine);
+        if (overwrite)
+          target.copy_(mine);
+        else
+          target.add_(mine);
       });
     } else {
       shard_->reduce_scatter(send, mine, ReduceOp::kSum);
-      grad_target_.add_(mine);
+      if (overwrite)
+        grad_target_.copy_(mine);
+      else
+        grad_target_.add_(mine);
     }
   }
   for (auto& g : full_grad_) g = at::Tensor();

@@ -112,7 +112,19 @@ class FsdpUnit : public ParamSource {
   at::Tensor forward_weight(int index) override;
   at::Tensor backward_weight(int index) override;
   at::Tensor grad_buffer(int index) override;
+  WriteTarget grad_buffer_to_write(int index) override;
   void grad_ready(int index) override;
+
+  // Clears the gradient shard for the next step. With lazy zeroing on, nothing is written now:
+  // each parameter's gradient is marked unwritten, its first writer of the step overwrites it
+  // (grad_buffer_to_write() hands it out fresh), a first adder gets it zeroed first, and
+  // zero_unwritten_grads() zeroes what no backward reached. For the eager schedules only: a
+  // replayed CUDA graph repeats its captured writes without this bookkeeping (trainer.cpp).
+  void zero_grad();
+  void set_lazy_grad_zeroing(bool on) { lazy_zero_ = on; }
+  // Zeroes the gradients still unwritten since zero_grad(); the stage calls it at the end of
+  // every microbatch's backward, so that every reader of a gradient shard finds it whole.
+  void zero_unwritten_grads();
 
  private:
   void reduce_grads();
@@ -135,6 +147,11 @@ class FsdpUnit : public ParamSource {
   GradReductionQueue* reduce_queue_ = nullptr;
   int microbatch_ = 0;
   std::map<int, int> pending_uses_;    // microbatch -> forward uses still awaiting a gradient
+  bool lazy_zero_ = false;
+  // Since the last lazy zero_grad(), not yet written: per parameter with D = 1 (the buffers
+  // are views of the gradient shard), the whole shard with D > 1 (written by the reduction).
+  std::vector<char> unwritten_;
+  bool shard_unwritten_ = false;
 };
 
 }  // namespace weft

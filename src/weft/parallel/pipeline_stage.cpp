@@ -188,16 +188,17 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
     b.dense->reshard();
     for (FsdpUnit* e : b.experts) e->reshard();
   };
-  at::Tensor x = input;
+  // Each layer leaves its last residual add to the next norm (transformer.h, Residual).
+  Residual x{input, {}};
   at::Tensor aux;  // this microbatch's unweighted aux losses, summed over MoE layers
   if (is_first()) {
     next();
-    x = embed_tokens(input, embedding_->handle(0));
+    x.x = embed_tokens(input, embedding_->handle(0));
     embedding_->reshard();
   }
   for (const Block& b : layers_) {
     start(b);
-    x = decoder_layer(x, b.layer, rope_, cfg_, &aux);
+    x = decoder_layer(std::move(x), b.layer, rope_, cfg_, &aux);
     done(b);
   }
   // This microbatch's share of the step: micro batch / global batch.
@@ -205,10 +206,10 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
   if (!is_last()) {
     at::Tensor obj = account_aux(aux, share);
     if (obj.defined() && at::GradMode::is_enabled()) aux_objective_[mb] = obj;
-    return x;
+    return x.hidden();
   }
   next();
-  at::Tensor h = final_norm(x, final_norm_->handle(0), cfg_);
+  at::Tensor h = final_norm(x, final_norm_->handle(0), cfg_);  // the last add inside
   final_norm_->reshard();
   if (embedding_copy_) next();
   if (!cfg_.tied()) next();
@@ -255,6 +256,7 @@ void PipelineStage::backward(int mb, const at::Tensor& output, const at::Tensor&
   }
   if (aux != aux_objective_.end()) aux_objective_.erase(aux);
   reduce_queue_.drain();
+  for (auto& u : units_) u->zero_unwritten_grads();
   for (auto& u : units_)
     WEFT_CHECK(!u->has_pending_grads(mb), "unit {}: a forward use of microbatch {} got no gradient",
                u->name(), mb);

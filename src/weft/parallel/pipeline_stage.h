@@ -71,6 +71,11 @@ class PipelineStage {
 
   // Every unit of this stage, in forward order.
   const std::vector<std::unique_ptr<FsdpUnit>>& units() const { return units_; }
+  // Lazy gradient zeroing for every unit (FsdpUnit::zero_grad); the end of each microbatch's
+  // backward zeroes what it left unwritten.
+  void set_lazy_grad_zeroing(bool on) {
+    for (auto& u : units_) u->set_lazy_grad_zeroing(on);
+  }
   // The unit of embedding.word_embeddings.weight (first stage) or null.
   FsdpUnit* embedding_unit() const { return embedding_; }
   // Whether the first and the last stage each hold the embedding (pp > 1 with a tied output

@@ -273,6 +273,10 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   optimizer_ = std::make_unique<ShardedAdamW>(units, cfg_.adam);
   num_microbatches_ = cfg_.global_batch_size / (cfg_.micro_batch_size * mesh.dp());
   if (cfg_.cuda_graph_impl == "local") graphed_ = std::make_unique<GraphedMicrobatches>();
+  // The first gradient write of a step overwrites instead of adding into zeros (no zeroing
+  // pass; the weight-gradient GEMMs run with beta 0). Not with graphs: their replays repeat
+  // the captured writes, whichever microbatch they replay.
+  stage_->set_lazy_grad_zeroing(!graphed_);
   dp_rank_ = mesh.group_rank("dp_cp", groups.rank());
   if (!cfg_.save.empty()) check_save_space();
   if (cfg_.async_save) {  // pin the snapshot buffer now, not as a stall at the first save
