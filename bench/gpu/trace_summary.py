@@ -3,10 +3,10 @@
 
 Prints, for the device activity in the trace: the wall span from the first to the last device
 event, the time the device was busy (union of kernel/memcpy/memset intervals) and idle, the
-time per kind of kernel (matmul, attention, elementwise, reduction, copy, NCCL, other), and the
+longest idle gaps with the device events around them, the time per kind of kernel (matmul, attention, elementwise, reduction, copy, NCCL, other), and the
 kernels with the largest total time. Also the host time spent in synchronising CUDA calls.
 
-    python3 bench/gpu/trace_summary.py profile/trace_rank0.json [--top 25] [--iters N]
+    python3 bench/gpu/trace_summary.py profile/trace_rank0.json [--top 25] [--iters N] [--gaps N]
 """
 import argparse
 import collections
@@ -37,6 +37,7 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--iters", type=int, default=1, help="iterations in the trace (per-step figures)")
+    ap.add_argument("--gaps", type=int, default=6, help="longest device idle gaps to list")
     a = ap.parse_args()
     with open(a.trace) as f:
         events = json.load(f)["traceEvents"]
@@ -57,6 +58,20 @@ def main():
     n = a.iters
     print(f"device span {span/1e3/n:.2f} ms/iter, busy {busy/1e3/n:.2f} ms/iter ({100*busy/span:.1f}%), "
           f"idle {(span-busy)/1e3/n:.2f} ms/iter, {len(dev)//n} device events/iter")
+    # The longest stretches with no device event, with what ran before and after them (at the
+    # step boundary: the last optimizer kernel and the next step's first).
+    named = sorted(((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)),
+                     e["name"] if e["cat"] == "kernel" else e["cat"]) for e in dev))
+    gaps, end, last = [], named[0][1], named[0][2]
+    for s0, e0, name in named[1:]:
+        if s0 > end:
+            gaps.append((s0 - end, last, name))
+        if e0 >= end:
+            end, last = e0, name
+    if a.gaps > 0 and gaps:
+        print(f"longest device idle gaps (us: the event before -> the one after; {len(gaps)} gaps in all):")
+        for d, before, after in sorted(gaps, reverse=True)[:a.gaps]:
+            print(f"  {d:9.1f}  {before[:60]} -> {after[:60]}")
     by_kind = collections.Counter()
     by_name = collections.Counter()
     count = collections.Counter()

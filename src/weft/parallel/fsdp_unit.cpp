@@ -172,9 +172,7 @@ at::Tensor FsdpUnit::backward_weight(int index) {
 }
 
 at::Tensor FsdpUnit::grad_buffer(int index) {
-  WEFT_CHECK(grad_target_.defined(), "unit {}: no gradient shard set", name_);
-  on_backward_touch();
-  WriteTarget t = grad_buffer_to_write(index);
+  WriteTarget t = grad_buffer_to_write(index);  // zeroed where fresh, for an adder
   if (t.fresh) t.buffer.zero_();
   return t.buffer;
 }
