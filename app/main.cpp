@@ -5,8 +5,10 @@
 #include <torch/version.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <thread>
 
 #include "commands.h"
 #include "weft/comm/communicator.h"
@@ -26,6 +28,15 @@ bool this_rank_prints_parse_errors() {
   for (const char* v : kRankVars)
     if (const char* r = std::getenv(v)) return std::string(r) == "0";
   return true;
+}
+
+// A rank that stays silent exits a moment later than the one that prints: a launcher kills
+// the other ranks as soon as one exits with an error, and the printing rank, when slower to
+// reach the same error, went with its line unprinted (seen in CI: verify-resume's bad
+// --load-layout, exit 2 and no message).
+int silent_exit(int code) {
+  if (!this_rank_prints_parse_errors()) std::this_thread::sleep_for(std::chrono::seconds(1));
+  return code;
 }
 
 std::string version_string() {
@@ -53,10 +64,10 @@ int main(int argc, char** argv) {
     return e.get_exit_code();  // a command's own non-zero result (e.g. ckpt diff: differences)
   } catch (const CLI::ParseError& e) {
     if (this_rank_prints_parse_errors()) std::cerr << "weft: error: " << e.what() << " (see weft --help)\n";
-    return 2;
+    return silent_exit(2);
   } catch (const weft::UsageError& e) {
     if (this_rank_prints_parse_errors()) std::cerr << "weft: error: " << e.what() << "\n";
-    return 2;
+    return silent_exit(2);
   } catch (const std::exception& e) {
     std::cerr << "weft: fatal: " << e.what() << "\n";
     return 1;

@@ -104,6 +104,13 @@ INSTANTIATE_TEST_SUITE_P(TiedAndGradMode, Parity,
 // over 12 iterations: losses bitwise equal, grad norms within 5.2e-10. 1e-6 leaves room for
 // fp32 reordering (~1e-7 per sum) growing over the steps, and still catches a gradient that is
 // off by 1e-4, let alone 1%; 2e-2 (the old bound, "bf16 has 8 mantissa bits") did not.
+// On CUDA (WEFT_TEST_DEVICE=cuda) the weight gradients are float32 GEMM outputs, not bf16
+// products summed in float32 as on the CPU (where a few bf16 values sum exactly in any order),
+// so layouts that sum them in another order differ in the last float32 bits, and once that
+// moves a master weight across a bf16 rounding boundary the bf16 models part. Measured on the
+// H200 (identical in three calls): iterations 1-2 within 1e-6 on every layout, then up to
+// 1.4e-4 off in the loss and 4.2e-3 in the grad norm. There 1e-6 holds for the first two
+// iterations and 1e-2 after: a gradient off by 1% still fails.
 TEST(ParityBf16, LayoutsAgreeAndLossDecreases) {
   TrainConfig c = base_config(false);
   c.model.bf16 = true;
@@ -116,8 +123,14 @@ TEST(ParityBf16, LayoutsAgreeAndLossDecreases) {
     if (l.tiny || l.world > test::world_size()) continue;
     auto got = run_job(with_layout(c, l), l.world, false, test::expect_embedding_copies_equal);
     if (test::world_rank() >= l.world) continue;
-    expect_close(got, ref, 1e-6, std::string("bf16 ") + l.name);
     ASSERT_EQ(got.size(), 12u);
+    const size_t tight = test::test_device() == "cuda" ? 2 : got.size();
+    auto part = [](const std::vector<IterationStats>& v, size_t from, size_t to) {
+      return std::vector<IterationStats>(v.begin() + from, v.begin() + to);
+    };
+    expect_close(part(got, 0, tight), part(ref, 0, tight), 1e-6, std::string("bf16 ") + l.name);
+    expect_close(part(got, tight, got.size()), part(ref, tight, ref.size()), 1e-2,
+                 std::string("bf16 (CUDA, from iteration 3) ") + l.name);
     EXPECT_LT(got.back().lm_loss, got.front().lm_loss * 0.9)
         << "bf16 loss does not decrease on " << l.name;
   }
