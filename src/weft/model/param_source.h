@@ -54,8 +54,8 @@ class ParamSource {
   // grad_buffer() for an op that produces its whole weight gradient in one operation. Where
   // `fresh`, the buffer holds no gradient of this step yet and arbitrary values: the op writes
   // it (a matmul with beta 0) instead of adding into it, which spares the source a zeroing pass
-  // over it and the matmul a read of it. Otherwise add, as into grad_buffer(). A source that
-  // zeroes its gradients eagerly never hands out a fresh buffer.
+  // over it and the matmul a read of it. Otherwise add, as into grad_buffer(). The default
+  // hands out grad_buffer(), never fresh.
   struct WriteTarget {
     at::Tensor buffer;
     bool fresh = false;
