@@ -125,8 +125,13 @@ std::vector<IterationStats> run(const TrainConfig& cfg, const ProcessGroups& gro
   return t.train();
 }
 
-int verify_resume(TrainFlags f, const VerifyArgs& v, MpiRuntime& mpi) {
-  const int world = mpi.world_size();
+// The two runs' configurations: the straight one (base) and the restarted one (after).
+struct Runs {
+  TrainConfig base, after;
+};
+
+// Every flag and both layouts, checked locally on every rank (no collective).
+Runs check_runs(const TrainFlags& f, const VerifyArgs& v, int world) {
   if (v.at < 1 || v.to <= v.at)
     fail_usage("--at K and --to N need 1 <= K < N (got --at {} --to {})", v.at, v.to);
   // The train flags that verify-resume sets itself are refused, not silently replaced.
@@ -148,9 +153,16 @@ int verify_resume(TrainFlags f, const VerifyArgs& v, MpiRuntime& mpi) {
   TrainConfig after = base;
   after.layout.world_size = world;
   if (!v.load_layout.empty()) apply_load_layout(v.load_layout, &after);
-  // Both layouts are validated before the first collective.
-  const Backend backend = start_runtime(base, f.threads, f.backend, f.deterministic, mpi);
+  validate_train_config(base, world);
   validate_train_config(after, world);
+  return {base, after};
+}
+
+int verify_resume(const TrainFlags& f, const VerifyArgs& v, Runs runs, MpiRuntime& mpi) {
+  const int world = mpi.world_size();
+  TrainConfig& base = runs.base;
+  TrainConfig& after = runs.after;
+  const Backend backend = start_runtime(base, f.threads, f.backend, f.deterministic, mpi);
 
   LayoutConfig l1 = base.layout, l2 = after.layout;
   l1.world_size = l2.world_size = world;
@@ -246,9 +258,30 @@ void add_verify_resume_command(CLI::App* app, int* argc, char*** argv) {
     TrainFlags f = train();
     MpiRuntime mpi(argc, argv);
     set_error_rank(mpi.world_rank());
+    // Phase 1, local: every flag and both layouts, then one agreement before any collective. A
+    // usage error seen by any rank ends every rank cleanly with that rank's one line, printed
+    // by rank 0 (an MPI_Abort here could kill rank 0 before it printed: seen in CI).
+    std::string error;  // the exit code ('2' usage, '1' other) and then the message
+    Runs runs;
+    try {
+      runs = check_runs(f, *v, mpi.world_size());
+    } catch (const UsageError& e) {
+      error = std::string("2") + e.what();
+    } catch (const std::exception& e) {
+      error = std::string("1") + e.what();
+    }
+    std::string first;
+    if (mpi.first_failure(!error.empty(), error, &first) >= 0) {
+      const bool usage = first[0] == '2';
+      if (mpi.world_rank() == 0)
+        std::fprintf(stderr, "weft: %s: %s\n", usage ? "error" : "fatal", first.c_str() + 1);
+      throw CLI::RuntimeError(usage ? 2 : 1);
+    }
+    // Phase 2, collective: an error now ends the job (rank 0 prints a usage error, any rank
+    // another error).
     int rc = 0;
     try {
-      rc = verify_resume(f, *v, mpi);
+      rc = verify_resume(f, *v, std::move(runs), mpi);
     } catch (const std::exception& e) {
       const bool usage = dynamic_cast<const UsageError*>(&e) != nullptr;
       if (!usage || mpi.world_rank() == 0)

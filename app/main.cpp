@@ -31,9 +31,9 @@ bool this_rank_prints_parse_errors() {
 }
 
 // A rank that stays silent exits a moment later than the one that prints: a launcher kills
-// the other ranks as soon as one exits with an error, and the printing rank, when slower to
-// reach the same error, went with its line unprinted (seen in CI: verify-resume's bad
-// --load-layout, exit 2 and no message).
+// the other ranks as soon as one exits with an error, and would take the printing rank's line
+// with it when that rank is slower to reach the same error (a loaded machine). Errors found
+// after MPI started go through the commands' own agreement instead (cmd_train.cpp).
 int silent_exit(int code) {
   if (!this_rank_prints_parse_errors()) std::this_thread::sleep_for(std::chrono::seconds(1));
   return code;
