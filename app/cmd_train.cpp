@@ -281,25 +281,12 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
   c->callback([a, argc, argv] {
     MpiRuntime mpi(argc, argv);
     set_error_rank(mpi.world_rank());
-    // Phase 1, local on every rank: every flag and path is checked; then one agreement that
-    // every rank reaches whatever its flags, before any collective of the trainer. A config
-    // error seen by any rank ends every rank cleanly with that rank's one line (no MPI_Abort).
-    std::string error;  // the exit code ('2' usage, '1' other) and then the message
-    try {
+    // Phase 1, local on every rank: every flag and path is checked before any collective of
+    // the trainer; a config error seen by any rank ends every rank with that rank's one line.
+    check_on_every_rank(mpi, [&] {
       resolve_train_args(a.get());
       prepare_training(a->cfg, a->backend, mpi);
-    } catch (const UsageError& e) {
-      error = std::string("2") + e.what();
-    } catch (const std::exception& e) {
-      error = std::string("1") + e.what();
-    }
-    std::string first;
-    if (mpi.first_failure(!error.empty(), error, &first) >= 0) {
-      const bool usage = first[0] == '2';
-      if (mpi.world_rank() == 0)
-        std::fprintf(stderr, "weft: %s: %s\n", usage ? "error" : "fatal", first.c_str() + 1);
-      throw CLI::RuntimeError(usage ? 2 : 1);
-    }
+    });
     // Phase 2, collective: an error here may be raised by every rank (agreed through a
     // collective, e.g. a bad checkpoint, or found from the same state, e.g. a NaN gradient
     // with --check-for-nan-in-loss-and-grad) or by some ranks only (their peers then wait in
@@ -368,6 +355,24 @@ std::pair<int, int> ranks_sharing_a_gpu(const MpiRuntime& mpi) {
 }
 
 }  // namespace
+
+void check_on_every_rank(MpiRuntime& mpi, const std::function<void()>& check) {
+  std::string error;  // the exit code ('2' usage, '1' other) and then the message
+  try {
+    check();
+  } catch (const UsageError& e) {
+    error = std::string("2") + e.what();
+  } catch (const std::exception& e) {
+    error = std::string("1") + e.what();
+  }
+  std::string first;
+  if (mpi.first_failure(!error.empty(), error, &first) >= 0) {
+    const bool usage = first[0] == '2';
+    if (mpi.world_rank() == 0)
+      std::fprintf(stderr, "weft: %s: %s\n", usage ? "error" : "fatal", first.c_str() + 1);
+    throw CLI::RuntimeError(usage ? 2 : 1);
+  }
+}
 
 Backend start_runtime(const TrainConfig& t, int threads, const std::string& backend_flag,
                       bool deterministic, MpiRuntime& mpi) {

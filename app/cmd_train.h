@@ -31,5 +31,11 @@ ParsedTrainFlags add_train_flags(CLI::App* c);
 // mode and threads, and returns the backend --distributed-backend resolves to.
 Backend start_runtime(const TrainConfig& t, int threads, const std::string& backend,
                       bool deterministic, MpiRuntime& mpi);
+// Phase 1 of a command under mpirun: runs `check` (local, no collective) on every rank, then
+// one agreement that every rank reaches. Where any rank failed, rank 0 prints that rank's one
+// line ("weft: error:" for a UsageError, exit 2; "weft: fatal:" otherwise, exit 1) and every
+// rank throws CLI::RuntimeError with that code: no MPI_Abort, which could kill rank 0 before
+// it printed.
+void check_on_every_rank(MpiRuntime& mpi, const std::function<void()>& check);
 
 }  // namespace weft::app

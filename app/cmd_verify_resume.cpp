@@ -258,25 +258,10 @@ void add_verify_resume_command(CLI::App* app, int* argc, char*** argv) {
     TrainFlags f = train();
     MpiRuntime mpi(argc, argv);
     set_error_rank(mpi.world_rank());
-    // Phase 1, local: every flag and both layouts, then one agreement before any collective. A
-    // usage error seen by any rank ends every rank cleanly with that rank's one line, printed
-    // by rank 0 (an MPI_Abort here could kill rank 0 before it printed: seen in CI).
-    std::string error;  // the exit code ('2' usage, '1' other) and then the message
+    // Phase 1, local: every flag and both layouts before any collective (an MPI_Abort here
+    // could kill rank 0 before it printed the error: seen in CI).
     Runs runs;
-    try {
-      runs = check_runs(f, *v, mpi.world_size());
-    } catch (const UsageError& e) {
-      error = std::string("2") + e.what();
-    } catch (const std::exception& e) {
-      error = std::string("1") + e.what();
-    }
-    std::string first;
-    if (mpi.first_failure(!error.empty(), error, &first) >= 0) {
-      const bool usage = first[0] == '2';
-      if (mpi.world_rank() == 0)
-        std::fprintf(stderr, "weft: %s: %s\n", usage ? "error" : "fatal", first.c_str() + 1);
-      throw CLI::RuntimeError(usage ? 2 : 1);
-    }
+    check_on_every_rank(mpi, [&] { runs = check_runs(f, *v, mpi.world_size()); });
     // Phase 2, collective: an error now ends the job (rank 0 prints a usage error, any rank
     // another error).
     int rc = 0;

@@ -86,6 +86,13 @@ inline at::Tensor causal_attention_gqa(const at::Tensor& q, const at::Tensor& k,
 #endif
 }
 
+// Whether the GEMM itself can write float32 `acc` from bfloat16/float16 a and b (CUDA,
+// addmm's out_dtype, torch >= 2.8).
+inline bool gemm_writes_float32(const at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
+  return acc.is_cuda() && acc.scalar_type() == at::kFloat && a.scalar_type() == b.scalar_type() &&
+         (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf) && acc.is_contiguous();
+}
+
 // acc += a @ b, with acc float32 and a, b in the compute dtype. Where the matmul can write float32
 // from bfloat16/float16 inputs (CUDA, torch >= 2.8: addmm's out_dtype), the product is added
 // by the GEMM itself; otherwise it is computed in the compute dtype and added as a cast (one
@@ -96,8 +103,7 @@ inline void addmm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Ten
     return;
   }
 #if WEFT_TORCH_AT_LEAST(2, 8)
-  if (acc.is_cuda() && acc.scalar_type() == at::kFloat && a.scalar_type() == b.scalar_type() &&
-      (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf) && acc.is_contiguous()) {
+  if (gemm_writes_float32(acc, a, b)) {
     at::addmm_out(acc, acc, a, b, at::kFloat);
     return;
   }
@@ -113,8 +119,7 @@ inline void mm_write(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) 
     return;
   }
 #if WEFT_TORCH_AT_LEAST(2, 8)
-  if (acc.is_cuda() && acc.scalar_type() == at::kFloat && a.scalar_type() == b.scalar_type() &&
-      (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf) && acc.is_contiguous()) {
+  if (gemm_writes_float32(acc, a, b)) {
     at::addmm_out(acc, acc, a, b, at::kFloat, /*beta=*/0, /*alpha=*/1);
     return;
   }
