@@ -53,6 +53,7 @@ struct TrainArgs {
   std::string moe_layer_freq = "1";
   std::string hybrid_pattern, hybrid_override_pattern;
   CLI::Option* moe_layer_freq_opt = nullptr;
+  CLI::Option* num_layers_opt = nullptr;
   std::string tokenizer_type, tokenizer_model;
   int vocab_divisible_by = 128;  // Megatron's --make-vocab-size-divisible-by
   CLI::Option* vocab_size_opt = nullptr;
@@ -97,6 +98,7 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--moe-layer-freq", a->moe_layer_freq,
       "MoE layer pattern: an int N (layer i is MoE when i % N == 0) or a list like [0,1,1,1]");
   a->moe_layer_freq_opt = c->get_option("--moe-layer-freq");
+  a->num_layers_opt = c->get_option("--num-layers");
   opt("--moe-token-dispatcher-type", t.moe_token_dispatcher_type, "alltoall");
   c->add_flag("--moe-grouped-gemm", m.moe_grouped_gemm,
               "run all experts of a layer through grouped GEMMs (CUDA, bf16, torch >= 2.8)");
@@ -253,7 +255,17 @@ void resolve_train_args(TrainArgs* a) {
   const std::string pattern =
       a->hybrid_pattern.empty() ? a->hybrid_override_pattern : a->hybrid_pattern;
   if (!pattern.empty()) {
+    // The pattern defines the layers (and its 'E' symbols the MoE layers): a --num-layers or
+    // --moe-layer-freq beside it is refused rather than ignored, as Megatron asserts.
+    if (a->moe_layer_freq_opt->count() > 0)
+      fail_usage("--moe-layer-freq and --hybrid-layer-pattern both place MoE layers; give the "
+                 "MoE layers as 'E' in the pattern");
+    const int given_layers = t.model.num_layers;
     apply_hybrid_layer_pattern(pattern, &t.model);
+    if (a->num_layers_opt->count() > 0 && given_layers != t.model.num_layers)
+      fail_usage("--num-layers {} disagrees with --hybrid-layer-pattern '{}', which has {} "
+                 "layers; give the pattern alone or the same count", given_layers, pattern,
+                 t.model.num_layers);
     if (t.first_stage_layers >= 0 || t.last_stage_layers >= 0)
       if (!t.model.hybrid_stage_layers.empty())
         fail_usage("--decoder-first/last-pipeline-num-layers and '|' in --hybrid-layer-pattern "

@@ -42,14 +42,19 @@ expect 2 "--expert-model-parallel-size 2 needs a mixture-of-experts model" --num
 mamba=(--mamba-state-dim 8 --mamba-head-dim 8 --mamba-num-groups 2)
 expect 1 "unknown symbol 'X' in the decoder pattern" --hybrid-layer-pattern "M*X" "${mamba[@]}"
 expect 2 "has 3 pipeline stage(s) between '|', but --pipeline-model-parallel-size is 2" \
-  --hybrid-layer-pattern "M*|M*|M*" --pipeline-model-parallel-size 2 "${mamba[@]}"
+  --hybrid-layer-pattern "M*|M|*" --pipeline-model-parallel-size 2 "${mamba[@]}"
 expect 1 "the MTP patterns differ ('*E' vs '*')" --hybrid-layer-pattern "M*/*E/*" "${mamba[@]}"
-expect 1 "has MoE layers (E) but --num-experts is 0" --num-experts 0 --hybrid-layer-pattern "M*E" \
+expect 1 "has MoE layers (E) but --num-experts is 0" --num-experts 0 --hybrid-layer-pattern "M*E-" \
   "${mamba[@]}"
+# (base gives --num-layers 4: the patterns above have four layers)
+expect 1 "--num-layers 4 disagrees with --hybrid-layer-pattern 'M*M*|M*', which has 6 layers" \
+  --hybrid-layer-pattern "M*M*|M*" "${mamba[@]}"
+expect 1 "--moe-layer-freq and --hybrid-layer-pattern both place MoE layers" \
+  --moe-layer-freq 2 --hybrid-layer-pattern "M*E-" "${mamba[@]}"
 expect 1 "2 * --hidden-size 32 is not a multiple of --mamba-head-dim 12" \
-  --hybrid-layer-pattern "M*" --mamba-head-dim 12
+  --hybrid-layer-pattern "M*M*" --mamba-head-dim 12
 expect 1 "--hidden-size 32 must be a positive multiple of --num-attention-heads 5" \
-  --hybrid-layer-pattern "M*" "${mamba[@]}" --num-attention-heads 5 --num-query-groups 5
+  --hybrid-layer-pattern "M*M*" "${mamba[@]}" --num-attention-heads 5 --num-query-groups 5
 # CUDA graphs (the CPU build: the device check comes first; TrainConfig.CudaGraphRefusals has
 # the layout and MoE refusals).
 expect 1 "--cuda-graph-impl local needs --device cuda" --num-experts 0 --cuda-graph-impl local

@@ -59,7 +59,7 @@ bad_numbers=(
   "--vocab-size 1" "--num-experts -1" "--moe-router-topk 0" "--moe-ffn-hidden-size 0"
   "--moe-shared-expert-intermediate-size -1" "--mamba-state-dim 0" "--mamba-head-dim 0"
   "--mamba-num-groups 0" "--mamba-num-heads 0" "--mtp-num-layers -1" "--lr-warmup-iters -1"
-  "--lr-decay-iters -2" "--decoder-first-pipeline-num-layers 0"
+  "--lr-decay-iters -2" "--lr-decay-iters 0" "--decoder-first-pipeline-num-layers 0"
   "--decoder-last-pipeline-num-layers -2" "--log-interval 0" "--save-interval -1"
   "--ckpt-step -2" "--exit-interval -1" "--eval-interval -1" "--eval-iters -1"
   "--max-skipped-iterations -1" "--threads -1" "--lr abc" "--seed -1"

@@ -3,7 +3,8 @@
 # iteration on every rank, saves, and exits 0; the saved iteration is the one the log reached.
 # SIGTERM once more with --async-save --save-interval 1: the pending background write and the
 # final save are committed before exit. Then --exit-duration-in-mins with a duration shorter
-# than any iteration saves and exits 0 after iteration 1.
+# than any iteration saves and exits 0 after iteration 1. A signal exit runs no final
+# evaluation (the mock data's validation split would be evaluated at the end of --train-iters).
 # The victim is rank 1, found by pid: among the processes whose command line names this run's
 # save directory, the one whose executable is the weft binary (not mpirun, whose command line
 # names it too) and whose MPI rank (OMPI_COMM_WORLD_RANK, or PMIX_RANK, in its environment) is
@@ -64,6 +65,8 @@ preempt() {
   LAST=$(tail -1 "$DIR/log.jsonl" | sed 's/.*"iteration": \([0-9]*\).*/\1/')
   [ "$(cat "$DIR/ck/latest_checkpointed_iteration.txt")" = "$LAST" ] || fail "saved iteration is not $LAST"
   "$WEFT" ckpt verify "$DIR/ck" > /dev/null || fail "checkpoint does not verify"
+  # A signal saves and ends without the final evaluation (it would eat the grace period first).
+  ! grep -q valid_lm_loss "$DIR/log.jsonl" || fail "evaluated at the end of a signal exit"
 }
 
 for sig in TERM INT; do preempt $sig; done

@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "weft/checkpoint/crc32c.h"
 #include "weft/model/hybrid.h"
@@ -98,7 +101,39 @@ TEST(TrainLog, MfuAndEta) {
   TrainLog cpu(cfg, 1, false);
   EXPECT_LT(cpu.mfu(s), 0);
   EXPECT_EQ(cpu.line_fields(s).find("MFU"), std::string::npos);
-  EXPECT_NE(cpu.jsonl_fields(s).find("\"mfu\": null"), std::string::npos);
+  EXPECT_NE(cpu.jsonl_line(s).find("\"mfu\": null"), std::string::npos);
+}
+
+// A skipped iteration's non-finite values are written as null: every --log-jsonl line stays
+// JSON (weft plot and Python's json read it), and finite values keep all 17 digits.
+TEST(TrainLog, JsonlLineIsJsonWithNonFiniteValues) {
+  TrainConfig cfg;
+  cfg.model = tiny();
+  cfg.train_iters = 10;
+  TrainLog log(cfg, 1, false);
+  IterationStats s;
+  s.iteration = 3;
+  s.consumed_samples = 24;
+  s.lm_loss = std::numeric_limits<double>::infinity();
+  s.grad_norm = -std::numeric_limits<double>::quiet_NaN();
+  s.aux_loss = 0.1;
+  s.lr = 3e-4;
+  s.ms = 12.5;
+  s.skipped = true;
+  log.record(s);
+  const std::string line = log.jsonl_line(s);
+  ASSERT_FALSE(line.empty());
+  EXPECT_EQ(line.back(), '\n');
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(line)) << line;
+  EXPECT_TRUE(j["lm_loss"].is_null()) << line;
+  EXPECT_TRUE(j["grad_norm"].is_null()) << line;
+  EXPECT_EQ(j["aux_loss"].get<double>(), 0.1);
+  EXPECT_EQ(j["lr"].get<double>(), 3e-4);
+  EXPECT_EQ(j["iteration"].get<int>(), 3);
+  EXPECT_EQ(j["consumed_samples"].get<int>(), 24);
+  EXPECT_TRUE(j["skipped"].get<bool>());
+  EXPECT_EQ(jsonl_number(0.1), "0.10000000000000001");
 }
 
 // TFRecord: uint64 LE length, masked crc32c of those 8 bytes, data, masked crc32c of the data,

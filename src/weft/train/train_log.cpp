@@ -57,11 +57,20 @@ std::string TrainLog::line_fields(const IterationStats& s) const {
                      format_eta(eta_seconds()));
 }
 
-std::string TrainLog::jsonl_fields(const IterationStats& s) const {
+std::string jsonl_number(double v) {
+  return std::isfinite(v) ? fmt::format("{:.17g}", v) : "null";
+}
+
+std::string TrainLog::jsonl_line(const IterationStats& s) const {
   const double m = mfu(s);
-  return fmt::format(", \"mfu\": {}, \"eta_s\": {:.17g}",
-                     m >= 0 ? fmt::format("{:.17g}", m) : "null",
-                     eta_seconds());
+  return fmt::format(
+      "{{\"iteration\": {}, \"consumed_samples\": {}, \"lm_loss\": {}, \"aux_loss\": {}, "
+      "\"mtp_loss\": {}, \"grad_norm\": {}, \"lr\": {}, \"tokens_per_sec\": {}, \"ms\": {}, "
+      "\"skipped\": {}, \"mfu\": {}, \"eta_s\": {}}}\n",
+      s.iteration, s.consumed_samples, jsonl_number(s.lm_loss), jsonl_number(s.aux_loss),
+      jsonl_number(s.mtp_loss), jsonl_number(s.grad_norm), jsonl_number(s.lr),
+      jsonl_number(s.tokens_per_sec), jsonl_number(s.ms), s.skipped ? "true" : "false",
+      m >= 0 ? jsonl_number(m) : "null", jsonl_number(eta_seconds()));
 }
 
 void TrainLog::tensorboard_iteration(const IterationStats& s, int skipped, int nan,

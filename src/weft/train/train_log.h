@@ -23,6 +23,9 @@ class TensorBoardWriter;
 
 // 3723.4 -> "1h02m03s" (whole seconds, rounded; hours not bounded).
 std::string format_eta(double seconds);
+// A number for a JSON line: "%.17g" (exact round trip), or null where it is not finite (a
+// skipped iteration's NaN grad norm): JSON has no NaN or Infinity.
+std::string jsonl_number(double v);
 
 class TrainLog {
  public:
@@ -40,8 +43,8 @@ class TrainLog {
   double eta_seconds() const;
   // " MFU: 41.2% | ETA: 0h01m02s |" for the log line (MFU only with a peak).
   std::string line_fields(const IterationStats& s) const;
-  // ", \"mfu\": x, \"eta_s\": y" for the jsonl line (mfu null without a peak).
-  std::string jsonl_fields(const IterationStats& s) const;
+  // The --log-jsonl line of an iteration (newline included); mfu is null without a peak.
+  std::string jsonl_line(const IterationStats& s) const;
   // TensorBoard scalars of one iteration (every --tensorboard-log-interval) and of one
   // validation; no-ops without a writer. `skipped`/`nan`: the run's counters so far.
   void tensorboard_iteration(const IterationStats& s, int skipped, int nan, double peak_memory_mb);

@@ -687,8 +687,8 @@ void Trainer::report_validation(const std::string& when, FILE* jsonl) {
     std::fflush(stdout);
   }
   if (jsonl) {
-    std::fprintf(jsonl, "{\"iteration\": %d, \"valid_lm_loss\": %.17g, \"valid_lm_loss_ppl\": %.17g}\n",
-                 iteration_, loss, ppl);
+    std::fputs(fmt::format("{{\"iteration\": {}, \"valid_lm_loss\": {}, \"valid_lm_loss_ppl\": {}}}\n",
+                           iteration_, jsonl_number(loss), jsonl_number(ppl)).c_str(), jsonl);
     std::fflush(jsonl);
   }
 }
@@ -769,14 +769,7 @@ std::vector<IterationStats> Trainer::train() {
       std::fflush(stdout);
     }
     if (jsonl) {
-      std::fprintf(jsonl,
-                   "{\"iteration\": %d, \"consumed_samples\": %lld, \"lm_loss\": %.17g, "
-                   "\"aux_loss\": %.17g, \"mtp_loss\": %.17g, "
-                   "\"grad_norm\": %.17g, \"lr\": %.17g, \"tokens_per_sec\": %.17g, "
-                   "\"ms\": %.17g, \"skipped\": %s%s}\n",
-                   s.iteration, static_cast<long long>(s.consumed_samples), s.lm_loss,
-                   s.aux_loss, s.mtp_loss, s.grad_norm, s.lr, s.tokens_per_sec, s.ms, s.skipped ? "true" : "false",
-                   log_->jsonl_fields(s).c_str());
+      std::fputs(log_->jsonl_line(s).c_str(), jsonl);
       std::fflush(jsonl);
     }
     if (rank0)
@@ -810,10 +803,14 @@ std::vector<IterationStats> Trainer::train() {
                                                               : "--exit-interval");
     }
   }
-  if (data_->has_valid() && iteration_ > 0 && iteration_ % cfg_.eval_interval != 0)
-    report_validation("the end of training", jsonl);
+  // The checkpoint first (Megatron's order): a job stopped by a signal has a grace period, and
+  // an evaluation before the save could use it up and lose the checkpoint. An exit condition
+  // (signal, --exit-interval, --exit-duration-in-mins) ends without the final evaluation, as in
+  // Megatron; the end of --train-iters evaluates after saving.
   if (!cfg_.save.empty() && last_saved_ != iteration_ && iteration_ > 0) save();
   wait_for_save();  // every exit path finishes the pending --async-save
+  if (!exiting && data_->has_valid() && iteration_ > 0 && iteration_ % cfg_.eval_interval != 0)
+    report_validation("the end of training", jsonl);
   return all;
 }
 

@@ -70,7 +70,7 @@ void validate_numeric_flags(const TrainConfig& c) {
     fail_usage("--min-lr {} is larger than --lr {}", c.lr.min_lr, c.lr.lr);
   check_int("--lr-warmup-iters", c.lr.warmup_iters, 0);
   if (c.lr.decay_iters != -1)
-    check_int("--lr-decay-iters", c.lr.decay_iters, 0, "or -1: --train-iters");
+    check_int("--lr-decay-iters", c.lr.decay_iters, 1, "or -1: --train-iters");  // Megatron: > 0
   check_real("--weight-decay", c.adam.weight_decay, 0, kInf);
   check_real("--adam-beta1", c.adam.beta1, 0, 1, false, true);
   check_real("--adam-beta2", c.adam.beta2, 0, 1, false, true);
