@@ -60,7 +60,7 @@ void run_train_tokenizer(const TrainTokenizerFlags& f) {
     text = tmp;
   }
   try {
-    train_sentencepiece(text, f.vocab_size, f.output_prefix, f.workers);
+    train_sentencepiece(text, f.vocab_size, f.output_prefix, f.workers, f.input);
   } catch (...) {
     if (jsonl) std::remove(tmp.c_str());
     throw;

@@ -118,6 +118,12 @@ void run(const GenerateArgs& a) {
       fail_usage("{}: token id {} is outside the model's vocabulary [0, {})", prompt_flag, id,
                  cfg.vocab_size);
   const int64_t total = static_cast<int64_t>(prompt.size()) + a.max_new_tokens;
+  // The KV cache and the rotary tables hold every position from the start.
+  constexpr int64_t kMaxPositions = int64_t{1} << 24;
+  if (total > kMaxPositions)
+    fail_usage("{} gives {} tokens; with --max-new-tokens {} that is {} positions, more than "
+               "weft generate's limit of {} (the KV cache holds every position)",
+               prompt_flag, prompt.size(), a.max_new_tokens, total, kMaxPositions);
   if (total > cfg.seq_length && !a.allow_past_seq_length)
     fail_usage("{} gives {} tokens; with --max-new-tokens {} that is {} positions, more than the "
                "model's --seq-length {} (lower --max-new-tokens, or pass --allow-past-seq-length "
@@ -148,12 +154,18 @@ void run(const GenerateArgs& a) {
   const GenerateResult r = generate(model, prompt, opt);
 
   if (tok) {
-    // The prompt and its continuation decoded together, so that the tokenizer joins the
-    // pieces at the seam as it does inside the text.
+    // The continuation alone: the prompt and its continuation decoded together (so that the
+    // tokenizer joins the pieces at the seam as inside a text, e.g. the space before the first
+    // new word), less the decoded prompt. Where the joint text does not start with it (a piece
+    // that merges across the seam), the continuation decoded on its own.
     std::vector<int32_t> ids;
     for (int64_t id : prompt) ids.push_back(static_cast<int32_t>(id));
+    const std::string head = tok->decode(ids);
     ids.insert(ids.end(), r.tokens.begin(), r.tokens.end());
-    fmt::print("{}\n", tok->decode(ids));
+    const std::string joint = tok->decode(ids);
+    fmt::print("{}\n", joint.compare(0, head.size(), head) == 0
+                          ? joint.substr(head.size())
+                          : tok->decode(std::vector<int32_t>(r.tokens.begin(), r.tokens.end())));
   } else {
     fmt::print("{}\n", fmt::join(r.tokens, " "));
   }

@@ -7,15 +7,18 @@
 // Input: the lines `weft train --log-jsonl` writes (train/trainer.cpp): iteration lines with
 // "iteration", "lm_loss", "grad_norm", "lr", "tokens_per_sec", and validation lines with
 // "iteration" and "valid_lm_loss". Every line must be a JSON object with "iteration"; a file
-// must hold at least one iteration line. Non-finite values (a skipped iteration) are gaps.
+// must hold at least one iteration line. Non-finite or null values (a skipped iteration) are
+// gaps; a panel where no run has a value says so instead of failing.
 #include "cmd_plot.h"
 
 #include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -41,6 +44,7 @@ struct Run {
   std::string name;
   std::string train;  // "iteration lm_loss grad_norm lr tokens_per_sec" rows
   std::string valid;  // "iteration valid_lm_loss" rows
+  bool has[6] = {};   // has[c]: some train row has a value in column c (2..5)
 };
 
 // A number for gnuplot; '?' (set datafile missing) for a non-finite or absent value.
@@ -74,8 +78,10 @@ Run read_run(const std::string& path) {
       run.valid += fmt::format("{} {}\n", it, num(j, "valid_lm_loss"));
     } else {
       ++iterations;
-      run.train += fmt::format("{} {} {} {} {}\n", it, num(j, "lm_loss"), num(j, "grad_norm"),
-                               num(j, "lr"), num(j, "tokens_per_sec"));
+      const std::string v[4] = {num(j, "lm_loss"), num(j, "grad_norm"), num(j, "lr"),
+                                num(j, "tokens_per_sec")};
+      for (int c = 0; c < 4; ++c) run.has[c + 2] = run.has[c + 2] || v[c] != "?";
+      run.train += fmt::format("{} {} {} {} {}\n", it, v[0], v[1], v[2], v[3]);
     }
   }
   if (iterations == 0) fail_usage("{}: no iteration lines", path);
@@ -126,12 +132,19 @@ std::string script(const PlotArgs& a, const std::vector<Run>& runs) {
     s += p.column == 2 ? "set key top right opaque box samplen 2\n" : "unset key\n";
     std::vector<std::string> curves;
     for (size_t r = 0; r < runs.size(); ++r) {
+      if (!runs[r].has[p.column]) continue;  // gnuplot refuses a curve without points
       curves.push_back(fmt::format("$train{} using 1:{} with lines lw 1.5 lc {} title {}", r,
                                    p.column, r + 1, quoted(runs[r].name)));
       if (p.column == 2 && !runs[r].valid.empty())
         curves.push_back(fmt::format(
             "$valid{} using 1:2 with linespoints lw 2 dt 2 pt 7 ps 1.3 lc {} title {}", r, r + 1,
             quoted(runs[r].name + " (validation)")));
+    }
+    if (curves.empty()) {  // every run's values are null here (e.g. only skipped iterations)
+      s += "unset key\nset label 1 'no values' at graph 0.5, graph 0.5 center\n"
+           "plot [0:1] [0:1] NaN notitle\n"
+           "unset label 1\n";
+      continue;
     }
     s += "plot ";
     for (size_t i = 0; i < curves.size(); ++i) s += (i ? ", \\\n     " : "") + curves[i];
@@ -148,16 +161,26 @@ void plot(const PlotArgs& a) {
   std::vector<Run> runs;
   for (const std::string& f : a.files) runs.push_back(read_run(f));
   const std::string gnuplot = find_gnuplot();
+  // The output must be writable before gnuplot starts: where its `set output` fails, gnuplot
+  // writes the PNG to its standard output.
+  if (FILE* probe = std::fopen(a.output.c_str(), "wb"))
+    std::fclose(probe);
+  else
+    fail_usage("--output {}: cannot write ({})", a.output, std::strerror(errno));
   std::error_code ec;
   std::filesystem::remove(a.output, ec);  // so that a stale file cannot pass for a result
-  FILE* pipe = ::popen(fmt::format("'{}'", gnuplot).c_str(), "w");
+  // gnuplot's standard output is discarded (never image bytes on the terminal); its errors
+  // stay on standard error.
+  FILE* pipe = ::popen(fmt::format("'{}' > /dev/null", gnuplot).c_str(), "w");
   if (pipe == nullptr) fail("cannot start {}", gnuplot);
   const std::string text = script(a, runs);
   const bool wrote = std::fwrite(text.data(), 1, text.size(), pipe) == text.size();
   const int status = ::pclose(pipe);
-  if (!wrote || status != 0 || !std::filesystem::exists(a.output))
+  if (!wrote || status != 0 || !std::filesystem::exists(a.output)) {
+    std::filesystem::remove(a.output, ec);  // a partial image is no result either
     fail("gnuplot failed writing {} (exit status {})", a.output,
          WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  }
   fmt::print("weft plot: wrote {} ({} run{})\n", a.output, runs.size(), runs.size() > 1 ? "s" : "");
 }
 

@@ -44,7 +44,8 @@ mpirun -np 4 --bind-to none $W train "${MODEL[@]}" \
   --save "$R/checkpoints" --log-jsonl "$R/train.jsonl" --tensorboard-dir "$R/tensorboard" "$@"
 $W plot "$R/train.jsonl" -o "$R/train.png" --title "weft main job (scripts/run.sh)"
 PROMPT="The secret of life is"
-echo "weft generate, prompt: \"$PROMPT\""
+echo "weft generate, prompt: \"$PROMPT\" (the prompt, then its continuation):"
+printf '%s' "$PROMPT"  # weft generate prints the continuation alone
 $W generate --load "$R/checkpoints" --tokenizer-type SentencePieceTokenizer \
   --tokenizer-model "$R/tokenizer.model" --prompt "$PROMPT" --max-new-tokens 48 \
   --temperature 0.8 --top-p 0.9 --seed 7

@@ -114,6 +114,9 @@ expect 2 "--split" "${tokA[@]}" --data-path "$P" --split 100,0,0
 expect 1 "--data-path" "${tokA[@]}" --data-path -0.5 "$P" 1 "$P"
 expect 1 "--data-path" "${tokA[@]}" --data-path abc "$P"
 expect 1 "--data-path" "${tokA[@]}" --data-path 0.5 "$P" x1 "$P"
+expect 1 "the weights' sum is not finite" "${tokA[@]}" --data-path 1e308 "$P" 1e308 "$P"
+expect 1 "--split \"1e308,1e308,0\": the weights' sum is not finite" "${tokA[@]}" --data-path "$P" \
+  --split 1e308,1e308,0
 expect 1 "--vocab-size 128" "${tokA[@]}" --data-path "$P" --vocab-size 128
 expect 1 "--mock-data" "${tokA[@]}" --data-path "$P" --mock-data
 expect 2 "$tmp/noidx.idx" "${tokA[@]}" --data-path "$tmp/noidx"

@@ -78,6 +78,9 @@ text=$(gen --load "$tmp/tok" --tokenizer-model "$tmp/tokA.model" --prompt "the c
 rc=$?
 [ $rc -eq 0 ] && [ -n "$text" ] && echo "ok   --prompt with the checkpoint's tokenizer: '$text'" ||
   { echo "FAIL: --prompt with the tokenizer: exit $rc"; cat "$tmp/gen.err"; fails=$((fails + 1)); }
+# stdout is the continuation alone (docs/generate.md): not the prompt again.
+[[ "$text" != "the cat sat"* ]] && echo "ok   --prompt: the continuation alone" ||
+  { echo "FAIL: --prompt: stdout repeats the prompt: '$text'"; fails=$((fails + 1)); }
 gen --load "$tmp/tok" --tokenizer-model "$tmp/tokB.model" --prompt "the cat" --max-new-tokens 4 --force >/dev/null
 check "another tokenizer with --force: exit code" "$?" 0
 
@@ -103,6 +106,8 @@ expect "no checkpoint of iteration 999" --load "$d" --ckpt-step 999 --prompt-ids
 expect "exactly one of --prompt and --prompt-ids" --load "$d"
 expect "exactly one of --prompt and --prompt-ids" --load "$d" --prompt x --prompt-ids 1
 expect "--prompt needs --tokenizer-model" --load "$d" --prompt "hello"
+expect "more than weft generate's limit of 16777216" --load "$d" --prompt-ids "1 2" \
+  --max-new-tokens 2147483647 --allow-past-seq-length
 expect "--prompt-ids: token id 64 is outside the model's vocabulary [0, 64)" --load "$d" \
   --prompt-ids "1 2 64"
 expect "--prompt-ids: '2x' is not an integer" --load "$d" --prompt-ids "1 2x"

@@ -110,6 +110,9 @@ bad_layout "--num-distributed-optimizer-instances 3 does not divide" \
   --world-size 8 --num-distributed-optimizer-instances 3
 bad_layout "--tensor-model-parallel-size must be >= 1" --world-size 8 --tensor-model-parallel-size 0
 bad_layout "--world-size must be >= 1" --world-size 0
+bad_layout "--world-size must be <= 1048576 (got 2147483647)" --world-size 2147483647
+bad_layout "not divisible by tp*cp*pp = 1048576*1048576*1 = 1099511627776" --world-size 1048576 \
+  --tensor-model-parallel-size 1048576 --context-parallel-size 1048576
 bad_layout "--pipeline-model-parallel-size" --world-size 8 --pipeline-model-parallel-size x
 bad_layout "--json" --world-size 8 --json=maybe
 

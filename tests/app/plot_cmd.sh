@@ -51,5 +51,23 @@ bad "empty file" "$tmp/empty.jsonl" "$tmp/empty.jsonl"
 bad "bad width" "--width" "$tmp/lr1e-3.jsonl" --width 5
 WEFT_PATH=/nonexistent bad "no gnuplot" "gnuplot" "$tmp/lr1e-3.jsonl"
 
+# An output in a missing directory: one line naming --output, and no image bytes on stdout
+# (gnuplot writes its PNG to stdout where `set output` fails).
+"$weft" plot "$tmp/lr1e-3.jsonl" -o "$tmp/no/such/dir.png" >"$tmp/nodir.out" 2>"$tmp/nodir.err"
+check "missing output directory: exit code" "$?" 2
+check "missing output directory: stdout bytes" "$(wc -c <"$tmp/nodir.out")" 0
+grep -qF -- "--output $tmp/no/such/dir.png" "$tmp/nodir.err" && echo "ok   names --output" ||
+  { echo "FAIL: --output not named in: $(cat "$tmp/nodir.err")"; fails=$((fails + 1)); }
+
+# Skipped iterations write null (their NaN grad norm): a run whose lm loss and grad norm are all
+# null still plots, the empty panels marked.
+printf '%s\n' '{"iteration": 1, "lm_loss": null, "grad_norm": null, "lr": 1e-3, "tokens_per_sec": 5}' \
+  '{"iteration": 2, "lm_loss": null, "grad_norm": null, "lr": 2e-3, "tokens_per_sec": 6}' \
+  >"$tmp/nulls.jsonl"
+"$weft" plot "$tmp/nulls.jsonl" -o "$tmp/nulls.png" >"$tmp/nulls.log" 2>&1
+check "all-null columns: exit code" "$?" 0
+check "all-null columns: PNG signature" "$(od -An -tx1 -N8 "$tmp/nulls.png" 2>/dev/null | tr -d ' \n')" \
+  89504e470d0a1a0a
+
 echo "plot_cmd: $fails failure(s)"
 [ $fails -eq 0 ]

@@ -56,6 +56,8 @@ void check_weights(const std::vector<double>& w, const char* flag, const std::st
   }
   if (!(sum > 0))
     fail_usage("{} \"{}\": the weights sum to zero; give one a positive weight", flag, value);
+  if (!std::isfinite(sum))
+    fail_usage("{} \"{}\": the weights' sum is not finite; give smaller weights", flag, value);
 }
 
 void check_prefix_files(const std::string& prefix) {

@@ -134,7 +134,8 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::st
 }
 
 void train_sentencepiece(const std::string& text_file, int64_t vocab_size,
-                         const std::string& output_prefix, int threads) {
+                         const std::string& output_prefix, int threads,
+                         const std::string& input_name) {
 #if WEFT_WITH_SENTENCEPIECE
   namespace fs = std::filesystem;
   if (!fs::is_regular_file(text_file)) fail_usage("--input {}: no such file", text_file);
@@ -176,7 +177,8 @@ void train_sentencepiece(const std::string& text_file, int64_t vocab_size,
   if (spm.train(keys.data(), values.data(), static_cast<int>(opts.size()), err, sizeof(err)) != 0) {
     std::remove((tmp + ".model").c_str());
     std::remove((tmp + ".vocab").c_str());
-    fail_usage("train-tokenizer on --input {} failed: {}", text_file, err);
+    fail_usage("train-tokenizer on --input {} failed: {}",
+               input_name.empty() ? text_file : input_name, err);
   }
   std::error_code ec;
   fs::rename(tmp + ".vocab", output_prefix + ".vocab", ec);

@@ -33,9 +33,11 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::st
 // normalisation, fixed sampling seed): builds OUTPUT_PREFIX.model and .vocab from one sentence
 // per line of `text_file`, written under OUTPUT_PREFIX.tmp.* and renamed. Equal inputs give
 // equal model files. Throws UsageError naming the flag on bad arguments, and when weft was
-// built without SentencePiece (as make_tokenizer does).
+// built without SentencePiece (as make_tokenizer does). `input_name`: the file a message names
+// as --input (the user's file where `text_file` is text extracted from it); "": text_file.
 void train_sentencepiece(const std::string& text_file, int64_t vocab_size,
-                         const std::string& output_prefix, int threads);
+                         const std::string& output_prefix, int threads,
+                         const std::string& input_name = "");
 
 // Two identities name the same tokenizer (sha256, vocab size, special ids).
 bool same_tokenizer(const nlohmann::json& a, const nlohmann::json& b);

@@ -5,6 +5,7 @@
 #include "weft/mesh/mesh.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "weft/core/error.h"
 
@@ -112,21 +113,26 @@ LayoutConfig validate_layout(LayoutConfig c) {
       {"--expert-model-parallel-size", c.ep},
       {"--expert-tensor-parallel-size", c.etp},
       {"--num-distributed-optimizer-instances", c.dp_outer}};
-  for (const auto& [flag, v] : sizes)
+  // A mesh is tabulated rank by rank: a bound keeps an absurd size a usage error, not bad_alloc.
+  constexpr int kMaxWorld = 1 << 20;
+  for (const auto& [flag, v] : sizes) {
     if (v < 1) fail_usage("{} must be >= 1 (got {})", flag, v);
+    if (v > kMaxWorld) fail_usage("{} must be <= {} (got {})", flag, kMaxWorld, v);
+  }
 
   const int w = c.world_size;
-  if (w % (c.tp * c.cp * c.pp) != 0)
+  const int64_t dense = int64_t{c.tp} * c.cp * c.pp, expert = int64_t{c.etp} * c.ep * c.pp;
+  if (w % dense != 0)
     fail_usage(
         "world size {} is not divisible by tp*cp*pp = {}*{}*{} = {} "
         "(--tensor-model-parallel-size, --context-parallel-size, --pipeline-model-parallel-size)",
-        w, c.tp, c.cp, c.pp, c.tp * c.cp * c.pp);
-  if (w % (c.etp * c.ep * c.pp) != 0)
+        w, c.tp, c.cp, c.pp, dense);
+  if (w % expert != 0)
     fail_usage(
         "world size {} is not divisible by etp*ep*pp = {}*{}*{} = {} "
         "(--expert-tensor-parallel-size, --expert-model-parallel-size, "
         "--pipeline-model-parallel-size)",
-        w, c.etp, c.ep, c.pp, c.etp * c.ep * c.pp);
+        w, c.etp, c.ep, c.pp, expert);
   const int dp = w / (c.tp * c.cp * c.pp);
   const int edp = w / (c.etp * c.ep * c.pp);
   // With pp = 1 every pipeline group is a single rank in both decompositions, so they agree
