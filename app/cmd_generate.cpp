@@ -117,13 +117,14 @@ void run(const GenerateArgs& a) {
     if (id < 0 || id >= cfg.vocab_size)
       fail_usage("{}: token id {} is outside the model's vocabulary [0, {})", prompt_flag, id,
                  cfg.vocab_size);
-  const int64_t total = static_cast<int64_t>(prompt.size()) + a.max_new_tokens;
-  // The KV cache and the rotary tables hold every position from the start.
+  // The KV cache and the rotary tables hold every position from the start; the bound keeps the
+  // position arithmetic in range (it does not promise that the memory exists).
   constexpr int64_t kMaxPositions = int64_t{1} << 24;
-  if (total > kMaxPositions)
-    fail_usage("{} gives {} tokens; with --max-new-tokens {} that is {} positions, more than "
-               "weft generate's limit of {} (the KV cache holds every position)",
-               prompt_flag, prompt.size(), a.max_new_tokens, total, kMaxPositions);
+  if (a.max_new_tokens > kMaxPositions - static_cast<int64_t>(prompt.size()))
+    fail_usage("{} gives {} tokens; with --max-new-tokens {} that is more than weft generate's "
+               "limit of {} positions (the KV cache holds every position)",
+               prompt_flag, prompt.size(), a.max_new_tokens, kMaxPositions);
+  const int64_t total = static_cast<int64_t>(prompt.size()) + a.max_new_tokens;
   if (total > cfg.seq_length && !a.allow_past_seq_length)
     fail_usage("{} gives {} tokens; with --max-new-tokens {} that is {} positions, more than the "
                "model's --seq-length {} (lower --max-new-tokens, or pass --allow-past-seq-length "

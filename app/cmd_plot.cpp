@@ -45,6 +45,7 @@ struct Run {
   std::string train;  // "iteration lm_loss grad_norm lr tokens_per_sec" rows
   std::string valid;  // "iteration valid_lm_loss" rows
   bool has[6] = {};   // has[c]: some train row has a value in column c (2..5)
+  bool has_valid = false;  // some validation row has a value
 };
 
 // A number for gnuplot; '?' (set datafile missing) for a non-finite or absent value.
@@ -75,7 +76,9 @@ Run read_run(const std::string& path) {
                  "--log-jsonl file?)", path, n);
     const std::string it = std::to_string(j["iteration"].get<int64_t>());
     if (j.contains("valid_lm_loss")) {
-      run.valid += fmt::format("{} {}\n", it, num(j, "valid_lm_loss"));
+      const std::string v = num(j, "valid_lm_loss");
+      run.has_valid = run.has_valid || v != "?";
+      run.valid += fmt::format("{} {}\n", it, v);
     } else {
       ++iterations;
       const std::string v[4] = {num(j, "lm_loss"), num(j, "grad_norm"), num(j, "lr"),
@@ -131,16 +134,24 @@ std::string script(const PlotArgs& a, const std::vector<Run>& runs) {
     // The legend (file names) once, in the loss panel.
     s += p.column == 2 ? "set key top right opaque box samplen 2\n" : "unset key\n";
     std::vector<std::string> curves;
+    int with_points = 0;  // gnuplot refuses a plot whose curves have no point at all
     for (size_t r = 0; r < runs.size(); ++r) {
-      if (!runs[r].has[p.column]) continue;  // gnuplot refuses a curve without points
-      curves.push_back(fmt::format("$train{} using 1:{} with lines lw 1.5 lc {} title {}", r,
-                                   p.column, r + 1, quoted(runs[r].name)));
-      if (p.column == 2 && !runs[r].valid.empty())
+      if (runs[r].has[p.column]) {
+        curves.push_back(fmt::format("$train{} using 1:{} with lines lw 1.5 lc {} title {}", r,
+                                     p.column, r + 1, quoted(runs[r].name)));
+        ++with_points;
+      } else if (p.column == 2) {  // no loss values: the run's name stays in the legend
+        curves.push_back(fmt::format("NaN with lines lw 1.5 lc {} title {}", r + 1,
+                                     quoted(runs[r].name)));
+      }
+      if (p.column == 2 && runs[r].has_valid) {
         curves.push_back(fmt::format(
             "$valid{} using 1:2 with linespoints lw 2 dt 2 pt 7 ps 1.3 lc {} title {}", r, r + 1,
             quoted(runs[r].name + " (validation)")));
+        ++with_points;
+      }
     }
-    if (curves.empty()) {  // every run's values are null here (e.g. only skipped iterations)
+    if (with_points == 0) {  // every run's values are null here (e.g. only skipped iterations)
       s += "unset key\nset label 1 'no values' at graph 0.5, graph 0.5 center\n"
            "plot [0:1] [0:1] NaN notitle\n"
            "unset label 1\n";
@@ -162,13 +173,15 @@ void plot(const PlotArgs& a) {
   for (const std::string& f : a.files) runs.push_back(read_run(f));
   const std::string gnuplot = find_gnuplot();
   // The output must be writable before gnuplot starts: where its `set output` fails, gnuplot
-  // writes the PNG to its standard output.
+  // writes the PNG to its standard output. A stale file goes first, so that it cannot pass for
+  // a result (and a read-only one in a writable directory is replaced, not refused).
+  std::error_code ec;
+  std::filesystem::remove(a.output, ec);
   if (FILE* probe = std::fopen(a.output.c_str(), "wb"))
     std::fclose(probe);
   else
     fail_usage("--output {}: cannot write ({})", a.output, std::strerror(errno));
-  std::error_code ec;
-  std::filesystem::remove(a.output, ec);  // so that a stale file cannot pass for a result
+  std::filesystem::remove(a.output, ec);
   // gnuplot's standard output is discarded (never image bytes on the terminal); its errors
   // stay on standard error.
   FILE* pipe = ::popen(fmt::format("'{}' > /dev/null", gnuplot).c_str(), "w");

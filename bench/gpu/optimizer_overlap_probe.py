@@ -26,7 +26,7 @@ master = [torch.randn(n, device=dev) * 0.02 for n in units]
 grad = [torch.randn(n, device=dev) * 1e-3 for n in units]
 exp_avg = [torch.zeros(n, device=dev) for n in units]
 exp_avg_sq = [torch.zeros(n, device=dev) for n in units]
-steps = [torch.zeros((), device=dev) for _ in units]
+steps = [torch.ones((), device=dev) for _ in units]  # the fused op does not count them
 weights = [torch.zeros(n, device=dev, dtype=torch.bfloat16) for n in units]
 
 

@@ -74,7 +74,7 @@ head -150 "$tmp/a.txt" | tr 'aeiou' 'uoiea' >"$tmp/b.txt"
   "$weft" data train-tokenizer --input "$tmp/b.txt" --vocab-size 50 --output-prefix "$tmp/tokB" >/dev/null 2>&1 ||
   { echo "FAIL: weft data train-tokenizer"; exit 1; }
 train 1 tok "${dense[@]}" --train-iters 2 --tokenizer-model "$tmp/tokA.model"
-text=$(gen --load "$tmp/tok" --tokenizer-model "$tmp/tokA.model" --prompt "the cat sat" --max-new-tokens 8)
+text=$(gen --load "$tmp/tok" --tokenizer-model "$tmp/tokA.model" --prompt "the cat sat" --max-new-tokens 8 --ignore-eos)
 rc=$?
 [ $rc -eq 0 ] && [ -n "$text" ] && echo "ok   --prompt with the checkpoint's tokenizer: '$text'" ||
   { echo "FAIL: --prompt with the tokenizer: exit $rc"; cat "$tmp/gen.err"; fails=$((fails + 1)); }
@@ -108,6 +108,8 @@ expect "exactly one of --prompt and --prompt-ids" --load "$d" --prompt x --promp
 expect "--prompt needs --tokenizer-model" --load "$d" --prompt "hello"
 expect "more than weft generate's limit of 16777216" --load "$d" --prompt-ids "1 2" \
   --max-new-tokens 2147483647 --allow-past-seq-length
+expect "more than weft generate's limit of 16777216" --load "$d" --prompt-ids "1" \
+  --max-new-tokens 9223372036854775807
 expect "--prompt-ids: token id 64 is outside the model's vocabulary [0, 64)" --load "$d" \
   --prompt-ids "1 2 64"
 expect "--prompt-ids: '2x' is not an integer" --load "$d" --prompt-ids "1 2x"

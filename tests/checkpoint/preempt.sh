@@ -35,7 +35,7 @@ preempt() {
   rm -rf "$DIR/ck" "$DIR/log.jsonl" "$DIR/run.log"
   "${MPIRUN[@]}" -np 2 "$WEFT" train --pipeline-model-parallel-size 2 --num-layers 2 --hidden-size 32 \
     --ffn-hidden-size 48 --seq-length 16 --global-batch-size 8 --train-iters 100000 \
-    --save "$DIR/ck" --log-jsonl "$DIR/log.jsonl" "$@" > "$DIR/run.log" 2>&1 &
+    --eval-interval 100000 --save "$DIR/ck" --log-jsonl "$DIR/log.jsonl" "$@" > "$DIR/run.log" 2>&1 &
   JOB=$!
   for _ in $(seq 1 600); do
     [ -s "$DIR/log.jsonl" ] && [ "$(wc -l < "$DIR/log.jsonl")" -ge 3 ] && break
