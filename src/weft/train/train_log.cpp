@@ -61,6 +61,11 @@ std::string jsonl_number(double v) {
   return std::isfinite(v) ? fmt::format("{:.17g}", v) : "null";
 }
 
+std::string TrainLog::jsonl_validation_line(int iteration, double loss, double ppl) {
+  return fmt::format("{{\"iteration\": {}, \"valid_lm_loss\": {}, \"valid_lm_loss_ppl\": {}}}\n",
+                     iteration, jsonl_number(loss), jsonl_number(ppl));
+}
+
 std::string TrainLog::jsonl_line(const IterationStats& s) const {
   const double m = mfu(s);
   return fmt::format(

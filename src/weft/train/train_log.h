@@ -45,6 +45,8 @@ class TrainLog {
   std::string line_fields(const IterationStats& s) const;
   // The --log-jsonl line of an iteration (newline included); mfu is null without a peak.
   std::string jsonl_line(const IterationStats& s) const;
+  // The --log-jsonl line of a validation at `iteration` (newline included).
+  static std::string jsonl_validation_line(int iteration, double loss, double ppl);
   // TensorBoard scalars of one iteration (every --tensorboard-log-interval) and of one
   // validation; no-ops without a writer. `skipped`/`nan`: the run's counters so far.
   void tensorboard_iteration(const IterationStats& s, int skipped, int nan, double peak_memory_mb);

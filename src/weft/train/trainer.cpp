@@ -687,8 +687,7 @@ void Trainer::report_validation(const std::string& when, FILE* jsonl) {
     std::fflush(stdout);
   }
   if (jsonl) {
-    std::fputs(fmt::format("{{\"iteration\": {}, \"valid_lm_loss\": {}, \"valid_lm_loss_ppl\": {}}}\n",
-                           iteration_, jsonl_number(loss), jsonl_number(ppl)).c_str(), jsonl);
+    std::fputs(TrainLog::jsonl_validation_line(iteration_, loss, ppl).c_str(), jsonl);
     std::fflush(jsonl);
   }
 }
