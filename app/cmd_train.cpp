@@ -28,6 +28,7 @@
 #include "weft/model/fused.h"
 #include "weft/model/hybrid.h"
 #include "weft/model/moe.h"
+#include "weft/train/config_json.h"
 #include "weft/train/preflight.h"
 #include "weft/train/trainer.h"
 
@@ -54,6 +55,10 @@ struct TrainArgs {
   std::string hybrid_pattern, hybrid_override_pattern;
   CLI::Option* moe_layer_freq_opt = nullptr;
   CLI::Option* num_layers_opt = nullptr;
+  CLI::Option* rope_scaling_factor_opt = nullptr;
+  CLI::App* app = nullptr;  // the command's flags, to ask which were given
+  bool use_checkpoint_args = false;
+  bool vocab_from_checkpoint = false;
   std::string tokenizer_type, tokenizer_model;
   int vocab_divisible_by = 128;  // Megatron's --make-vocab-size-divisible-by
   CLI::Option* vocab_size_opt = nullptr;
@@ -79,10 +84,17 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--ffn-hidden-size", m.ffn_hidden_size, "SwiGLU hidden size");
   opt("--num-attention-heads", m.num_attention_heads, "attention heads");
   opt("--num-query-groups", m.num_query_groups, "key/value heads (grouped-query attention)");
+  opt("--kv-channels", m.kv_channels, "head dim of the attention (-1: hidden / heads)");
   opt("--seq-length", m.seq_length, "sequence length");
   opt("--vocab-size", m.vocab_size, "vocabulary size");
   opt("--init-method-std", m.init_method_std, "std of the normal initialisation");
   opt("--rotary-base", m.rotary_base, "RoPE base");
+  c->add_flag("--use-rope-scaling", m.use_rope_scaling,
+              "Llama 3.x RoPE scaling of the low frequencies (original context 8192, low/high "
+              "frequency factors 1 and 4)");
+  opt("--rope-scaling-factor", m.rope_scaling_factor,
+      "the factor of --use-rope-scaling (Llama 3.1: 8, Llama 3.2: 32)");
+  a->rope_scaling_factor_opt = c->get_option("--rope-scaling-factor");
   opt("--norm-epsilon", m.norm_epsilon, "RMSNorm epsilon");
   c->add_flag("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights,
               "separate output layer instead of the tied embedding");
@@ -160,6 +172,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--save", t.save, "directory to save checkpoints into");
   opt("--save-interval", t.save_interval, "save every K iterations (0: only at the end and on exit)");
   opt("--load", t.load, "directory to load the latest checkpoint from");
+  c->add_flag("--use-checkpoint-args", a->use_checkpoint_args,
+              "model flags not given take the values recorded in the --load checkpoint");
+  a->app = c;
   opt("--ckpt-step", t.ckpt_step, "load this iteration instead of the latest (-1: latest)");
   c->add_flag("--async-save", t.async_save,
               "write checkpoints on a background thread; training stalls only for the copy");
@@ -231,7 +246,7 @@ void resolve_tokenizer(TrainArgs* a) {
   const std::unique_ptr<Tokenizer> tok = make_tokenizer(a->tokenizer_type, a->tokenizer_model);
   t.tokenizer_identity = tok->identity();
   const int64_t n = tok->vocab_size();
-  if (a->vocab_size_opt->count() == 0) {
+  if (a->vocab_size_opt->count() == 0 && !a->vocab_from_checkpoint) {
     t.model.vocab_size = static_cast<int>((n + a->vocab_divisible_by - 1) / a->vocab_divisible_by *
                                           a->vocab_divisible_by);
   } else if (n > t.model.vocab_size) {
@@ -274,6 +289,21 @@ void resolve_train_args(TrainArgs* a) {
     if (t.model.num_layers < 1) fail_usage("--num-layers must be >= 1 (got {})", t.model.num_layers);
     t.model.moe_layer_pattern = parse_moe_layer_freq(a->moe_layer_freq, t.model.num_layers);
   }
+  if (a->use_checkpoint_args) {
+    if (t.load.empty()) fail_usage("--use-checkpoint-args needs --load DIR");
+    const CheckpointModel saved = checkpoint_model(t.load, t.ckpt_step);
+    // An import's seq_length is the model's context limit (max_position_embeddings, 131072 for
+    // Llama 3.1), not a length to train at: --seq-length keeps its own value there.
+    const auto given = [&](const char* flag) {
+      return a->app->get_option(flag)->count() > 0 ||
+             (saved.imported && std::string(flag) == "--seq-length");
+    };
+    take_checkpoint_model_args(&t.model, saved.model, given);
+    a->vocab_from_checkpoint = !given("--vocab-size");
+  }
+  if (a->rope_scaling_factor_opt->count() > 0 && !t.model.use_rope_scaling)
+    fail_usage("--rope-scaling-factor {} is given without --use-rope-scaling, which it belongs "
+               "to; add --use-rope-scaling or drop the factor", t.model.rope_scaling_factor);
   if (a->enable_cuda_graph) {
     if (a->cuda_graph_impl_opt->count() > 0)
       fail_usage("--enable-cuda-graph (the older name of --cuda-graph-impl local) and "

@@ -21,6 +21,9 @@
 #   bash bench/gpu/run.sh profhyb     a Kineto trace of weft's hybrid step, summarised
 #   bash bench/gpu/run.sh hfcheck     Hugging Face export/import against transformers'
 #                                     LlamaForCausalLM (docs/hf-interop.md)
+#   bash bench/gpu/run.sh hfrope      Llama 3 RoPE scaling (--use-rope-scaling) and a head dim
+#                                     other than hidden / heads (--kv-channels) against
+#                                     transformers (docs/hf-interop.md)
 #   bash bench/gpu/run.sh tbcheck     --tensorboard-dir files read by TensorBoard's
 #                                     EventAccumulator against the jsonl (tests/gpu/tb_check.py)
 set -uo pipefail
@@ -184,6 +187,54 @@ hfcheck)
   echo "finetune pp2xdp2 rc=$?"
   python3 tests/gpu/hf_llama_check.py loss "$H/random" "$H/b1p.npy" "$H/ft4.jsonl" 1
   echo "hf_llama_check import pp2xdp2 rc=$?"
+  ;;
+hfrope)
+  # Llama 3's RoPE scaling (--use-rope-scaling) against transformers' llama3 rope_type, the
+  # hfcheck shapes at head dim 32 and base 500000 (wavelengths 6 to 1.4e6 positions: pairs in
+  # every band of the scaling), q and k weights 8x the initialisation's so that the positions
+  # matter to the loss: (1) a random LlamaForCausalLM with factor 32 imported and fine-tuned one
+  # iteration (saved), its loss against transformers', then against transformers with the
+  # scaling dropped (must fail); (2) weft's export of that iteration-1 checkpoint against the
+  # resumed iteration-2 loss, with and without the scaling; (3) the import fine-tuned without
+  # the scaling flags (refused).
+  H="$OUT/hfrope"; rm -rf "$H"; mkdir -p "$H"
+  HFT=(--num-layers 4 --hidden-size 256 --num-attention-heads 8 --num-query-groups 4
+       --ffn-hidden-size 704 --vocab-size 1024 --seq-length 128 --micro-batch-size 2
+       --global-batch-size 8 --lr 1e-3 --device cuda --deterministic --mock-data)
+  ROPE=(--rotary-base 500000 --use-rope-scaling --rope-scaling-factor 32)
+  python3 tests/gpu/hf_llama_check.py make "$H/random" --hidden 256 --ffn 704 --layers 4 \
+    --heads 8 --groups 4 --vocab 1024 --seq 128 --rotary-base 500000 --rope-scaling-factor 32 \
+    --qk-gain 8 2>/dev/null
+  echo "make rc=$?"
+  ./$B/app/weft ckpt import --format hf "$H/random" "$H/imported"; echo "import rc=$?"
+  ./$B/app/weft train "${HFT[@]}" "${ROPE[@]}" --train-iters 1 --load "$H/imported" --finetune \
+    --save "$H/ft" --dump-first-batch "$H/b1.npy" --log-jsonl "$H/ft1.jsonl" > "$H/ft1.log" 2>&1
+  echo "finetune rc=$?"
+  for drop in "" --drop-rope-scaling; do
+    python3 tests/gpu/hf_llama_check.py loss "$H/random" "$H/b1.npy" "$H/ft1.jsonl" 1 $drop 2>/dev/null
+    echo "hf_llama_check import $drop rc=$? (pass 0; with the scaling dropped 1)"
+  done
+  ./$B/app/weft train "${HFT[@]}" "${ROPE[@]}" --train-iters 2 --load "$H/ft" \
+    --dump-first-batch "$H/b2.npy" --log-jsonl "$H/resume.jsonl" > "$H/resume.log" 2>&1
+  echo "resume rc=$?"
+  ./$B/app/weft ckpt export --format hf "$H/ft" "$H/export"; echo "export rc=$?"
+  for drop in "" --drop-rope-scaling; do
+    python3 tests/gpu/hf_llama_check.py loss "$H/export" "$H/b2.npy" "$H/resume.jsonl" 2 $drop 2>/dev/null
+    echo "hf_llama_check export $drop rc=$? (pass 0; with the scaling dropped 1)"
+  done
+  ./$B/app/weft train "${HFT[@]}" --train-iters 1 --load "$H/imported" --finetune 2>&1 | tail -1 | cut -c1-300
+  # (4) --kv-channels: a random LlamaForCausalLM with head_dim 64 (not 256 / 8 = 32), imported,
+  # fine-tuned with --use-checkpoint-args (the head dim and the rest from the import), compared.
+  python3 tests/gpu/hf_llama_check.py make "$H/kv" --hidden 256 --ffn 704 --layers 4 \
+    --heads 8 --groups 4 --vocab 1024 --seq 128 --head-dim 64 --qk-gain 4 2>/dev/null
+  echo "make head_dim 64 rc=$?"
+  ./$B/app/weft ckpt import --format hf "$H/kv" "$H/kvim"; echo "import rc=$?"
+  ./$B/app/weft train --micro-batch-size 2 --global-batch-size 8 --lr 1e-3 --device cuda \
+    --deterministic --mock-data --seq-length 128 --train-iters 1 --load "$H/kvim" --finetune \
+    --use-checkpoint-args --dump-first-batch "$H/bkv.npy" --log-jsonl "$H/kv.jsonl" > "$H/kv.log" 2>&1
+  echo "finetune --use-checkpoint-args rc=$?"; grep -m1 "parameters" "$H/kv.log"
+  python3 tests/gpu/hf_llama_check.py loss "$H/kv" "$H/bkv.npy" "$H/kv.jsonl" 1 2>/dev/null
+  echo "hf_llama_check head_dim 64 rc=$? (0: pass)"
   ;;
 tbcheck)
   # --tensorboard-dir read back by TensorBoard's EventAccumulator and compared with the jsonl

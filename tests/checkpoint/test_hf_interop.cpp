@@ -26,6 +26,7 @@
 #include "weft/checkpoint/safetensors.h"
 #include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
+#include "weft/train/config_json.h"
 #include "weft/train/hf_convert.h"
 
 namespace weft {
@@ -213,6 +214,90 @@ TEST(HfInterop, ConfigAndHeaderFieldByField) {
   barrier();
 }
 
+// The model config a checkpoint's metadata.json records.
+ModelConfig model_of(const std::string& ckpt) {
+  std::string iter;
+  EXPECT_TRUE(ckpt_resolve_iter_dir(ckpt, -1, &iter).is_ok()) << ckpt;
+  return model_config_from_json(read_json(iter + "/metadata.json")["config"]["model"]);
+}
+
+// Llama 3.x RoPE scaling (--use-rope-scaling) goes out as rope_type llama3 in both of
+// transformers' keys and comes back from either.
+TEST(HfInterop, Llama3RopeScalingBothWays) {
+  TrainConfig cfg = tiny();
+  cfg.model.rotary_base = 500000;
+  cfg.model.use_rope_scaling = true;
+  cfg.model.rope_scaling_factor = 32;
+  const std::string ck = trained(cfg, 1, "hfrope");
+  if (rank0()) [&] {
+    hf_export_checkpoint(ck, ck + "/ex", {});
+    const nlohmann::json c = read_json(ck + "/ex/config.json");
+    const nlohmann::json scaling = {{"rope_type", "llama3"},
+                                    {"factor", 32.0},
+                                    {"low_freq_factor", 1.0},
+                                    {"high_freq_factor", 4.0},
+                                    {"original_max_position_embeddings", 8192}};
+    EXPECT_EQ(c["rope_scaling"], scaling);
+    EXPECT_TRUE(c["rope_scaling"]["original_max_position_embeddings"].is_number_integer());
+    nlohmann::json params = scaling;
+    params["rope_theta"] = 500000.0;
+    EXPECT_EQ(c["rope_parameters"], params);
+    EXPECT_EQ(c["rope_theta"], 500000.0);
+
+    hf_import_checkpoint(ck + "/ex", ck + "/im");
+    const ModelConfig m = model_of(ck + "/im");
+    EXPECT_TRUE(m.use_rope_scaling);
+    EXPECT_EQ(m.rope_scaling_factor, 32.0);
+    EXPECT_EQ(m.rotary_base, 500000.0);
+    expect_same_weights(weights_of(ck), weights_of(ck + "/im"));
+
+    // A Mistral config of the same model (no sliding window) imports as the same model.
+    nlohmann::json mistral = c;
+    mistral["model_type"] = "mistral";
+    mistral["architectures"] = {"MistralForCausalLM"};
+    mistral["sliding_window"] = nullptr;
+    const ModelConfig mm = hf_model_config_from_json(mistral);
+    EXPECT_FALSE(mm.moe());
+    EXPECT_TRUE(model_mismatches(mm, m).empty());
+    EXPECT_EQ(mm.num_layers, m.num_layers);
+    mistral["sliding_window"] = 4096;
+    EXPECT_THROW(hf_model_config_from_json(mistral), UsageError);
+
+    // transformers 4's form alone: rope_theta and rope_scaling (with the older "type" key).
+    nlohmann::json v4 = c;
+    v4.erase("rope_parameters");
+    v4["rope_scaling"] = {{"type", "llama3"}, {"factor", 8}, {"low_freq_factor", 1},
+                          {"high_freq_factor", 4}, {"original_max_position_embeddings", 8192}};
+    EXPECT_TRUE(hf_model_config_from_json(v4).use_rope_scaling);
+    EXPECT_EQ(hf_model_config_from_json(v4).rope_scaling_factor, 8.0);
+    v4["rope_scaling"] = nullptr;
+    EXPECT_FALSE(hf_model_config_from_json(v4).use_rope_scaling);
+  }();
+  barrier();
+}
+
+// A head dim other than hidden / heads (--kv-channels; transformers' head_dim): 4 heads of 16 at
+// hidden 32, so q_proj is [64, 32] and o_proj [32, 64]; out and back bitwise, on pp2 x dp2.
+TEST(HfInterop, KvChannelsRoundTrip) {
+  TrainConfig cfg = pp2dp2(tiny());
+  cfg.model.kv_channels = 16;
+  const std::string ck = trained(cfg, 4, "hfkv");
+  if (rank0()) [&] {
+    hf_export_checkpoint(ck, ck + "/ex", {});
+    const nlohmann::json c = read_json(ck + "/ex/config.json");
+    EXPECT_EQ(c["head_dim"], 16);
+    EXPECT_EQ(c["hidden_size"], 32);
+    const nlohmann::json h = raw_header(ck + "/ex/model.safetensors");
+    EXPECT_EQ(h["model.layers.0.self_attn.q_proj.weight"]["shape"], nlohmann::json({64, 32}));
+    EXPECT_EQ(h["model.layers.0.self_attn.k_proj.weight"]["shape"], nlohmann::json({32, 32}));
+    EXPECT_EQ(h["model.layers.0.self_attn.o_proj.weight"]["shape"], nlohmann::json({32, 64}));
+    hf_import_checkpoint(ck + "/ex", ck + "/im");
+    EXPECT_EQ(model_of(ck + "/im").head_dim(), 16);
+    expect_same_weights(weights_of(ck), weights_of(ck + "/im"));
+  }();
+  barrier();
+}
+
 TEST(HfInterop, QkvAndGateUpSplitByTheDocumentedInterleave) {
   const std::string ck = trained(tiny(), 1, "hfqkv");
   if (rank0()) [&] {
@@ -326,6 +411,29 @@ TEST(HfInterop, FinetuneOnPp2Dp2MatchesOneRank) {
   if (rank0()) [&] {
     EXPECT_NE(error.find("--finetune"), std::string::npos) << error;
   }();
+  // A model that the tensors cannot tell apart, refused naming each flag: twice the heads and
+  // groups at the same width (the same QKV rows), another RoPE base, Llama 3 scaling.
+  TrainConfig other = pp2dp2(ft);
+  other.model.num_attention_heads = 8;
+  other.model.num_query_groups = 4;
+  other.model.rotary_base = 500000;
+  other.model.use_rope_scaling = true;
+  error.clear();
+  run_job(other, 4, false, nullptr, &error);
+  if (rank0()) [&] {
+    for (const char* needle : {"--num-attention-heads 8 (checkpoint: 4)",
+                               "--num-query-groups 4 (checkpoint: 2)",
+                               "--rotary-base 500000 (checkpoint: 10000)",
+                               "--use-rope-scaling true (checkpoint: false)"})
+      EXPECT_NE(error.find(needle), std::string::npos) << error;
+  }();
+  TrainConfig eps = ft;
+  eps.model.norm_epsilon = 1e-6;
+  error.clear();
+  run_job(eps, 1, false, nullptr, &error);
+  if (rank0()) [&] {
+    EXPECT_NE(error.find("--norm-epsilon 1e-06 (checkpoint: 1e-05)"), std::string::npos) << error;
+  }();
   barrier();
 }
 
@@ -383,11 +491,32 @@ TEST(HfInterop, BadInputNamesTheKey) {
     refused_config("hidden_size", erase, "'hidden_size'");
     refused_config("rms_norm_eps", erase, "'rms_norm_eps'");
     refused_config("rope_scaling", {{"type", "linear"}, {"factor", 2.0}}, "rope_scaling");
-    refused_config("rope_parameters", {{"rope_type", "llama3"}, {"rope_theta", 5e5}}, "rope_type");
+    refused_config("rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 5e5}}, "rope_type");
+    const nlohmann::json llama3 = {{"rope_type", "llama3"}, {"factor", 8.0},
+                                   {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                                   {"original_max_position_embeddings", 8192}};
+    nlohmann::json r = llama3;
+    r.erase("factor");
+    refused_config("rope_parameters", r, "rope_parameters.factor is missing");
+    r = llama3;
+    r["low_freq_factor"] = 2.0;
+    refused_config("rope_parameters", r, "rope_parameters.low_freq_factor is 2.0");
+    r = llama3;
+    r["original_max_position_embeddings"] = 4096;
+    refused_config("rope_scaling", r, "rope_scaling.original_max_position_embeddings is 4096");
+    r = llama3;
+    r["attention_factor"] = 1.5;
+    refused_config("rope_parameters", r, "rope_parameters.attention_factor");
+    r = llama3;
+    r["factor"] = 0.5;
+    refused_config("rope_parameters", r, "--rope-scaling-factor");
+    refused_config("rope_scaling", llama3, "describe different RoPE scalings");  // vs default
+    refused_config("num_hidden_layers", 4294967300ULL, "'num_hidden_layers' is 4294967300, out of range");
     refused_config("attention_bias", true, "attention_bias");
     refused_config("mlp_bias", true, "mlp_bias");
     refused_config("hidden_act", "gelu", "hidden_act");
-    refused_config("head_dim", 16, "head_dim");
+    refused_config("head_dim", 16, "has shape");  // a head dim the tensors do not have
+    refused_config("head_dim", 7, "head_dim");     // odd: no RoPE
     refused_config("num_key_value_heads", 3, "num_key_value_heads");
     refused_config("sliding_window", 4096, "sliding_window");
     refused_config("model_type", "gpt2", "model_type");

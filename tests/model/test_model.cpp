@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -131,14 +132,26 @@ struct Reference {
     return x / torch::sqrt(x.pow(2).mean(-1, true) + eps) * g;
   }
 
-  // x [b, s, heads, hd]: pairs (i, i + hd/2) rotated by pos * base^(-2i/hd).
+  // The frequency of pair i: base^(-2i/hd); with Llama 3's scaling (context 8192, low/high
+  // frequency factors 1 and 4) a wavelength under 8192/4 keeps it, one over 8192/1 divides it by
+  // the factor, and one between mixes the two with weight (8192/wavelength - 1) / (4 - 1).
+  double frequency(int64_t i, int64_t hd) const {
+    const double f = std::pow(cfg.rotary_base, -2.0 * static_cast<double>(i) / hd);
+    if (!cfg.use_rope_scaling) return f;
+    const double wavelength = 2 * M_PI / f, factor = cfg.rope_scaling_factor;
+    if (wavelength < 8192.0 / 4) return f;
+    if (wavelength > 8192.0 / 1) return f / factor;
+    const double smooth = (8192.0 / wavelength - 1) / (4 - 1);
+    return (1 - smooth) * f / factor + smooth * f;
+  }
+
+  // x [b, s, heads, hd]: pairs (i, i + hd/2) rotated by pos * frequency(i).
   torch::Tensor rope(const torch::Tensor& x) const {
     const int64_t s = x.size(1), hd = x.size(3), half = hd / 2;
     std::vector<double> c, sn;
     for (int64_t p = 0; p < s; ++p) {
       for (int64_t i = 0; i < half; ++i) {
-        const double theta =
-            static_cast<double>(p) * std::pow(cfg.rotary_base, -2.0 * static_cast<double>(i) / hd);
+        const double theta = static_cast<double>(p) * frequency(i, hd);
         c.push_back(std::cos(theta));
         sn.push_back(std::sin(theta));
       }
@@ -266,6 +279,41 @@ TEST(ModelReference, Float64MultiHeadAndMultiQuery) {
   check_against_reference(small_config(false, 8, 2), torch::kDouble, 1e-10);  // hd 4, r 4
 }
 
+// --kv-channels: a head dim other than hidden / heads, wider (4 heads of 16 at hidden 32) and
+// narrower (4 of 4), and at a hidden size that heads do not divide (3 heads of 8 at 32).
+TEST(ModelReference, Float64KvChannels) {
+  for (auto [heads, groups, hd] : {std::tuple{4, 2, 16}, std::tuple{4, 4, 4}, std::tuple{3, 1, 8}}) {
+    ModelConfig cfg = small_config(false, heads, groups);
+    cfg.kv_channels = hd;
+    check_against_reference(cfg, torch::kDouble, 1e-10);
+  }
+}
+
+// Llama 3's RoPE scaling (--use-rope-scaling): head dim 16 at base 1e6 has wavelengths from 6
+// to 1.9e5 positions, so pairs fall in each of the three bands (kept, interpolated, divided).
+TEST(ModelReference, Float64Llama3RopeScaling) {
+  ModelConfig cfg = small_config(false, 2, 1);
+  cfg.rotary_base = 1e6;
+  cfg.use_rope_scaling = true;
+  cfg.rope_scaling_factor = 8;
+  std::set<int> bands;
+  for (int i = 0; i < cfg.head_dim() / 2; ++i) {
+    const double w = 2 * M_PI * std::pow(cfg.rotary_base, 2.0 * i / cfg.head_dim());
+    bands.insert(w < 2048 ? 0 : w > 8192 ? 2 : 1);
+  }
+  ASSERT_EQ(bands.size(), 3u);
+  check_against_reference(cfg, torch::kDouble, 1e-10);
+  cfg.rope_scaling_factor = 32;
+  check_against_reference(cfg, torch::kFloat, 1e-5);
+  // The scaled tables differ from the unscaled ones past position 0.
+  ModelConfig plain = cfg;
+  plain.use_rope_scaling = false;
+  const RotaryTables a = make_rotary_tables(cfg, torch::kCPU, torch::kDouble);
+  const RotaryTables b = make_rotary_tables(plain, torch::kCPU, torch::kDouble);
+  EXPECT_TRUE(torch::equal(a.cos[0], b.cos[0]));
+  EXPECT_GT((a.sin - b.sin).abs().max().item<double>(), 1e-3);
+}
+
 // --- parameter specs and initialisation --------------------------------------------------------
 
 TEST(ModelParams, NamesShapesAndKinds) {
@@ -344,7 +392,27 @@ TEST(ModelParams, ConfigRefusals) {
   cfg = small_config(false);
   cfg.hidden_size = 30;
   EXPECT_THROW(check_model_config(cfg), UsageError);
+  cfg.kv_channels = 8;  // 4 heads of 8 at hidden 30: fine with an explicit head dim
+  EXPECT_NO_THROW(check_model_config(cfg));
+  for (int bad : {5, 0}) {
+    cfg.kv_channels = bad;
+    try {
+      check_model_config(cfg);
+      FAIL() << "accepted --kv-channels " << bad;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--kv-channels"), std::string::npos) << e.what();
+    }
+  }
   EXPECT_NO_THROW(check_model_config(small_config(true)));
+  cfg = small_config(false);
+  cfg.use_rope_scaling = true;
+  cfg.rope_scaling_factor = 0.5;
+  try {
+    check_model_config(cfg);
+    FAIL() << "accepted a RoPE scaling factor below 1";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--rope-scaling-factor"), std::string::npos) << e.what();
+  }
 }
 
 // --- the ParamSource contract --------------------------------------------------------------------

@@ -562,6 +562,7 @@ nlohmann::json ckpt_load(const LoadRequest& req, PipelineStage& stage, ShardedAd
   CkptIndex index;
   if (Status s = ckpt_read_metadata(dir, &meta, &index); !s)
     fail_usage("--load {} (iteration {}): {}", req.dir, iteration, s.message());
+  if (req.check_metadata) req.check_metadata(meta);
   const ModelConfig& cfg = stage.model_config();
   if (!req.finetune) {
     bool has_optimizer_state = false;

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -102,6 +103,9 @@ struct LoadRequest {
   // moments and step count stay fresh, no RNG stream is restored. Without it, a checkpoint
   // holding no optimizer state (`weft ckpt import`) is refused naming --finetune.
   bool finetune = false;
+  // Called on every rank with the checkpoint's metadata.json once it is read, before any tensor
+  // is: the caller refuses a checkpoint of another model there (throwing on every rank alike).
+  std::function<void(const nlohmann::json& meta)> check_metadata;
 };
 
 // Collective. Returns the checkpoint's metadata.json, or null JSON when `dir` has no tracker

@@ -13,9 +13,12 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <optional>
 
 #include "weft/checkpoint/format.h"
 #include "weft/core/error.h"
@@ -152,6 +155,18 @@ nlohmann::json hf_config_from_model(const ModelConfig& c, const std::string& tor
       {"attention_dropout", 0.0},
       {"use_cache", true},
   };
+  if (c.use_rope_scaling) {  // transformers 4 reads rope_scaling, 5 rope_parameters
+    const nlohmann::json scaling = {
+        {"rope_type", "llama3"},
+        {"factor", c.rope_scaling_factor},
+        {"low_freq_factor", ModelConfig::kRopeLowFreqFactor},
+        {"high_freq_factor", ModelConfig::kRopeHighFreqFactor},
+        {"original_max_position_embeddings",  // an integer (transformers checks)
+         static_cast<int64_t>(ModelConfig::kRopeOriginalContext)}};
+    j["rope_scaling"] = scaling;
+    j["rope_parameters"] = scaling;
+    j["rope_parameters"]["rope_theta"] = c.rotary_base;
+  }
   if (type == "llama") {
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
@@ -179,7 +194,16 @@ bool hf_get(const nlohmann::json& j, const char* key, T* out, bool required) {
     return false;
   }
   bool ok = true;
-  if constexpr (std::is_same_v<T, int>) ok = it->is_number_integer();
+  if constexpr (std::is_same_v<T, int>) {
+    // In range before the narrowing get<int>: 4294967297 would read as 1.
+    ok = it->is_number_integer() &&
+         (it->is_number_unsigned()
+              ? it->get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int>::max())
+              : it->get<int64_t>() >= std::numeric_limits<int>::min() &&
+                    it->get<int64_t>() <= std::numeric_limits<int>::max());
+    if (it->is_number_integer() && !ok)
+      fail_usage("hf import: config.json '{}' is {}, out of range", key, it->dump());
+  }
   if constexpr (std::is_same_v<T, double>) ok = it->is_number();
   if constexpr (std::is_same_v<T, bool>) ok = it->is_boolean();
   if constexpr (std::is_same_v<T, std::string>) ok = it->is_string();
@@ -197,14 +221,81 @@ void hf_refuse_unless(const nlohmann::json& j, const char* key, const nlohmann::
   fail_usage("hf import: config.json {} is {}; {}", key, it->dump(), why);
 }
 
+// One of config.json's RoPE descriptions: rope_scaling (transformers 4; null: none) or
+// rope_parameters (transformers 5, with rope_theta inside). weft has the default RoPE and
+// Llama 3's scaling with its fixed low/high-frequency factors and original context; anything
+// else is refused naming the key.
+struct HfRope {
+  bool given = false;
+  bool llama3 = false;
+  double factor = 1.0;
+  std::optional<double> theta;
+};
+
+HfRope hf_rope(const nlohmann::json& j, const char* key) {
+  HfRope r;
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return r;
+  if (!it->is_object())
+    fail_usage("hf import: config.json {} is not an object ({})", key, it->dump());
+  r.given = true;
+  auto number = [&](const char* k) -> std::optional<double> {
+    auto v = it->find(k);
+    if (v == it->end() || v->is_null()) return std::nullopt;
+    if (!v->is_number())
+      fail_usage("hf import: config.json {}.{} has the wrong type ({})", key, k, v->dump());
+    return v->get<double>();
+  };
+  std::string type = "default";
+  for (const char* k : {"type", "rope_type"})  // "type" is the older spelling
+    if (auto v = it->find(k); v != it->end() && !v->is_null()) {
+      if (!v->is_string())
+        fail_usage("hf import: config.json {}.{} has the wrong type ({})", key, k, v->dump());
+      type = v->get<std::string>();
+    }
+  if (type != "default" && type != "llama3")
+    fail_usage("hf import: config.json {} has rope_type '{}'; weft has the default RoPE and "
+               "Llama 3's scaling (llama3)", key, type);
+  r.llama3 = type == "llama3";
+  r.theta = number("rope_theta");
+  const std::vector<std::string> allowed =
+      r.llama3 ? std::vector<std::string>{"type", "rope_type", "rope_theta", "factor",
+                                          "low_freq_factor", "high_freq_factor",
+                                          "original_max_position_embeddings"}
+               : std::vector<std::string>{"type", "rope_type", "rope_theta"};
+  for (const auto& [k, v] : it->items())
+    if (std::find(allowed.begin(), allowed.end(), k) == allowed.end() && !v.is_null())
+      fail_usage("hf import: config.json {}.{} is {}; weft's {} RoPE has no such setting", key, k,
+                 v.dump(), type);
+  if (!r.llama3) return r;
+  const std::optional<double> factor = number("factor");
+  if (!factor) fail_usage("hf import: config.json {}.factor is missing (rope_type llama3)", key);
+  r.factor = *factor;
+  const std::pair<const char*, double> fixed[] = {
+      {"low_freq_factor", ModelConfig::kRopeLowFreqFactor},
+      {"high_freq_factor", ModelConfig::kRopeHighFreqFactor},
+      {"original_max_position_embeddings", ModelConfig::kRopeOriginalContext}};
+  for (const auto& [k, want] : fixed) {
+    const std::optional<double> v = number(k);
+    if (!v) fail_usage("hf import: config.json {}.{} is missing (rope_type llama3)", key, k);
+    if (*v != want)
+      fail_usage("hf import: config.json {}.{} is {}; weft's Llama 3 RoPE scaling (Megatron's "
+                 "--use-rope-scaling) fixes it to {}", key, k, (*it)[k].dump(), want);
+  }
+  return r;
+}
+
 }  // namespace
 
 ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
   if (!j.is_object()) fail_usage("hf import: config.json is not a JSON object");
   std::string type;
   hf_get(j, "model_type", &type, true);
-  if (type != "llama" && type != "mixtral")
-    fail_usage("hf import: config.json model_type '{}' is not supported (llama or mixtral)", type);
+  // Mistral (with no sliding window, refused below otherwise) is Llama's architecture under
+  // Llama's tensor names; it imports as a dense model and exports as LlamaForCausalLM.
+  if (type != "llama" && type != "mistral" && type != "mixtral")
+    fail_usage("hf import: config.json model_type '{}' is not supported (llama, mistral or "
+               "mixtral)", type);
   ModelConfig m;
   hf_get(j, "hidden_size", &m.hidden_size, true);
   int inter = 0;
@@ -213,38 +304,38 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
   hf_get(j, "num_attention_heads", &m.num_attention_heads, true);
   hf_get(j, "vocab_size", &m.vocab_size, true);
   hf_get(j, "rms_norm_eps", &m.norm_epsilon, true);
-  if (m.hidden_size < 1 || m.num_attention_heads < 1 || m.hidden_size % m.num_attention_heads)
-    fail_usage("hf import: config.json hidden_size {} is not a positive multiple of "
-               "num_attention_heads {}", m.hidden_size, m.num_attention_heads);
+  if (m.hidden_size < 1 || m.num_attention_heads < 1)
+    fail_usage("hf import: config.json hidden_size {} and num_attention_heads {} must be "
+               "positive", m.hidden_size, m.num_attention_heads);
   m.num_query_groups = m.num_attention_heads;
   hf_get(j, "num_key_value_heads", &m.num_query_groups, false);
   if (m.num_query_groups < 1 || m.num_attention_heads % m.num_query_groups)
     fail_usage("hf import: config.json num_key_value_heads {} does not divide num_attention_heads "
                "{}", m.num_query_groups, m.num_attention_heads);
-  int head_dim = m.hidden_size / m.num_attention_heads;
-  hf_get(j, "head_dim", &head_dim, false);
-  if (head_dim != m.hidden_size / m.num_attention_heads)
-    fail_usage("hf import: config.json head_dim {} differs from hidden_size / num_attention_heads "
-               "= {}; weft derives the head size from them", head_dim,
-               m.hidden_size / m.num_attention_heads);
+  // head_dim (--kv-channels): default hidden_size / num_attention_heads, which must then divide.
+  int head_dim = 0;
+  if (hf_get(j, "head_dim", &head_dim, false)) {
+    if (head_dim < 1) fail_usage("hf import: config.json head_dim {} must be positive", head_dim);
+    if (head_dim * m.num_attention_heads != m.hidden_size) m.kv_channels = head_dim;
+  } else if (m.hidden_size % m.num_attention_heads) {
+    fail_usage("hf import: config.json hidden_size {} is not a multiple of num_attention_heads "
+               "{} and there is no head_dim", m.hidden_size, m.num_attention_heads);
+  }
   // RoPE: transformers 5 writes rope_parameters, earlier versions rope_theta + rope_scaling.
   m.rotary_base = type == "mixtral" ? 1e6 : 10000.0;
   hf_get(j, "rope_theta", &m.rotary_base, false);
-  hf_refuse_unless(j, "rope_scaling", nullptr, "weft has no RoPE scaling");
-  if (auto it = j.find("rope_parameters"); it != j.end() && !it->is_null()) {
-    if (!it->is_object())
-      fail_usage("hf import: config.json rope_parameters is not an object ({})", it->dump());
-    for (const char* k : {"rope_type", "type"})
-      if (it->contains(k) && (*it)[k] != "default")
-        fail_usage("hf import: config.json rope_parameters.{} is {}; weft has only the default "
-                   "RoPE (no scaling)", k, (*it)[k].dump());
-    if (it->contains("rope_theta")) {
-      if (!(*it)["rope_theta"].is_number())
-        fail_usage("hf import: config.json rope_parameters.rope_theta has the wrong type ({})",
-                   (*it)["rope_theta"].dump());
-      m.rotary_base = (*it)["rope_theta"].get<double>();
-    }
-  }
+  // Scaling: the default RoPE or Llama 3's (rope_type llama3), from either key; where both
+  // are given they must describe the same scaling.
+  const HfRope from_scaling = hf_rope(j, "rope_scaling");
+  const HfRope from_params = hf_rope(j, "rope_parameters");
+  if (from_scaling.given && from_params.given &&
+      (from_scaling.llama3 != from_params.llama3 || from_scaling.factor != from_params.factor))
+    fail_usage("hf import: config.json rope_scaling ({}) and rope_parameters ({}) describe "
+               "different RoPE scalings", j["rope_scaling"].dump(), j["rope_parameters"].dump());
+  const HfRope& rope = from_params.given ? from_params : from_scaling;
+  m.use_rope_scaling = rope.llama3;
+  if (rope.llama3) m.rope_scaling_factor = rope.factor;
+  if (from_params.theta) m.rotary_base = *from_params.theta;
   std::string act = "silu";
   hf_get(j, "hidden_act", &act, false);
   if (act != "silu")
@@ -272,8 +363,8 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
       fail_usage("hf import: config.json num_local_experts {} must be >= 1", m.num_experts);
   }
   if (m.head_dim() % 2)
-    fail_usage("hf import: config.json head size hidden_size / num_attention_heads = {} is odd; "
-               "RoPE needs it even", m.head_dim());
+    fail_usage("hf import: config.json head size (head_dim, or hidden_size / "
+               "num_attention_heads) {} is odd; RoPE needs it even", m.head_dim());
   try {
     check_model_config(m);
   } catch (const UsageError& e) {

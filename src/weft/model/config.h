@@ -13,10 +13,20 @@ struct ModelConfig {
   int ffn_hidden_size = 172;     // --ffn-hidden-size (SwiGLU: fc1 has 2x rows)
   int num_attention_heads = 4;   // --num-attention-heads
   int num_query_groups = 2;      // --num-query-groups (GQA); equal to heads for MHA
+  int kv_channels = -1;          // --kv-channels: the head dim (-1: hidden / heads)
   int seq_length = 32;           // --seq-length
   int vocab_size = 128;          // --vocab-size
   double init_method_std = 0.02; // --init-method-std
   double rotary_base = 10000.0;  // --rotary-base
+  // Llama 3.x RoPE scaling (--use-rope-scaling, --rope-scaling-factor; Megatron's flags and
+  // default): the frequencies whose wavelength exceeds kRopeOriginalContext / kRopeLowFreqFactor
+  // positions are divided by the factor, those below kRopeOriginalContext / kRopeHighFreqFactor
+  // are kept, and the band between is interpolated (make_rotary_tables).
+  bool use_rope_scaling = false;
+  double rope_scaling_factor = 8.0;
+  static constexpr double kRopeLowFreqFactor = 1.0;
+  static constexpr double kRopeHighFreqFactor = 4.0;
+  static constexpr double kRopeOriginalContext = 8192.0;
   double norm_epsilon = 1e-5;    // --norm-epsilon
   bool untie_embeddings_and_output_weights = false;  // --untie-embeddings-and-output-weights
   bool bf16 = false;             // --bf16: bf16 compute and weights; fp32 otherwise
@@ -52,7 +62,9 @@ struct ModelConfig {
   int mtp_num_layers = 0;                  // --mtp-num-layers
   double mtp_loss_scaling_factor = 0.1;    // --mtp-loss-scaling-factor
 
-  int head_dim() const { return hidden_size / num_attention_heads; }
+  int head_dim() const {
+    return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads;
+  }
   bool tied() const { return !untie_embeddings_and_output_weights; }
   bool moe() const { return num_experts > 0; }
   int expert_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size; }

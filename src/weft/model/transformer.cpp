@@ -75,20 +75,26 @@ void check_model_config(const ModelConfig& cfg) {
   positive(cfg.num_query_groups, "--num-query-groups");
   positive(cfg.seq_length, "--seq-length");
   positive(cfg.vocab_size, "--vocab-size");
-  if (cfg.hidden_size % cfg.num_attention_heads != 0) {
-    fail_usage("--hidden-size ({}) must be a multiple of --num-attention-heads ({})",
-               cfg.hidden_size, cfg.num_attention_heads);
+  if (cfg.kv_channels != -1 && cfg.kv_channels <= 0)
+    fail_usage("--kv-channels must be positive, or -1 for --hidden-size / --num-attention-heads "
+               "(got {})", cfg.kv_channels);
+  if (cfg.kv_channels == -1 && cfg.hidden_size % cfg.num_attention_heads != 0) {
+    fail_usage("--hidden-size ({}) must be a multiple of --num-attention-heads ({}), or give the "
+               "head dim with --kv-channels", cfg.hidden_size, cfg.num_attention_heads);
   }
   if (cfg.num_attention_heads % cfg.num_query_groups != 0) {
     fail_usage("--num-attention-heads ({}) must be a multiple of --num-query-groups ({})",
                cfg.num_attention_heads, cfg.num_query_groups);
   }
   if (cfg.head_dim() % 2 != 0) {
-    fail_usage("head dim (--hidden-size / --num-attention-heads = {}) must be even for RoPE",
+    fail_usage("head dim ({} = {}) must be even for RoPE",
+               cfg.kv_channels > 0 ? "--kv-channels" : "--hidden-size / --num-attention-heads",
                cfg.head_dim());
   }
   if (!(cfg.init_method_std > 0)) fail_usage("--init-method-std must be positive");
   if (!(cfg.rotary_base > 0)) fail_usage("--rotary-base must be positive");
+  if (cfg.use_rope_scaling && !(cfg.rope_scaling_factor >= 1 && std::isfinite(cfg.rope_scaling_factor)))
+    fail_usage("--rope-scaling-factor must be a finite number >= 1 (got {})", cfg.rope_scaling_factor);
   if (!(cfg.norm_epsilon >= 0)) fail_usage("--norm-epsilon must not be negative");
   check_moe_config(cfg);
 }
@@ -380,13 +386,28 @@ at::Tensor init_param(const ParamSpec& spec, const ModelConfig& cfg, uint64_t se
   return t;
 }
 
+at::Tensor llama3_scaled_frequencies(const at::Tensor& inv_freq, double factor) {
+  // Wavelength in positions of each frequency; long ones (past the original context over the
+  // low-frequency factor) are slowed by `factor`, short ones (under the context over the
+  // high-frequency factor) kept, and between the two the frequency is interpolated linearly in
+  // context / wavelength between inv_freq / factor and inv_freq.
+  constexpr double ctx = ModelConfig::kRopeOriginalContext;
+  constexpr double lo = ModelConfig::kRopeLowFreqFactor, hi = ModelConfig::kRopeHighFreqFactor;
+  const at::Tensor wavelen = (2.0 * M_PI) / inv_freq;
+  const at::Tensor smooth = (ctx / wavelen - lo) / (hi - lo);
+  const at::Tensor between = (1.0 - smooth) * inv_freq / factor + smooth * inv_freq;
+  return at::where(wavelen > ctx / lo, inv_freq / factor,
+                   at::where(wavelen < ctx / hi, inv_freq, between));
+}
+
 RotaryTables make_rotary_tables(const ModelConfig& cfg, c10::Device device, c10::ScalarType dtype) {
   check_model_config(cfg);
   // Angles in float64 on the CPU, then cast: the tables are exact to the target dtype.
   const int64_t hd = cfg.head_dim();
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   const at::Tensor exponent = at::arange(0, hd / 2, f64) * (-2.0 / static_cast<double>(hd));
-  const at::Tensor inv_freq = at::pow(cfg.rotary_base, exponent);                  // base^(-2i/hd)
+  at::Tensor inv_freq = at::pow(cfg.rotary_base, exponent);                        // base^(-2i/hd)
+  if (cfg.use_rope_scaling) inv_freq = llama3_scaled_frequencies(inv_freq, cfg.rope_scaling_factor);
   const at::Tensor angles = at::outer(at::arange(cfg.seq_length, f64), inv_freq);  // [s, hd/2]
   const at::Tensor full = at::cat({angles, angles}, -1);                           // [s, hd]
   RotaryTables t;

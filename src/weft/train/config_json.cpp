@@ -5,6 +5,10 @@
 // so checkpoints written before a feature existed still load.
 #include "weft/train/config_json.h"
 
+#include <fmt/format.h>
+
+#include "weft/checkpoint/format.h"
+#include "weft/checkpoint/full_read.h"
 #include "weft/core/error.h"
 #include "weft/model/transformer.h"
 
@@ -40,10 +44,13 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   get(j, "ffn_hidden_size", &m.ffn_hidden_size, true);
   get(j, "num_attention_heads", &m.num_attention_heads, true);
   get(j, "num_query_groups", &m.num_query_groups, true);
+  get(j, "kv_channels", &m.kv_channels, false);  // absent before: hidden / heads
   get(j, "seq_length", &m.seq_length, true);
   get(j, "vocab_size", &m.vocab_size, true);
   get(j, "init_method_std", &m.init_method_std, false);
   get(j, "rotary_base", &m.rotary_base, true);
+  get(j, "use_rope_scaling", &m.use_rope_scaling, false);  // absent before: no scaling
+  get(j, "rope_scaling_factor", &m.rope_scaling_factor, false);
   get(j, "norm_epsilon", &m.norm_epsilon, true);
   get(j, "untie_embeddings_and_output_weights", &m.untie_embeddings_and_output_weights, true);
   get(j, "bf16", &m.bf16, false);
@@ -72,6 +79,84 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
     fail_usage("checkpoint config: {}", e.what());
   }
   return m;
+}
+
+std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelConfig& saved) {
+  std::vector<std::string> out;
+  auto cmp = [&](const char* flag, const auto& a, const auto& b) {
+    if (!(a == b)) out.push_back(fmt::format("{} {} (checkpoint: {})", flag, a, b));
+  };
+  // Heads and groups: 8 heads in 4 groups have the QKV rows of 4 heads in 2 at the same width.
+  if (run.hidden_size == saved.hidden_size) {
+    cmp("--num-attention-heads", run.num_attention_heads, saved.num_attention_heads);
+    cmp("--num-query-groups", run.num_query_groups, saved.num_query_groups);
+    cmp("--kv-channels", run.head_dim(), saved.head_dim());
+  }
+  cmp("--rotary-base", run.rotary_base, saved.rotary_base);
+  cmp("--use-rope-scaling", run.use_rope_scaling, saved.use_rope_scaling);
+  if (run.use_rope_scaling && saved.use_rope_scaling)
+    cmp("--rope-scaling-factor", run.rope_scaling_factor, saved.rope_scaling_factor);
+  cmp("--norm-epsilon", run.norm_epsilon, saved.norm_epsilon);
+  if (run.moe() && saved.moe()) {
+    cmp("--moe-router-topk", run.moe_router_topk, saved.moe_router_topk);
+    cmp("--moe-router-score-function", run.moe_router_score_function,
+        saved.moe_router_score_function);
+  }
+  return out;
+}
+
+CheckpointModel checkpoint_model(const std::string& load, int step) {
+  std::string iter;
+  if (Status s = ckpt_resolve_iter_dir(load, step, &iter); !s)
+    fail_usage("--use-checkpoint-args: --load {}: {}", load, s.message());
+  nlohmann::json meta;
+  CkptIndex index;
+  if (Status s = ckpt_read_metadata(iter, &meta, &index); !s)
+    fail_usage("--use-checkpoint-args: --load {}: {}", load, s.message());
+  if (!meta.contains("config") || !meta["config"].contains("model"))
+    fail_usage("--use-checkpoint-args: --load {}: {} records no model config", load, iter);
+  return {model_config_from_json(meta["config"]["model"]), meta.contains("hf")};
+}
+
+void take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,
+                                const std::function<bool(const char* flag)>& given) {
+  ModelConfig& m = *run;
+  auto take = [&](const char* flag, auto& to, const auto& from) {
+    if (!given(flag)) to = from;
+  };
+  take("--hidden-size", m.hidden_size, saved.hidden_size);
+  take("--ffn-hidden-size", m.ffn_hidden_size, saved.ffn_hidden_size);
+  take("--num-attention-heads", m.num_attention_heads, saved.num_attention_heads);
+  take("--num-query-groups", m.num_query_groups, saved.num_query_groups);
+  take("--kv-channels", m.kv_channels, saved.head_dim());
+  take("--seq-length", m.seq_length, saved.seq_length);
+  take("--vocab-size", m.vocab_size, saved.vocab_size);
+  take("--rotary-base", m.rotary_base, saved.rotary_base);
+  take("--use-rope-scaling", m.use_rope_scaling, saved.use_rope_scaling);
+  take("--rope-scaling-factor", m.rope_scaling_factor, saved.rope_scaling_factor);
+  take("--norm-epsilon", m.norm_epsilon, saved.norm_epsilon);
+  take("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights,
+       saved.untie_embeddings_and_output_weights);
+  take("--num-experts", m.num_experts, saved.num_experts);
+  take("--moe-router-topk", m.moe_router_topk, saved.moe_router_topk);
+  take("--moe-ffn-hidden-size", m.moe_ffn_hidden_size, saved.expert_ffn());
+  take("--moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size,
+       saved.moe_shared_expert_intermediate_size);
+  take("--moe-router-score-function", m.moe_router_score_function,
+       saved.moe_router_score_function);
+  take("--mamba-state-dim", m.mamba_state_dim, saved.mamba_state_dim);
+  take("--mamba-head-dim", m.mamba_head_dim, saved.mamba_head_dim);
+  take("--mamba-num-groups", m.mamba_num_groups, saved.mamba_num_groups);
+  take("--mamba-num-heads", m.mamba_num_heads, saved.mamba_heads());
+  take("--mtp-num-layers", m.mtp_num_layers, saved.mtp_num_layers);
+  if (!given("--num-layers") && !given("--hybrid-layer-pattern") &&
+      !given("--hybrid-override-pattern") && !given("--moe-layer-freq")) {
+    m.num_layers = saved.num_layers;
+    m.layer_symbols = saved.layer_symbols;
+    m.mtp_layer_symbols = saved.mtp_layer_symbols;
+    m.moe_layer_pattern = saved.moe_layer_pattern;
+    m.hybrid_stage_layers.clear();
+  }
 }
 
 }  // namespace weft

@@ -30,6 +30,7 @@
 #include "weft/parallel/grad_sync.h"
 #include "weft/parallel/graphed_schedule.h"
 #include "weft/parallel/schedule.h"
+#include "weft/train/config_json.h"
 #include "weft/train/preflight.h"
 #include "weft/train/validate_numbers.h"
 #include "weft/train/tensorboard.h"
@@ -59,9 +60,11 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
       {"model",
        {{"num_layers", m.num_layers}, {"hidden_size", m.hidden_size},
         {"ffn_hidden_size", m.ffn_hidden_size}, {"num_attention_heads", m.num_attention_heads},
-        {"num_query_groups", m.num_query_groups}, {"seq_length", m.seq_length},
+        {"num_query_groups", m.num_query_groups}, {"kv_channels", m.head_dim()},
+        {"seq_length", m.seq_length},
         {"vocab_size", m.vocab_size}, {"init_method_std", m.init_method_std},
-        {"rotary_base", m.rotary_base}, {"norm_epsilon", m.norm_epsilon},
+        {"rotary_base", m.rotary_base}, {"use_rope_scaling", m.use_rope_scaling},
+        {"rope_scaling_factor", m.rope_scaling_factor}, {"norm_epsilon", m.norm_epsilon},
         {"untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights},
         {"bf16", m.bf16}, {"num_experts", m.num_experts}, {"moe_router_topk", m.moe_router_topk},
         {"moe_ffn_hidden_size", m.expert_ffn()},
@@ -154,11 +157,16 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   if (c.moe_token_dispatcher_type != "alltoall")
     fail_usage("--moe-token-dispatcher-type must be alltoall (got '{}'; weft implements the "
                "alltoall dispatcher only)", c.moe_token_dispatcher_type);
-  if (m.hidden_size < 1 || m.num_attention_heads < 1 || m.hidden_size % m.num_attention_heads)
-    fail_usage("--hidden-size {} must be a positive multiple of --num-attention-heads {}",
-               m.hidden_size, m.num_attention_heads);
+  if (m.hidden_size < 1 || m.num_attention_heads < 1 ||
+      (m.kv_channels == -1 && m.hidden_size % m.num_attention_heads))
+    fail_usage("--hidden-size {} must be a positive multiple of --num-attention-heads {}, or "
+               "give the head dim with --kv-channels", m.hidden_size, m.num_attention_heads);
+  if (m.kv_channels != -1 && m.kv_channels < 1)
+    fail_usage("--kv-channels must be >= 1, or -1 for --hidden-size / --num-attention-heads "
+               "(got {})", m.kv_channels);
   if (m.head_dim() % 2)
-    fail_usage("head dim --hidden-size/--num-attention-heads = {} must be even for RoPE",
+    fail_usage("head dim ({} = {}) must be even for RoPE",
+               m.kv_channels > 0 ? "--kv-channels" : "--hidden-size/--num-attention-heads",
                m.head_dim());
   if (m.num_query_groups < 1 || m.num_attention_heads % m.num_query_groups)
     fail_usage("--num-attention-heads {} must be a multiple of --num-query-groups {}",
@@ -290,6 +298,7 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
     req.strictness = ckpt_parse_strictness(cfg_.strictness);
     req.layout = layout_to_json(mesh, cfg_);
     req.finetune = cfg_.finetune;
+    req.check_metadata = [this](const nlohmann::json& meta) { check_checkpoint_model(meta); };
     nlohmann::json meta = ckpt_load(req, *stage_, *optimizer_, groups);
     if (meta.is_null() && cfg_.finetune)
       fail_usage("--finetune: --load {} holds no checkpoint (no tracker file)", cfg_.load);
@@ -484,6 +493,18 @@ void Trainer::dump_first_batch() const {
                   std::fwrite(header.data(), 1, header.size(), f) == header.size() &&
                   std::fwrite(both.data_ptr(), 1, bytes, f) == bytes;
   if (std::fclose(f) != 0 || !ok) fail("--dump-first-batch {}: write failed", cfg_.dump_first_batch);
+}
+
+void Trainer::check_checkpoint_model(const nlohmann::json& meta) const {
+  const nlohmann::json* model = nullptr;
+  if (auto c = meta.find("config"); c != meta.end() && c->is_object())
+    if (auto m = c->find("model"); m != c->end()) model = &*m;
+  if (!model) return;  // no recorded config: the tensor names and shapes are all there is
+  const std::vector<std::string> diff = model_mismatches(cfg_.model, model_config_from_json(*model));
+  if (diff.empty()) return;
+  fail_usage("--load {}: this run's model differs from the checkpoint's, which would load into "
+             "another function: {}; give the checkpoint's values",
+             cfg_.load, fmt::join(diff, ", "));
 }
 
 void Trainer::check_tokenizer(const nlohmann::json& meta) const {

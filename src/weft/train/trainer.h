@@ -178,6 +178,9 @@ class Trainer {
   // --dump-first-batch: writes the next global batch's tokens and labels (rank 0 only).
   void dump_first_batch() const;
   // Refuses a checkpoint trained with another tokenizer (unless --override-tokenizer).
+  // Refuses (on every rank) a checkpoint whose recorded model differs from this run's in a
+  // setting the tensor shapes do not show (model_mismatches).
+  void check_checkpoint_model(const nlohmann::json& meta) const;
   void check_tokenizer(const nlohmann::json& meta) const;
   // Evaluates, prints Megatron's validation block on rank 0 and appends it to the JSONL.
   void report_validation(const std::string& when, FILE* jsonl);

@@ -42,10 +42,12 @@ void validate_numeric_flags(const TrainConfig& c) {
   check_int("--ffn-hidden-size", m.ffn_hidden_size, 1);
   check_int("--num-attention-heads", m.num_attention_heads, 1);
   check_int("--num-query-groups", m.num_query_groups, 1);
+  if (m.kv_channels != -1) check_int("--kv-channels", m.kv_channels, 1, "or -1: hidden / heads");
   check_int("--seq-length", m.seq_length, 1);
   check_int("--vocab-size", m.vocab_size, 2);
   check_real("--init-method-std", m.init_method_std, 0, kInf, true);
   check_real("--rotary-base", m.rotary_base, 0, kInf, true);
+  if (m.use_rope_scaling) check_real("--rope-scaling-factor", m.rope_scaling_factor, 1, kInf);
   check_real("--norm-epsilon", m.norm_epsilon, 0, kInf, true);
   check_int("--num-experts", m.num_experts, 0);
   check_int("--moe-router-topk", m.moe_router_topk, 1);

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Loading checks the model settings that the tensors do not show, and --use-checkpoint-args
+# takes the model flags from the checkpoint (docs/hf-interop.md, "Loading checks ...").
+# Two tiny models are trained 2 iterations and saved on 2 ranks: D, a dense one far from every
+# default (3 layers, hidden 64, 8 heads in 2 groups, seq 32, vocab 96, untied, RoPE base 5e5
+# with Llama 3 scaling 16, norm epsilon 1e-6), and H, a hybrid Mamba/attention/MoE one. Each
+# is resumed for iteration 3 once with every model flag and once with --load and
+# --use-checkpoint-args alone: both must log the same loss and grad norm, bit for bit. Then the
+# refusals: D resumed with the default flags, with --use-checkpoint-args and another
+# --rotary-base, and --use-checkpoint-args without --load.
+# Usage: checkpoint_args.sh WEFT MPIRUN...
+set -u
+weft=$1
+shift
+mpirun=("$@")
+dir=$(mktemp -d /tmp/weft-ckpt-args-XXXXXX)
+trap 'rm -rf "$dir"' EXIT
+fails=0
+batch=(--micro-batch-size 2 --global-batch-size 4 --eval-interval 0 --mock-data)
+dense=(--num-layers 3 --hidden-size 64 --ffn-hidden-size 96 --num-attention-heads 8
+       --num-query-groups 2 --seq-length 32 --vocab-size 96 --untie-embeddings-and-output-weights
+       --rotary-base 500000 --use-rope-scaling --rope-scaling-factor 16 --norm-epsilon 1e-6)
+hybrid=(--hybrid-layer-pattern "M*-E" --hidden-size 64 --ffn-hidden-size 96
+        --num-attention-heads 4 --num-query-groups 2 --seq-length 32 --vocab-size 96
+        --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 --mamba-head-dim 16
+        --mamba-num-groups 2 --mamba-state-dim 16)
+
+# losses FILE: iteration 3's lm_loss and grad_norm from a --log-jsonl file.
+losses() {
+  grep '"iteration": 3,' "$1" | grep -o '"lm_loss": [^,]*, .*"grad_norm": [^,]*' |
+    sed 's/"aux_loss.*"grad_norm"/"grad_norm"/'
+}
+
+for m in dense hybrid; do
+  declare -n flags=$m
+  "${mpirun[@]}" -np 2 "$weft" train "${flags[@]}" "${batch[@]}" --train-iters 2 \
+    --save "$dir/$m" > "$dir/$m.log" 2>&1 || { tail -5 "$dir/$m.log"; echo "FAIL: training $m"; exit 1; }
+  "${mpirun[@]}" -np 2 "$weft" train "${flags[@]}" "${batch[@]}" --train-iters 3 \
+    --load "$dir/$m" --log-jsonl "$dir/$m.full.jsonl" > "$dir/$m.full.log" 2>&1 ||
+    { tail -5 "$dir/$m.full.log"; echo "FAIL: $m resumed with every flag"; exit 1; }
+  "${mpirun[@]}" -np 2 "$weft" train "${batch[@]}" --train-iters 3 --load "$dir/$m" \
+    --use-checkpoint-args --log-jsonl "$dir/$m.args.jsonl" > "$dir/$m.args.log" 2>&1 ||
+    { tail -5 "$dir/$m.args.log"; echo "FAIL: $m resumed with --use-checkpoint-args"; exit 1; }
+  want=$(losses "$dir/$m.full.jsonl")
+  got=$(losses "$dir/$m.args.jsonl")
+  if [ -n "$want" ] && [ "$want" = "$got" ]; then
+    echo "ok   ($m: --use-checkpoint-args resumes as every flag does: $got)"
+  else
+    echo "FAIL ($m: --use-checkpoint-args gave '$got', every flag '$want')"
+    fails=$((fails + 1))
+  fi
+done
+
+# refused DESCRIPTION NEEDLE ARGS...: `weft train ARGS` must exit 2 with NEEDLE in its output.
+refused() {
+  local what=$1 needle=$2 out rc
+  shift 2
+  out=$("$weft" train "${batch[@]}" --train-iters 3 "$@" 2>&1)
+  rc=$?
+  if [ "$rc" -eq 2 ] && printf '%s\n' "$out" | grep -qF -- "$needle"; then
+    echo "ok   ($what)"
+  else
+    echo "FAIL ($what): exit $rc, wanted 2 with '$needle'; output:"
+    printf '%s\n' "$out" | tail -3
+    fails=$((fails + 1))
+  fi
+}
+refused "default flags into D" "--num-attention-heads 4 (checkpoint: 8)" \
+  --hidden-size 64 --ffn-hidden-size 96 --num-layers 3 --seq-length 32 --vocab-size 96 \
+  --untie-embeddings-and-output-weights --load "$dir/dense"
+refused "D's flags but the RoPE base" "--rotary-base 10000 (checkpoint: 500000)" \
+  --load "$dir/dense" --use-checkpoint-args --rotary-base 10000
+refused "D's flags but the scaling factor" "--rope-scaling-factor 8 (checkpoint: 16)" \
+  --load "$dir/dense" --use-checkpoint-args --rope-scaling-factor 8
+refused "--use-checkpoint-args without --load" "--use-checkpoint-args needs --load DIR" \
+  --use-checkpoint-args
+refused "--use-checkpoint-args, no checkpoint" "--use-checkpoint-args: --load $dir/none" \
+  --use-checkpoint-args --load "$dir/none"
+
+[ $fails -eq 0 ] && echo "checkpoint_args: all passed" || echo "checkpoint_args: $fails failed"
+exit $((fails > 0))
