@@ -85,6 +85,8 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--num-attention-heads", m.num_attention_heads, "attention heads");
   opt("--num-query-groups", m.num_query_groups, "key/value heads (grouped-query attention)");
   opt("--kv-channels", m.kv_channels, "head dim of the attention (-1: hidden / heads)");
+  c->add_flag("--qk-layernorm", m.qk_layernorm,
+              "RMSNorm of each query and key head over the head dim, before RoPE (Qwen3)");
   opt("--seq-length", m.seq_length, "sequence length");
   opt("--vocab-size", m.vocab_size, "vocabulary size");
   opt("--init-method-std", m.init_method_std, "std of the normal initialisation");
@@ -226,6 +228,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--make-vocab-size-divisible-by", a->vocab_divisible_by,
       "without --vocab-size, pad the tokenizer's vocabulary to a multiple of this");
   a->vocab_size_opt = c->get_option("--vocab-size");
+  c->add_flag("--override-checkpoint-rope", t.override_checkpoint_rope,
+              "load a checkpoint trained with another --rotary-base or RoPE scaling (context "
+              "extension) instead of refusing it");
   c->add_flag("--override-tokenizer", t.override_tokenizer,
               "load a checkpoint trained with another tokenizer");
   add_layout_flags(c, &t.layout);
@@ -267,6 +272,21 @@ void resolve_train_args(TrainArgs* a) {
       a->hybrid_pattern != a->hybrid_override_pattern)
     fail_usage("--hybrid-layer-pattern and its deprecated name --hybrid-override-pattern "
                "disagree; give one");
+  // --use-checkpoint-args first: the layer patterns below resolve against its layer count.
+  bool moe_layers_from_checkpoint = false;
+  if (a->use_checkpoint_args) {
+    if (t.load.empty()) fail_usage("--use-checkpoint-args needs --load DIR");
+    if (const auto saved = checkpoint_model(t.load, t.ckpt_step)) {
+      // An import's seq_length is the model's context limit (max_position_embeddings, 131072
+      // for Llama 3.1), not a length to train at: --seq-length keeps its own value there.
+      const auto given = [&](const char* flag) {
+        return a->app->get_option(flag)->count() > 0 ||
+               (saved->imported && std::string(flag) == "--seq-length");
+      };
+      moe_layers_from_checkpoint = take_checkpoint_model_args(&t.model, saved->model, given);
+      a->vocab_from_checkpoint = !given("--vocab-size");
+    }  // else no tracker: the --load check (check_train_paths) refuses it, naming --load
+  }
   const std::string pattern =
       a->hybrid_pattern.empty() ? a->hybrid_override_pattern : a->hybrid_pattern;
   if (!pattern.empty()) {
@@ -285,21 +305,10 @@ void resolve_train_args(TrainArgs* a) {
       if (!t.model.hybrid_stage_layers.empty())
         fail_usage("--decoder-first/last-pipeline-num-layers and '|' in --hybrid-layer-pattern "
                    "both split the stages; give one");
-  } else if (t.model.num_experts > 0 || a->moe_layer_freq_opt->count() > 0) {
+  } else if (!moe_layers_from_checkpoint &&
+             (t.model.num_experts > 0 || a->moe_layer_freq_opt->count() > 0)) {
     if (t.model.num_layers < 1) fail_usage("--num-layers must be >= 1 (got {})", t.model.num_layers);
     t.model.moe_layer_pattern = parse_moe_layer_freq(a->moe_layer_freq, t.model.num_layers);
-  }
-  if (a->use_checkpoint_args) {
-    if (t.load.empty()) fail_usage("--use-checkpoint-args needs --load DIR");
-    const CheckpointModel saved = checkpoint_model(t.load, t.ckpt_step);
-    // An import's seq_length is the model's context limit (max_position_embeddings, 131072 for
-    // Llama 3.1), not a length to train at: --seq-length keeps its own value there.
-    const auto given = [&](const char* flag) {
-      return a->app->get_option(flag)->count() > 0 ||
-             (saved.imported && std::string(flag) == "--seq-length");
-    };
-    take_checkpoint_model_args(&t.model, saved.model, given);
-    a->vocab_from_checkpoint = !given("--vocab-size");
   }
   if (a->rope_scaling_factor_opt->count() > 0 && !t.model.use_rope_scaling)
     fail_usage("--rope-scaling-factor {} is given without --use-rope-scaling, which it belongs "

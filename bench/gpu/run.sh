@@ -235,6 +235,27 @@ hfrope)
   echo "finetune --use-checkpoint-args rc=$?"; grep -m1 "parameters" "$H/kv.log"
   python3 tests/gpu/hf_llama_check.py loss "$H/kv" "$H/bkv.npy" "$H/kv.jsonl" 1 2>/dev/null
   echo "hf_llama_check head_dim 64 rc=$? (0: pass)"
+  # (5) --qk-layernorm: a random Qwen3ForCausalLM (q_norm, k_norm; head_dim 64, norm weights
+  # random) imported, fine-tuned 1 iteration with --use-checkpoint-args and saved, compared;
+  # then weft's export of that checkpoint against the resumed iteration 2.
+  python3 tests/gpu/hf_llama_check.py make "$H/qwen3" --arch qwen3 --hidden 256 --ffn 704 \
+    --layers 4 --heads 8 --groups 4 --vocab 1024 --seq 128 --head-dim 64 --qk-gain 4 \
+    --rotary-base 1000000 2>/dev/null
+  echo "make qwen3 rc=$?"
+  ./$B/app/weft ckpt import --format hf "$H/qwen3" "$H/q3im"; echo "import rc=$?"
+  Q3=(--micro-batch-size 2 --global-batch-size 8 --lr 1e-3 --device cuda --deterministic
+      --mock-data --seq-length 128 --use-checkpoint-args)
+  ./$B/app/weft train "${Q3[@]}" --train-iters 1 --load "$H/q3im" --finetune --save "$H/q3ft" \
+    --dump-first-batch "$H/bq1.npy" --log-jsonl "$H/q3.jsonl" > "$H/q3.log" 2>&1
+  echo "finetune qwen3 rc=$?"
+  python3 tests/gpu/hf_llama_check.py loss "$H/qwen3" "$H/bq1.npy" "$H/q3.jsonl" 1 2>/dev/null
+  echo "hf_llama_check qwen3 import rc=$? (0: pass)"
+  ./$B/app/weft train "${Q3[@]}" --train-iters 2 --load "$H/q3ft" --dump-first-batch "$H/bq2.npy" \
+    --log-jsonl "$H/q3r.jsonl" > "$H/q3r.log" 2>&1
+  echo "resume qwen3 rc=$?"
+  ./$B/app/weft ckpt export --format hf "$H/q3ft" "$H/q3ex"; echo "export rc=$?"
+  python3 tests/gpu/hf_llama_check.py loss "$H/q3ex" "$H/bq2.npy" "$H/q3r.jsonl" 2 2>/dev/null
+  echo "hf_llama_check qwen3 export rc=$? (0: pass)"
   ;;
 tbcheck)
   # --tensorboard-dir read back by TensorBoard's EventAccumulator and compared with the jsonl

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Loading checks the model settings that the tensors do not show, and --use-checkpoint-args
 # takes the model flags from the checkpoint (docs/hf-interop.md, "Loading checks ...").
-# Two tiny models are trained 2 iterations and saved on 2 ranks: D, a dense one far from every
+# Three tiny models are trained 2 iterations and saved on 2 ranks: D, a dense one far from every
 # default (3 layers, hidden 64, 8 heads in 2 groups, seq 32, vocab 96, untied, RoPE base 5e5
-# with Llama 3 scaling 16, norm epsilon 1e-6), and H, a hybrid Mamba/attention/MoE one. Each
+# with Llama 3 scaling 16, norm epsilon 1e-6), M, a dense layer then two MoE ones with an MTP
+# depth, and H, a hybrid Mamba/attention/MoE one. Each
 # is resumed for iteration 3 once with every model flag and once with --load and
 # --use-checkpoint-args alone: both must log the same loss and grad norm, bit for bit. Then the
 # refusals: D resumed with the default flags, with --use-checkpoint-args and another
-# --rotary-base, and --use-checkpoint-args without --load.
+# --rotary-base or scaling factor (allowed with --override-checkpoint-rope), --use-checkpoint-args
+# without --load, with an empty --load or with a missing --ckpt-step.
 # Usage: checkpoint_args.sh WEFT MPIRUN...
 set -u
 weft=$1
@@ -20,6 +22,9 @@ batch=(--micro-batch-size 2 --global-batch-size 4 --eval-interval 0 --mock-data)
 dense=(--num-layers 3 --hidden-size 64 --ffn-hidden-size 96 --num-attention-heads 8
        --num-query-groups 2 --seq-length 32 --vocab-size 96 --untie-embeddings-and-output-weights
        --rotary-base 500000 --use-rope-scaling --rope-scaling-factor 16 --norm-epsilon 1e-6)
+moe=(--num-layers 3 --moe-layer-freq "[0,1,1]" --num-experts 4 --moe-router-topk 2
+     --moe-ffn-hidden-size 48 --mtp-num-layers 1 --hidden-size 64 --ffn-hidden-size 96
+     --num-attention-heads 4 --num-query-groups 2 --seq-length 32 --vocab-size 96)
 hybrid=(--hybrid-layer-pattern "M*-E" --hidden-size 64 --ffn-hidden-size 96
         --num-attention-heads 4 --num-query-groups 2 --seq-length 32 --vocab-size 96
         --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 --mamba-head-dim 16
@@ -31,7 +36,7 @@ losses() {
     sed 's/"aux_loss.*"grad_norm"/"grad_norm"/'
 }
 
-for m in dense hybrid; do
+for m in dense moe hybrid; do
   declare -n flags=$m
   "${mpirun[@]}" -np 2 "$weft" train "${flags[@]}" "${batch[@]}" --train-iters 2 \
     --save "$dir/$m" > "$dir/$m.log" 2>&1 || { tail -5 "$dir/$m.log"; echo "FAIL: training $m"; exit 1; }
@@ -68,14 +73,27 @@ refused() {
 refused "default flags into D" "--num-attention-heads 4 (checkpoint: 8)" \
   --hidden-size 64 --ffn-hidden-size 96 --num-layers 3 --seq-length 32 --vocab-size 96 \
   --untie-embeddings-and-output-weights --load "$dir/dense"
-refused "D's flags but the RoPE base" "--rotary-base 10000 (checkpoint: 500000)" \
+refused "D's flags but the RoPE base" "--rotary-base 10000 (checkpoint: 500000); give the checkpoint's values (or --override-checkpoint-rope" \
   --load "$dir/dense" --use-checkpoint-args --rotary-base 10000
 refused "D's flags but the scaling factor" "--rope-scaling-factor 8 (checkpoint: 16)" \
   --load "$dir/dense" --use-checkpoint-args --rope-scaling-factor 8
 refused "--use-checkpoint-args without --load" "--use-checkpoint-args needs --load DIR" \
   --use-checkpoint-args
-refused "--use-checkpoint-args, no checkpoint" "--use-checkpoint-args: --load $dir/none" \
-  --use-checkpoint-args --load "$dir/none"
+# No checkpoint in --load: refused as any --load without one is.
+mkdir -p "$dir/empty"
+refused "--use-checkpoint-args, no checkpoint in --load" "holds no checkpoint" \
+  --use-checkpoint-args --load "$dir/empty"
+refused "D resumed with --ckpt-step 7 and --use-checkpoint-args" "iter_0000007" \
+  --use-checkpoint-args --load "$dir/dense" --ckpt-step 7
+# A context extension changes the RoPE on purpose: allowed with --override-checkpoint-rope.
+out=$("${mpirun[@]}" -np 1 "$weft" train "${batch[@]}" --train-iters 3 --load "$dir/dense" \
+  --use-checkpoint-args --rotary-base 1000000 --override-checkpoint-rope 2>&1)
+if [ $? -eq 0 ] && printf '%s\n' "$out" | grep -qF "other RoPE settings: --rotary-base 1000000 (checkpoint: 500000)"; then
+  echo "ok   (--override-checkpoint-rope loads a RoPE change, with a warning)"
+else
+  echo "FAIL (--override-checkpoint-rope):"; printf '%s\n' "$out" | tail -3
+  fails=$((fails + 1))
+fi
 
 [ $fails -eq 0 ] && echo "checkpoint_args: all passed" || echo "checkpoint_args: $fails failed"
 exit $((fails > 0))

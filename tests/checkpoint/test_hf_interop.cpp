@@ -262,6 +262,8 @@ TEST(HfInterop, Llama3RopeScalingBothWays) {
     EXPECT_EQ(mm.num_layers, m.num_layers);
     mistral["sliding_window"] = 4096;
     EXPECT_THROW(hf_model_config_from_json(mistral), UsageError);
+    mistral.erase("sliding_window");  // transformers' Mistral default: a window of 4096
+    EXPECT_THROW(hf_model_config_from_json(mistral), UsageError);
 
     // transformers 4's form alone: rope_theta and rope_scaling (with the older "type" key).
     nlohmann::json v4 = c;
@@ -294,6 +296,41 @@ TEST(HfInterop, KvChannelsRoundTrip) {
     hf_import_checkpoint(ck + "/ex", ck + "/im");
     EXPECT_EQ(model_of(ck + "/im").head_dim(), 16);
     expect_same_weights(weights_of(ck), weights_of(ck + "/im"));
+  }();
+  barrier();
+}
+
+// --qk-layernorm goes out as Qwen3 (q_norm, k_norm over the head dim) and back, bitwise; a
+// Qwen3 config with a sliding window in use is refused, one with it off is not.
+TEST(HfInterop, Qwen3RoundTrip) {
+  TrainConfig cfg = pp2dp2(tiny());
+  cfg.model.qk_layernorm = true;
+  cfg.model.kv_channels = 16;
+  const std::string ck = trained(cfg, 4, "hfqwen3");
+  if (rank0()) [&] {
+    hf_export_checkpoint(ck, ck + "/ex", {});
+    nlohmann::json c = read_json(ck + "/ex/config.json");
+    EXPECT_EQ(c["model_type"], "qwen3");
+    EXPECT_EQ(c["architectures"], nlohmann::json::array({"Qwen3ForCausalLM"}));
+    EXPECT_EQ(c["head_dim"], 16);
+    EXPECT_EQ(c["use_sliding_window"], false);
+    const nlohmann::json h = raw_header(ck + "/ex/model.safetensors");
+    EXPECT_EQ(h["model.layers.2.self_attn.q_norm.weight"]["shape"], nlohmann::json({16}));
+    EXPECT_EQ(h["model.layers.2.self_attn.k_norm.weight"]["shape"], nlohmann::json({16}));
+    EXPECT_EQ(h.size(), 1u + 1 + 4 * 11 + 1);  // metadata, embedding, 4 layers of 11, norm
+    hf_import_checkpoint(ck + "/ex", ck + "/im");
+    const ModelConfig m = model_of(ck + "/im");
+    EXPECT_TRUE(m.qk_layernorm);
+    EXPECT_EQ(m.head_dim(), 16);
+    const auto w = weights_of(ck);
+    expect_same_weights(w, weights_of(ck + "/im"));
+    // The norms were trained away from their initial ones, so the mapping is really tested.
+    EXPECT_FALSE(at::equal(w.at("decoder.layers.2.self_attention.q_layernorm.weight"),
+                           w.at("decoder.layers.2.self_attention.k_layernorm.weight")));
+    c["sliding_window"] = 4096;  // present but unused: Qwen3 applies it only when switched on
+    EXPECT_TRUE(hf_model_config_from_json(c).qk_layernorm);
+    c["use_sliding_window"] = true;
+    EXPECT_THROW(hf_model_config_from_json(c), UsageError);
   }();
   barrier();
 }
@@ -509,7 +546,10 @@ TEST(HfInterop, BadInputNamesTheKey) {
     refused_config("rope_parameters", r, "rope_parameters.attention_factor");
     r = llama3;
     r["factor"] = 0.5;
-    refused_config("rope_parameters", r, "--rope-scaling-factor");
+    refused_config("rope_parameters", r, "rope_parameters.factor is 0.5");
+    r = llama3;
+    r["type"] = "default";
+    refused_config("rope_parameters", r, "rope_parameters.type 'default' and rope_parameters.rope_type 'llama3' disagree");
     refused_config("rope_scaling", llama3, "describe different RoPE scalings");  // vs default
     refused_config("num_hidden_layers", 4294967300ULL, "'num_hidden_layers' is 4294967300, out of range");
     refused_config("attention_bias", true, "attention_bias");

@@ -5,11 +5,12 @@ Two subcommands, run by `bash bench/gpu/run.sh hfcheck` on the GPU machine (torc
 transformers 5.x, safetensors):
 
   make OUTDIR --hidden H --ffn F --layers L --heads NH --groups NG --vocab V --seq S
-       [--head-dim D] [--rotary-base B] [--rope-scaling-factor F] [--qk-gain G]
+       [--arch llama|qwen3] [--head-dim D] [--rotary-base B] [--rope-scaling-factor F] [--qk-gain G]
        [--norm-epsilon E] [--untied] [--seed N]
       saves a randomly initialised LlamaForCausalLM with exactly weft's shapes (the config a
       `weft train` flag set describes) with save_pretrained (safetensors), for `weft ckpt import`.
       --head-dim D: heads of D channels (weft's --kv-channels; default hidden / heads).
+      --arch qwen3: a Qwen3ForCausalLM instead (q_norm and k_norm, weft's --qk-layernorm).
       --rope-scaling-factor F: Llama 3's RoPE scaling (rope_type llama3, low/high frequency
       factors 1 and 4, original context 8192), weft's --use-rope-scaling --rope-scaling-factor F.
       --qk-gain G multiplies the q_proj and k_proj weights by G: at the default initialisation
@@ -17,7 +18,8 @@ transformers 5.x, safetensors):
       error would hide under the tolerance.
 
   loss HFDIR BATCH_NPY LOG_JSONL ITERATION [--drop-rope-scaling]
-      loads HFDIR with LlamaForCausalLM.from_pretrained in float32, computes the mean
+      loads HFDIR with AutoModelForCausalLM.from_pretrained in float32 (LlamaForCausalLM or
+      Qwen3ForCausalLM, as its config.json says), computes the mean
       cross-entropy on the tokens and labels weft dumped with --dump-first-batch (an .npy of
       int64 [2, G, S]: tokens, then labels = tokens shifted by one inside each sample), and
       compares it with weft's lm_loss of iteration ITERATION in LOG_JSONL (the loss of the batch
@@ -40,7 +42,7 @@ def fail(msg):
 
 def cmd_make(a):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(a.seed)
     rope = {"rope_type": "default", "rope_theta": a.rotary_base}
@@ -48,14 +50,16 @@ def cmd_make(a):
         rope = {"rope_type": "llama3", "rope_theta": a.rotary_base,
                 "factor": a.rope_scaling_factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
-    cfg = LlamaConfig(
+    Config, Model = (Qwen3Config, Qwen3ForCausalLM) if a.arch == "qwen3" else (LlamaConfig, LlamaForCausalLM)
+    extra = {"use_sliding_window": False} if a.arch == "qwen3" else {"mlp_bias": False}
+    cfg = Config(
         vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.ffn,
         num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.groups,
         head_dim=a.head_dim or a.hidden // a.heads, max_position_embeddings=a.seq, rms_norm_eps=a.norm_epsilon,
         rope_parameters=rope,
         tie_word_embeddings=not a.untied, hidden_act="silu", attention_bias=False,
-        mlp_bias=False, initializer_range=0.02)
-    model = LlamaForCausalLM(cfg).to(torch.float32)
+        initializer_range=0.02, **extra)
+    model = Model(cfg).to(torch.float32)
     # RMSNorm weights start at one; make them random so the check covers their mapping too.
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -71,7 +75,7 @@ def cmd_loss(a):
     import numpy as np
     import torch
     import torch.nn.functional as F
-    from transformers import LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     batch = np.load(a.batch)
     if batch.ndim != 3 or batch.shape[0] != 2 or batch.dtype != np.int64:
@@ -94,14 +98,13 @@ def cmd_loss(a):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     kwargs = {}
     if a.drop_rope_scaling:
-        from transformers import LlamaConfig
-        cfg = LlamaConfig.from_pretrained(a.hfdir)
+        cfg = AutoConfig.from_pretrained(a.hfdir)
         theta = cfg.rope_parameters["rope_theta"]
         if cfg.rope_parameters.get("rope_type") != "llama3":
             fail(f"{a.hfdir}: --drop-rope-scaling on a model without llama3 RoPE scaling")
         cfg.rope_parameters = {"rope_type": "default", "rope_theta": theta}
         kwargs["config"] = cfg
-    model = LlamaForCausalLM.from_pretrained(a.hfdir, dtype=torch.float32, **kwargs).to(dev).eval()
+    model = AutoModelForCausalLM.from_pretrained(a.hfdir, dtype=torch.float32, **kwargs).to(dev).eval()
     rope_type = model.config.rope_parameters.get("rope_type")
     with torch.no_grad():
         logits = model(input_ids=tokens.to(dev)).logits.float()
@@ -113,7 +116,7 @@ def cmd_loss(a):
     print(json.dumps({"weft": weft, "transformers": loss, "rel_diff": rel, "pass": ok,
                       "iteration": a.iteration, "batch": list(batch.shape[1:]),
                       "transformers_version": transformers.__version__, "hfdir": a.hfdir,
-                      "rope_type": rope_type}))
+                      "rope_type": rope_type, "model": type(model).__name__}))
     sys.exit(0 if ok else 1)
 
 
@@ -125,6 +128,7 @@ def main():
     for flag in ("--hidden", "--ffn", "--layers", "--heads", "--groups", "--vocab", "--seq"):
         m.add_argument(flag, type=int, required=True)
     m.add_argument("--head-dim", type=int, default=0)
+    m.add_argument("--arch", choices=["llama", "qwen3"], default="llama")
     m.add_argument("--rotary-base", type=float, default=10000.0)
     m.add_argument("--rope-scaling-factor", type=float, default=0.0)
     m.add_argument("--qk-gain", type=float, default=1.0)

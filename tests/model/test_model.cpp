@@ -181,8 +181,13 @@ struct Reference {
     auto proj = [&](const std::vector<int64_t>& rows) {
       return xn.matmul(wqkv.index_select(0, torch::tensor(rows)).t());
     };
-    const torch::Tensor q = rope(proj(qi).view({b, s, nh, hd}));
-    const torch::Tensor k = rope(proj(ki).view({b, s, ng, hd}));
+    // --qk-layernorm: each head's query and key normalised over hd before the rotation.
+    auto qk_norm = [&](const torch::Tensor& t, const char* which) {
+      if (!cfg.qk_layernorm) return t;
+      return rms(t, get(p + "self_attention." + which + "_layernorm.weight"), cfg.norm_epsilon);
+    };
+    const torch::Tensor q = rope(qk_norm(proj(qi).view({b, s, nh, hd}), "q"));
+    const torch::Tensor k = rope(qk_norm(proj(ki).view({b, s, ng, hd}), "k"));
     const torch::Tensor v = proj(vi).view({b, s, ng, hd});
     const torch::Tensor future = torch::ones({s, s}, torch::kBool).triu(1);
     std::vector<torch::Tensor> heads;
@@ -240,6 +245,13 @@ void check_against_reference(const ModelConfig& cfg, torch::ScalarType dtype, do
   FullParams params;
   const Handles h = register_model(params, cfg, /*seed=*/1234, dtype);
   const Batch batch = make_batch(cfg, 2, 7);
+  {  // norm weights start at one; random ones show a weight used in the wrong place
+    torch::NoGradGuard no_grad;
+    auto gen = at::detail::createCPUGenerator(99);
+    for (int i = 0; i < params.size(); ++i)
+      if (params.spec(i).name.find("layernorm.weight") != std::string::npos)
+        const_cast<at::Tensor&>(params.value(i)).uniform_(0.5, 1.5, gen);
+  }
 
   const torch::Tensor loss = lm_loss_sum(model_logits(h, cfg, batch.tokens, dtype), batch.labels);
   loss.backward();
@@ -277,6 +289,17 @@ TEST(ModelReference, Float64MultiHeadAndMultiQuery) {
   check_against_reference(small_config(false, 4, 4), torch::kDouble, 1e-10);  // MHA
   check_against_reference(small_config(true, 4, 1), torch::kDouble, 1e-10);   // MQA
   check_against_reference(small_config(false, 8, 2), torch::kDouble, 1e-10);  // hd 4, r 4
+}
+
+// --qk-layernorm (Qwen3), at GQA and at a head dim of its own (check_against_reference makes
+// every norm weight random, so a q weight applied to k shows).
+TEST(ModelReference, Float64QkLayernorm) {
+  ModelConfig cfg = small_config(true, 4, 2);
+  cfg.qk_layernorm = true;
+  check_against_reference(cfg, torch::kDouble, 1e-10);
+  cfg.kv_channels = 16;
+  check_against_reference(cfg, torch::kDouble, 1e-10);
+  check_against_reference(cfg, torch::kFloat, 1e-5);
 }
 
 // --kv-channels: a head dim other than hidden / heads, wider (4 heads of 16 at hidden 32) and

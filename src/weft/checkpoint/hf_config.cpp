@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -31,7 +32,10 @@ std::string hf_model_type(const ModelConfig& c) {
   if (c.hybrid())
     fail_usage("hf export: hybrid Mamba models (--hybrid-layer-pattern) have no standard Hugging "
                "Face layout; export is refused");
-  if (!c.moe()) return "llama";
+  if (!c.moe()) return c.qk_layernorm ? "qwen3" : "llama";  // Qwen3: Llama with q/k norms
+  if (c.qk_layernorm)
+    fail_usage("hf export: --qk-layernorm in an MoE model has no Mixtral equivalent (Mixtral "
+               "has no query/key norms)");
   if (c.moe_shared_expert_intermediate_size > 0)
     fail_usage("hf export: --moe-shared-expert-intermediate-size {} has no Mixtral equivalent "
                "(Mixtral has no shared expert)", c.moe_shared_expert_intermediate_size);
@@ -64,9 +68,13 @@ std::vector<HfTensorMap> hf_tensor_maps(const ModelConfig& c) {
                    {q + "self_attn.q_proj.weight", q + "self_attn.k_proj.weight",
                     q + "self_attn.v_proj.weight"},
                    {{nh * hd, h}, {ng * hd, h}, {ng * hd, h}}});
+    if (c.qk_layernorm) {
+      one(p + "self_attention.q_layernorm.weight", {hd}, q + "self_attn.q_norm.weight");
+      one(p + "self_attention.k_layernorm.weight", {hd}, q + "self_attn.k_norm.weight");
+    }
     one(p + "self_attention.linear_proj.weight", {h, nh * hd}, q + "self_attn.o_proj.weight");
     one(p + "pre_mlp_layernorm.weight", {h}, q + "post_attention_layernorm.weight");
-    if (type == "llama") {
+    if (type != "mixtral") {
       out.push_back({p + "mlp.linear_fc1.weight", {2 * f, h}, HfSplit::kGateUp,
                      {q + "mlp.gate_proj.weight", q + "mlp.up_proj.weight"}, {{f, h}, {f, h}}});
       one(p + "mlp.linear_fc2.weight", {h, f}, q + "mlp.down_proj.weight");
@@ -133,10 +141,12 @@ nlohmann::json hf_config_from_model(const ModelConfig& c, const std::string& tor
                                     const nlohmann::json& special_ids) {
   const std::string type = hf_model_type(c);
   nlohmann::json j = {
-      {"architectures", {type == "llama" ? "LlamaForCausalLM" : "MixtralForCausalLM"}},
+      {"architectures", {type == "llama"   ? "LlamaForCausalLM"
+                         : type == "qwen3" ? "Qwen3ForCausalLM"
+                                           : "MixtralForCausalLM"}},
       {"model_type", type},
       {"hidden_size", c.hidden_size},
-      {"intermediate_size", type == "llama" ? c.ffn_hidden_size : c.expert_ffn()},
+      {"intermediate_size", type != "mixtral" ? c.ffn_hidden_size : c.expert_ffn()},
       {"num_hidden_layers", c.num_layers},
       {"num_attention_heads", c.num_attention_heads},
       {"num_key_value_heads", c.num_query_groups},
@@ -171,6 +181,11 @@ nlohmann::json hf_config_from_model(const ModelConfig& c, const std::string& tor
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
     j["pretraining_tp"] = 1;
+  } else if (type == "qwen3") {
+    j["attention_bias"] = false;
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = c.num_layers;
   } else {
     j["num_local_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.moe_router_topk;
@@ -246,13 +261,17 @@ HfRope hf_rope(const nlohmann::json& j, const char* key) {
       fail_usage("hf import: config.json {}.{} has the wrong type ({})", key, k, v->dump());
     return v->get<double>();
   };
-  std::string type = "default";
+  std::string type;
   for (const char* k : {"type", "rope_type"})  // "type" is the older spelling
     if (auto v = it->find(k); v != it->end() && !v->is_null()) {
       if (!v->is_string())
         fail_usage("hf import: config.json {}.{} has the wrong type ({})", key, k, v->dump());
+      if (!type.empty() && type != v->get<std::string>())
+        fail_usage("hf import: config.json {}.type '{}' and {}.rope_type '{}' disagree", key,
+                   type, key, v->get<std::string>());
       type = v->get<std::string>();
     }
+  if (type.empty()) type = "default";
   if (type != "default" && type != "llama3")
     fail_usage("hf import: config.json {} has rope_type '{}'; weft has the default RoPE and "
                "Llama 3's scaling (llama3)", key, type);
@@ -270,6 +289,9 @@ HfRope hf_rope(const nlohmann::json& j, const char* key) {
   if (!r.llama3) return r;
   const std::optional<double> factor = number("factor");
   if (!factor) fail_usage("hf import: config.json {}.factor is missing (rope_type llama3)", key);
+  if (!(*factor >= 1 && std::isfinite(*factor)))
+    fail_usage("hf import: config.json {}.factor is {}; Llama 3's scaling needs a finite factor "
+               ">= 1", key, (*it)["factor"].dump());
   r.factor = *factor;
   const std::pair<const char*, double> fixed[] = {
       {"low_freq_factor", ModelConfig::kRopeLowFreqFactor},
@@ -292,11 +314,13 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
   std::string type;
   hf_get(j, "model_type", &type, true);
   // Mistral (with no sliding window, refused below otherwise) is Llama's architecture under
-  // Llama's tensor names; it imports as a dense model and exports as LlamaForCausalLM.
-  if (type != "llama" && type != "mistral" && type != "mixtral")
-    fail_usage("hf import: config.json model_type '{}' is not supported (llama, mistral or "
-               "mixtral)", type);
+  // Llama's tensor names; it imports as a dense model and exports as LlamaForCausalLM. Qwen3
+  // is Llama with an RMSNorm of each query and key head (q_norm, k_norm: --qk-layernorm).
+  if (type != "llama" && type != "mistral" && type != "qwen3" && type != "mixtral")
+    fail_usage("hf import: config.json model_type '{}' is not supported (llama, mistral, qwen3 "
+               "or mixtral)", type);
   ModelConfig m;
+  m.qk_layernorm = type == "qwen3";
   hf_get(j, "hidden_size", &m.hidden_size, true);
   int inter = 0;
   hf_get(j, "intermediate_size", &inter, true);
@@ -316,7 +340,7 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
   int head_dim = 0;
   if (hf_get(j, "head_dim", &head_dim, false)) {
     if (head_dim < 1) fail_usage("hf import: config.json head_dim {} must be positive", head_dim);
-    if (head_dim * m.num_attention_heads != m.hidden_size) m.kv_channels = head_dim;
+    if (int64_t{head_dim} * m.num_attention_heads != m.hidden_size) m.kv_channels = head_dim;
   } else if (m.hidden_size % m.num_attention_heads) {
     fail_usage("hf import: config.json hidden_size {} is not a multiple of num_attention_heads "
                "{} and there is no head_dim", m.hidden_size, m.num_attention_heads);
@@ -343,7 +367,15 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
   hf_refuse_unless(j, "attention_bias", false, "weft's attention has no biases");
   hf_refuse_unless(j, "mlp_bias", false, "weft's MLP has no biases");
   hf_refuse_unless(j, "attention_dropout", 0.0, "weft has no attention dropout");
-  hf_refuse_unless(j, "sliding_window", nullptr, "weft's attention is full causal");
+  if (type == "qwen3") {  // its sliding_window applies only with use_sliding_window
+    hf_refuse_unless(j, "use_sliding_window", false, "weft's attention is full causal");
+  } else {
+    hf_refuse_unless(j, "sliding_window", nullptr, "weft's attention is full causal");
+  }
+  if (type == "mistral" && !j.contains("sliding_window"))  // transformers' default is 4096
+    fail_usage("hf import: config.json has no sliding_window; transformers' Mistral then uses a "
+               "window of 4096, and weft's attention is full causal (set it to null if the "
+               "model has none)");
   hf_refuse_unless(j, "quantization_config", nullptr, "weft imports unquantised weights only");
   hf_refuse_unless(j, "router_jitter_noise", 0.0, "weft's router has no jitter");
   bool tie = false;

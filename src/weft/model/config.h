@@ -14,6 +14,7 @@ struct ModelConfig {
   int num_attention_heads = 4;   // --num-attention-heads
   int num_query_groups = 2;      // --num-query-groups (GQA); equal to heads for MHA
   int kv_channels = -1;          // --kv-channels: the head dim (-1: hidden / heads)
+  bool qk_layernorm = false;     // --qk-layernorm: RMSNorm of each query and key head before RoPE
   int seq_length = 32;           // --seq-length
   int vocab_size = 128;          // --vocab-size
   double init_method_std = 0.02; // --init-method-std

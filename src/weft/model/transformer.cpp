@@ -19,6 +19,7 @@
 #include <ATen/ops/outer.h>
 #include <ATen/ops/pow.h>
 #include <ATen/ops/silu.h>
+#include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 
@@ -193,6 +194,10 @@ std::vector<ParamSpec> block_param_specs(const ModelConfig& cfg, const std::stri
     out.push_back(spec(p + "input_layernorm.weight", {h}, InitKind::kOnes, false));
     out.push_back(spec(p + "self_attention.linear_qkv.weight", {(nh + 2 * ng) * hd, h},
                        InitKind::kNormal, true));
+    if (cfg.qk_layernorm) {  // one weight over the head dim, shared by the heads
+      out.push_back(spec(p + "self_attention.q_layernorm.weight", {hd}, InitKind::kOnes, false));
+      out.push_back(spec(p + "self_attention.k_layernorm.weight", {hd}, InitKind::kOnes, false));
+    }
     out.push_back(
         spec(p + "self_attention.linear_proj.weight", {h, nh * hd}, InitKind::kScaledNormal, true));
   }
@@ -300,6 +305,8 @@ LayerHandles layer_handles(ParamSource* src, int first, const std::vector<ParamS
   const std::pair<const char*, ParamHandle*> slots[] = {
       {"input_layernorm.weight", &h.input_layernorm},
       {"self_attention.linear_qkv.weight", &h.linear_qkv},
+      {"self_attention.q_layernorm.weight", &h.q_layernorm},
+      {"self_attention.k_layernorm.weight", &h.k_layernorm},
       {"self_attention.linear_proj.weight", &h.linear_proj},
       {"pre_mlp_layernorm.weight", &h.pre_mlp_layernorm},
       {"mlp.linear_fc1.weight", &h.linear_fc1},
@@ -444,7 +451,15 @@ AttentionQkv attention_qkv_normed(const at::Tensor& xn, const LayerHandles& w,
   // Fused rows per group g: r query heads, then g's key head, then its value head.
   const at::Tensor qkv = ops::linear(xn, w.linear_qkv).view({b, s, ng, r + 2, hd});
   AttentionQkv out;
-  if (fused::usable(qkv) && rope.cos.scalar_type() == qkv.scalar_type()) {
+  if (cfg.qk_layernorm) {
+    // --qk-layernorm: each query and key head normalised over the head dim, then rotated.
+    const at::Tensor q = ops::rms_norm(qkv.narrow(3, 0, r).reshape({b, s, nh, hd}), w.q_layernorm,
+                                       cfg.norm_epsilon);
+    const at::Tensor k = ops::rms_norm(qkv.select(3, r), w.k_layernorm, cfg.norm_epsilon);
+    out.q = apply_rotary(q.transpose(1, 2), rope, pos);
+    out.k = apply_rotary(k.transpose(1, 2), rope, pos);
+    out.v = qkv.select(3, r + 1).transpose(1, 2);
+  } else if (fused::usable(qkv) && rope.cos.scalar_type() == qkv.scalar_type()) {
     // One kernel: rotated q and k and a copy of v, each [b, s, heads, hd] contiguous.
     auto [qr, kr, vr] =
         fused::rope_qkv(qkv, rope.cos.narrow(0, pos, s), rope.sin.narrow(0, pos, s));

@@ -75,6 +75,8 @@ struct LayerHandles {
   ParamHandle input_layernorm;    // input_layernorm.weight        [h]
   ParamHandle linear_qkv;         // self_attention.linear_qkv.weight
   ParamHandle linear_proj;        // self_attention.linear_proj.weight [h, nh*hd]
+  ParamHandle q_layernorm;        // self_attention.q_layernorm.weight [hd] (--qk-layernorm)
+  ParamHandle k_layernorm;        // self_attention.k_layernorm.weight [hd] (--qk-layernorm)
   ParamHandle pre_mlp_layernorm;  // pre_mlp_layernorm.weight      [h]
   ParamHandle linear_fc1;         // mlp.linear_fc1.weight [2*ffn, h]   (dense layers)
   ParamHandle linear_fc2;         // mlp.linear_fc2.weight [h, ffn]     (dense layers)

@@ -7,8 +7,11 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <filesystem>
+#include <type_traits>
+
 #include "weft/checkpoint/format.h"
-#include "weft/checkpoint/full_read.h"
 #include "weft/core/error.h"
 #include "weft/model/transformer.h"
 
@@ -45,6 +48,7 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   get(j, "num_attention_heads", &m.num_attention_heads, true);
   get(j, "num_query_groups", &m.num_query_groups, true);
   get(j, "kv_channels", &m.kv_channels, false);  // absent before: hidden / heads
+  get(j, "qk_layernorm", &m.qk_layernorm, false);
   get(j, "seq_length", &m.seq_length, true);
   get(j, "vocab_size", &m.vocab_size, true);
   get(j, "init_method_std", &m.init_method_std, false);
@@ -81,10 +85,17 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   return m;
 }
 
-std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelConfig& saved) {
+std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelConfig& saved,
+                                          std::vector<std::string>* rope) {
   std::vector<std::string> out;
+  std::vector<std::string>* to = &out;
+  auto text = [](const auto& v) -> std::string {
+    if constexpr (std::is_floating_point_v<std::decay_t<decltype(v)>>)  // 500000, not 500000.0
+      if (v == std::floor(v) && std::abs(v) < 1e15) return fmt::format("{:.0f}", v);
+    return fmt::format("{}", v);
+  };
   auto cmp = [&](const char* flag, const auto& a, const auto& b) {
-    if (!(a == b)) out.push_back(fmt::format("{} {} (checkpoint: {})", flag, a, b));
+    if (!(a == b)) to->push_back(fmt::format("{} {} (checkpoint: {})", flag, text(a), text(b)));
   };
   // Heads and groups: 8 heads in 4 groups have the QKV rows of 4 heads in 2 at the same width.
   if (run.hidden_size == saved.hidden_size) {
@@ -92,33 +103,44 @@ std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelCon
     cmp("--num-query-groups", run.num_query_groups, saved.num_query_groups);
     cmp("--kv-channels", run.head_dim(), saved.head_dim());
   }
+  if (rope) to = rope;
   cmp("--rotary-base", run.rotary_base, saved.rotary_base);
   cmp("--use-rope-scaling", run.use_rope_scaling, saved.use_rope_scaling);
   if (run.use_rope_scaling && saved.use_rope_scaling)
     cmp("--rope-scaling-factor", run.rope_scaling_factor, saved.rope_scaling_factor);
+  to = &out;
   cmp("--norm-epsilon", run.norm_epsilon, saved.norm_epsilon);
   if (run.moe() && saved.moe()) {
     cmp("--moe-router-topk", run.moe_router_topk, saved.moe_router_topk);
     cmp("--moe-router-score-function", run.moe_router_score_function,
         saved.moe_router_score_function);
   }
+  // Mamba: in_proj, the conv and the norm see only groups x state size.
+  if (run.hybrid() && saved.hybrid()) {
+    cmp("--mamba-num-groups", run.mamba_num_groups, saved.mamba_num_groups);
+    cmp("--mamba-state-dim", run.mamba_state_dim, saved.mamba_state_dim);
+  }
   return out;
 }
 
-CheckpointModel checkpoint_model(const std::string& load, int step) {
-  std::string iter;
-  if (Status s = ckpt_resolve_iter_dir(load, step, &iter); !s)
-    fail_usage("--use-checkpoint-args: --load {}: {}", load, s.message());
+std::optional<CheckpointModel> checkpoint_model(const std::string& load, int step) {
+  // The directory ckpt_load reads: <load>/iter_<step>, or the tracker's latest.
+  if (step < 0 && !std::filesystem::exists(load + "/" + kTrackerFile)) return std::nullopt;
+  int iteration = step;
+  if (step < 0)
+    if (Status s = ckpt_read_tracker(load, &iteration); !s)
+      fail_usage("--use-checkpoint-args: --load {}: {}", load, s.message());
+  const std::string iter = ckpt_iter_dir(load, iteration);
   nlohmann::json meta;
   CkptIndex index;
   if (Status s = ckpt_read_metadata(iter, &meta, &index); !s)
     fail_usage("--use-checkpoint-args: --load {}: {}", load, s.message());
   if (!meta.contains("config") || !meta["config"].contains("model"))
     fail_usage("--use-checkpoint-args: --load {}: {} records no model config", load, iter);
-  return {model_config_from_json(meta["config"]["model"]), meta.contains("hf")};
+  return CheckpointModel{model_config_from_json(meta["config"]["model"]), meta.contains("hf")};
 }
 
-void take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,
+bool take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,
                                 const std::function<bool(const char* flag)>& given) {
   ModelConfig& m = *run;
   auto take = [&](const char* flag, auto& to, const auto& from) {
@@ -129,6 +151,7 @@ void take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,
   take("--num-attention-heads", m.num_attention_heads, saved.num_attention_heads);
   take("--num-query-groups", m.num_query_groups, saved.num_query_groups);
   take("--kv-channels", m.kv_channels, saved.head_dim());
+  take("--qk-layernorm", m.qk_layernorm, saved.qk_layernorm);
   take("--seq-length", m.seq_length, saved.seq_length);
   take("--vocab-size", m.vocab_size, saved.vocab_size);
   take("--rotary-base", m.rotary_base, saved.rotary_base);
@@ -148,15 +171,17 @@ void take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,
   take("--mamba-head-dim", m.mamba_head_dim, saved.mamba_head_dim);
   take("--mamba-num-groups", m.mamba_num_groups, saved.mamba_num_groups);
   take("--mamba-num-heads", m.mamba_num_heads, saved.mamba_heads());
+  // The layer structure; a pattern given defines the layers, its '/' the MTP depths.
+  if (given("--hybrid-layer-pattern") || given("--hybrid-override-pattern")) return false;
+  take("--num-layers", m.num_layers, saved.num_layers);
+  if (m.num_layers != saved.num_layers) return false;  // the user's own count: nothing per layer
+  m.layer_symbols = saved.layer_symbols;
+  m.mtp_layer_symbols = saved.mtp_layer_symbols;
+  m.hybrid_stage_layers.clear();
   take("--mtp-num-layers", m.mtp_num_layers, saved.mtp_num_layers);
-  if (!given("--num-layers") && !given("--hybrid-layer-pattern") &&
-      !given("--hybrid-override-pattern") && !given("--moe-layer-freq")) {
-    m.num_layers = saved.num_layers;
-    m.layer_symbols = saved.layer_symbols;
-    m.mtp_layer_symbols = saved.mtp_layer_symbols;
-    m.moe_layer_pattern = saved.moe_layer_pattern;
-    m.hybrid_stage_layers.clear();
-  }
+  if (given("--moe-layer-freq")) return false;
+  m.moe_layer_pattern = saved.moe_layer_pattern;
+  return true;
 }
 
 }  // namespace weft

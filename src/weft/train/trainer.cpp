@@ -61,6 +61,7 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
        {{"num_layers", m.num_layers}, {"hidden_size", m.hidden_size},
         {"ffn_hidden_size", m.ffn_hidden_size}, {"num_attention_heads", m.num_attention_heads},
         {"num_query_groups", m.num_query_groups}, {"kv_channels", m.head_dim()},
+        {"qk_layernorm", m.qk_layernorm},
         {"seq_length", m.seq_length},
         {"vocab_size", m.vocab_size}, {"init_method_std", m.init_method_std},
         {"rotary_base", m.rotary_base}, {"use_rope_scaling", m.use_rope_scaling},
@@ -500,11 +501,20 @@ void Trainer::check_checkpoint_model(const nlohmann::json& meta) const {
   if (auto c = meta.find("config"); c != meta.end() && c->is_object())
     if (auto m = c->find("model"); m != c->end()) model = &*m;
   if (!model) return;  // no recorded config: the tensor names and shapes are all there is
-  const std::vector<std::string> diff = model_mismatches(cfg_.model, model_config_from_json(*model));
+  std::vector<std::string> rope;
+  std::vector<std::string> diff = model_mismatches(cfg_.model, model_config_from_json(*model), &rope);
+  if (!rope.empty() && cfg_.override_checkpoint_rope) {
+    if (groups_.rank() == 0 && !cfg_.quiet)
+      fmt::print("weft train: warning: --override-checkpoint-rope: the checkpoint {} was trained "
+                 "with other RoPE settings: {}\n", cfg_.load, fmt::join(rope, ", "));
+  } else {
+    diff.insert(diff.end(), rope.begin(), rope.end());
+  }
   if (diff.empty()) return;
   fail_usage("--load {}: this run's model differs from the checkpoint's, which would load into "
-             "another function: {}; give the checkpoint's values",
-             cfg_.load, fmt::join(diff, ", "));
+             "another function: {}; give the checkpoint's values{}",
+             cfg_.load, fmt::join(diff, ", "),
+             rope.empty() ? "" : " (or --override-checkpoint-rope to change the RoPE on purpose)");
 }
 
 void Trainer::check_tokenizer(const nlohmann::json& meta) const {

@@ -88,6 +88,9 @@ struct TrainConfig {
   // in checkpoints; a load with another tokenizer is refused unless override_tokenizer.
   nlohmann::json tokenizer_identity;
   bool override_tokenizer = false;     // --override-tokenizer
+  // --override-checkpoint-rope: load a checkpoint trained with another RoPE base or scaling
+  // (context extension) instead of refusing it.
+  bool override_checkpoint_rope = false;
   // Non-finite loss or gradients: skipped and counted by default. --check-for-nan-in-loss-and-grad
   // makes the first one an error naming the iteration and the first parameter (model order)
   // with a non-finite gradient; --max-skipped-iterations K ends the run, saving nothing, after
@@ -177,10 +180,11 @@ class Trainer {
   void prefetch_next_step(int it);
   // --dump-first-batch: writes the next global batch's tokens and labels (rank 0 only).
   void dump_first_batch() const;
-  // Refuses a checkpoint trained with another tokenizer (unless --override-tokenizer).
   // Refuses (on every rank) a checkpoint whose recorded model differs from this run's in a
-  // setting the tensor shapes do not show (model_mismatches).
+  // setting the tensor shapes do not show (model_mismatches); RoPE differences only without
+  // --override-checkpoint-rope, which prints them instead.
   void check_checkpoint_model(const nlohmann::json& meta) const;
+  // Refuses a checkpoint trained with another tokenizer (unless --override-tokenizer).
   void check_tokenizer(const nlohmann::json& meta) const;
   // Evaluates, prints Megatron's validation block on rank 0 and appends it to the JSONL.
   void report_validation(const std::string& when, FILE* jsonl);
