@@ -36,6 +36,14 @@ constexpr uint64_t kSeed = 11;
 
 ModelConfig dense_config() { return test::tiny_model(3); }
 
+// Qwen3-like: query/key norms before RoPE (--qk-layernorm), heads wider than hidden / heads.
+ModelConfig qk_config() {
+  ModelConfig c = dense_config();
+  c.qk_layernorm = true;
+  c.kv_channels = 2 * c.head_dim();
+  return c;
+}
+
 ModelConfig moe_config() {
   ModelConfig c = dense_config();
   c.untie_embeddings_and_output_weights = true;
@@ -139,7 +147,10 @@ struct Case {
   const char* name;
   ModelConfig (*config)();
 };
-const Case kCases[] = {{"dense", dense_config}, {"moe", moe_config}, {"hybrid", hybrid_config}};
+const Case kCases[] = {{"dense", dense_config},
+                       {"qk-layernorm", qk_config},
+                       {"moe", moe_config},
+                       {"hybrid", hybrid_config}};
 
 TEST(Generate, CachedLogitsEqualFullForwardAtEveryPosition) {
   for (const Case& c : kCases) {
