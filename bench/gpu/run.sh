@@ -239,7 +239,7 @@ hfrope)
   # random) imported, fine-tuned 1 iteration with --use-checkpoint-args and saved, compared;
   # then weft's export of that checkpoint against the resumed iteration 2.
   python3 tests/gpu/hf_llama_check.py make "$H/qwen3" --arch qwen3 --hidden 256 --ffn 704 \
-    --layers 4 --heads 8 --groups 4 --vocab 1024 --seq 128 --head-dim 64 --qk-gain 4 \
+    --layers 4 --heads 8 --groups 4 --vocab 1024 --seq 128 --head-dim 64 \
     --rotary-base 1000000 2>/dev/null
   echo "make qwen3 rc=$?"
   ./$B/app/weft ckpt import --format hf "$H/qwen3" "$H/q3im"; echo "import rc=$?"

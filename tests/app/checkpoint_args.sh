@@ -77,6 +77,8 @@ refused "D's flags but the RoPE base" "--rotary-base 10000 (checkpoint: 500000);
   --load "$dir/dense" --use-checkpoint-args --rotary-base 10000
 refused "D's flags but the scaling factor" "--rope-scaling-factor 8 (checkpoint: 16)" \
   --load "$dir/dense" --use-checkpoint-args --rope-scaling-factor 8
+refused "H's flags with --moe-layer-freq" "--moe-layer-freq: the checkpoint's model is hybrid" \
+  --load "$dir/hybrid" --use-checkpoint-args --moe-layer-freq 2
 refused "--use-checkpoint-args without --load" "--use-checkpoint-args needs --load DIR" \
   --use-checkpoint-args
 # No checkpoint in --load: refused as any --load without one is.

@@ -842,38 +842,43 @@ TEST(ModelLoss, IgnoredLabelsAddNothingAndGetZeroGradient) {
 
 TEST(ModelCuda, MatchesCpuAndIsDeterministic) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const ModelConfig cfg = small_config(true);
-  const Batch batch = make_batch(cfg, 2, 5);
-  FullParams cpu;
-  const Handles hc = register_model(cpu, cfg, 21, torch::kDouble);
-  const torch::Tensor want =
-      lm_loss_sum(model_logits(hc, cfg, batch.tokens, torch::kDouble), batch.labels);
-  want.backward();
+  ModelConfig qk = small_config(true);  // --qk-layernorm: its norms, then the fused rotary kernel
+  qk.qk_layernorm = true;
+  qk.kv_channels = 16;
+  for (const ModelConfig& cfg : {small_config(true), qk}) {
+    SCOPED_TRACE(::testing::Message() << "qk-layernorm " << cfg.qk_layernorm);
+    const Batch batch = make_batch(cfg, 2, 5);
+    FullParams cpu;
+    const Handles hc = register_model(cpu, cfg, 21, torch::kDouble);
+    const torch::Tensor want =
+        lm_loss_sum(model_logits(hc, cfg, batch.tokens, torch::kDouble), batch.labels);
+    want.backward();
 
-  const torch::Device dev(torch::kCUDA, 0);
-  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
-    SCOPED_TRACE(::testing::Message() << dtype);
-    const double tol = dtype == torch::kFloat ? 1e-4 : 0.05;
-    std::vector<torch::Tensor> first;
-    for (int run = 0; run < 2; ++run) {
-      FullParams gpu;
-      const Handles hg = register_model(gpu, cfg, 21, dtype, dev);
-      const torch::Tensor loss =
-          lm_loss_sum(model_logits(hg, cfg, batch.tokens.to(dev), dtype), batch.labels.to(dev));
-      loss.backward();
-      EXPECT_LE(rel_err(loss.cpu(), want), tol);
-      for (int i = 0; i < gpu.size(); ++i) {
-        const torch::Tensor g = gpu.grad(i).cpu();
-        EXPECT_EQ(g.scalar_type(), torch::kFloat);
-        if (dtype == torch::kFloat) {
-          EXPECT_LE(rel_err(g, cpu.grad(i)), tol) << gpu.spec(i).name;
-        } else {
-          expect_same_gradient(g, cpu.grad(i), 0.99, kBf16DeviceNormDev, gpu.spec(i).name);
+    const torch::Device dev(torch::kCUDA, 0);
+    for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      SCOPED_TRACE(::testing::Message() << dtype);
+      const double tol = dtype == torch::kFloat ? 1e-4 : 0.05;
+      std::vector<torch::Tensor> first;
+      for (int run = 0; run < 2; ++run) {
+        FullParams gpu;
+        const Handles hg = register_model(gpu, cfg, 21, dtype, dev);
+        const torch::Tensor loss =
+            lm_loss_sum(model_logits(hg, cfg, batch.tokens.to(dev), dtype), batch.labels.to(dev));
+        loss.backward();
+        EXPECT_LE(rel_err(loss.cpu(), want), tol);
+        for (int i = 0; i < gpu.size(); ++i) {
+          const torch::Tensor g = gpu.grad(i).cpu();
+          EXPECT_EQ(g.scalar_type(), torch::kFloat);
+          if (dtype == torch::kFloat) {
+            EXPECT_LE(rel_err(g, cpu.grad(i)), tol) << gpu.spec(i).name;
+          } else {
+            expect_same_gradient(g, cpu.grad(i), 0.99, kBf16DeviceNormDev, gpu.spec(i).name);
+          }
+          if (run == 0)
+            first.push_back(g);
+          else
+            EXPECT_TRUE(torch::equal(g, first[i])) << "run-to-run, " << gpu.spec(i).name;
         }
-        if (run == 0)
-          first.push_back(g);
-        else
-          EXPECT_TRUE(torch::equal(g, first[i])) << "run-to-run, " << gpu.spec(i).name;
       }
     }
   }

@@ -332,13 +332,14 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
     fail_usage("hf import: config.json hidden_size {} and num_attention_heads {} must be "
                "positive", m.hidden_size, m.num_attention_heads);
   m.num_query_groups = m.num_attention_heads;
-  hf_get(j, "num_key_value_heads", &m.num_query_groups, false);
+  // Qwen3's defaults (head_dim 128, its own key/value heads) are not Llama's: required there.
+  hf_get(j, "num_key_value_heads", &m.num_query_groups, type == "qwen3");
   if (m.num_query_groups < 1 || m.num_attention_heads % m.num_query_groups)
     fail_usage("hf import: config.json num_key_value_heads {} does not divide num_attention_heads "
                "{}", m.num_query_groups, m.num_attention_heads);
   // head_dim (--kv-channels): default hidden_size / num_attention_heads, which must then divide.
   int head_dim = 0;
-  if (hf_get(j, "head_dim", &head_dim, false)) {
+  if (hf_get(j, "head_dim", &head_dim, type == "qwen3")) {
     if (head_dim < 1) fail_usage("hf import: config.json head_dim {} must be positive", head_dim);
     if (int64_t{head_dim} * m.num_attention_heads != m.hidden_size) m.kv_channels = head_dim;
   } else if (m.hidden_size % m.num_attention_heads) {

@@ -173,12 +173,17 @@ bool take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,
   take("--mamba-num-heads", m.mamba_num_heads, saved.mamba_heads());
   // The layer structure; a pattern given defines the layers, its '/' the MTP depths.
   if (given("--hybrid-layer-pattern") || given("--hybrid-override-pattern")) return false;
+  if (saved.hybrid() && given("--moe-layer-freq"))
+    fail_usage("--moe-layer-freq: the checkpoint's model is hybrid, its layer pattern (taken by "
+               "--use-checkpoint-args) places the MoE layers as 'E'; drop --moe-layer-freq or "
+               "give --hybrid-layer-pattern");
+  if (!saved.hybrid()) take("--mtp-num-layers", m.mtp_num_layers, saved.mtp_num_layers);
   take("--num-layers", m.num_layers, saved.num_layers);
   if (m.num_layers != saved.num_layers) return false;  // the user's own count: nothing per layer
   m.layer_symbols = saved.layer_symbols;
   m.mtp_layer_symbols = saved.mtp_layer_symbols;
   m.hybrid_stage_layers.clear();
-  take("--mtp-num-layers", m.mtp_num_layers, saved.mtp_num_layers);
+  if (saved.hybrid()) take("--mtp-num-layers", m.mtp_num_layers, saved.mtp_num_layers);
   if (given("--moe-layer-freq")) return false;
   m.moe_layer_pattern = saved.moe_layer_pattern;
   return true;

@@ -51,9 +51,10 @@ std::optional<CheckpointModel> checkpoint_model(const std::string& load, int ste
 // --use-checkpoint-args (Megatron's): every model setting whose flag `given` says was not on the
 // command line takes `saved`'s value; run before the layer patterns are resolved. The layer
 // structure: --num-layers unless it or a --hybrid-layer-pattern is given; without a pattern, the
-// checkpoint's hybrid layer symbols and --mtp-num-layers (unless given) when the layer counts
-// agree, and its MoE layers unless --moe-layer-freq is given (returns true when it took them,
-// and --moe-layer-freq must then not be parsed). Not taken: the pipeline split of a pattern's
+// checkpoint's hybrid layer symbols (with their MTP depth) when the layer counts agree, a
+// non-hybrid model's MTP depth, and its MoE layers unless --moe-layer-freq is given (returns true
+// when it took them, and --moe-layer-freq must then not be parsed); --moe-layer-freq beside a
+// hybrid checkpoint is refused. Not taken: the pipeline split of a pattern's
 // '|' (a layout choice), and run settings (--bf16, --init-method-std, loss coefficients,
 // --moe-grouped-gemm).
 bool take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,

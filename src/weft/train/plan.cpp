@@ -96,6 +96,10 @@ struct ActModel {
       a += B * (nh + 2 * ng) * hd + B * nh * hd + 4 * nh;
     else
       a += 3 * B * nh * hd + 4 * nh * s + (B == 2 ? 2 * nh * s : 0) + B * h;
+    // --qk-layernorm: the projection's output stays alive beside the norms' inputs (q copied),
+    // the normed heads laid out again for the rotary kernel, and the norms' rstd (an estimate,
+    // not checked against a measured peak).
+    if (m.qk_layernorm) a += B * (nh + 2 * ng) * hd + B * nh * hd + B * (nh + 2 * ng) * hd + 4 * (nh + ng);
     return a;
   }
   int64_t mlp(bool moe) const {

@@ -514,7 +514,9 @@ void Trainer::check_checkpoint_model(const nlohmann::json& meta) const {
   fail_usage("--load {}: this run's model differs from the checkpoint's, which would load into "
              "another function: {}; give the checkpoint's values{}",
              cfg_.load, fmt::join(diff, ", "),
-             rope.empty() ? "" : " (or --override-checkpoint-rope to change the RoPE on purpose)");
+             rope.empty() || cfg_.override_checkpoint_rope
+                 ? ""
+                 : " (or --override-checkpoint-rope to change the RoPE on purpose)");
 }
 
 void Trainer::check_tokenizer(const nlohmann::json& meta) const {
