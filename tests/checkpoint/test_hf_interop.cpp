@@ -532,24 +532,24 @@ TEST(HfInterop, BadInputNamesTheKey) {
     const nlohmann::json llama3 = {{"rope_type", "llama3"}, {"factor", 8.0},
                                    {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
                                    {"original_max_position_embeddings", 8192}};
-    nlohmann::json r = llama3;
-    r.erase("factor");
-    refused_config("rope_parameters", r, "rope_parameters.factor is missing");
-    r = llama3;
-    r["low_freq_factor"] = 2.0;
-    refused_config("rope_parameters", r, "rope_parameters.low_freq_factor is 2.0");
-    r = llama3;
-    r["original_max_position_embeddings"] = 4096;
-    refused_config("rope_scaling", r, "rope_scaling.original_max_position_embeddings is 4096");
-    r = llama3;
-    r["attention_factor"] = 1.5;
-    refused_config("rope_parameters", r, "rope_parameters.attention_factor");
-    r = llama3;
-    r["factor"] = 0.5;
-    refused_config("rope_parameters", r, "rope_parameters.factor is 0.5");
-    r = llama3;
-    r["type"] = "default";
-    refused_config("rope_parameters", r, "rope_parameters.type 'default' and rope_parameters.rope_type 'llama3' disagree");
+    // llama3 with `key` set to `value` (erased when discarded).
+    auto llama3_with = [&](const char* key, const nlohmann::json& value) {
+      nlohmann::json r = llama3;
+      if (value.is_discarded()) r.erase(key);
+      else r[key] = value;
+      return r;
+    };
+    const nlohmann::json gone = nlohmann::json::value_t::discarded;
+    refused_config("rope_parameters", llama3_with("factor", gone), "rope_parameters.factor is missing");
+    refused_config("rope_parameters", llama3_with("low_freq_factor", 2.0),
+                   "rope_parameters.low_freq_factor is 2.0");
+    refused_config("rope_scaling", llama3_with("original_max_position_embeddings", 4096),
+                   "rope_scaling.original_max_position_embeddings is 4096");
+    refused_config("rope_parameters", llama3_with("attention_factor", 1.5),
+                   "rope_parameters.attention_factor");
+    refused_config("rope_parameters", llama3_with("factor", 0.5), "rope_parameters.factor is 0.5");
+    refused_config("rope_parameters", llama3_with("type", "default"),
+                   "rope_parameters.type 'default' and rope_parameters.rope_type 'llama3' disagree");
     refused_config("rope_scaling", llama3, "describe different RoPE scalings");  // vs default
     refused_config("num_hidden_layers", 4294967300ULL, "'num_hidden_layers' is 4294967300, out of range");
     refused_config("attention_bias", true, "attention_bias");

@@ -542,20 +542,25 @@ constexpr int64_t kDeviceStageBytes = int64_t{512} << 20;
 
 }  // namespace
 
+int ckpt_load_iteration(const std::string& dir, int step) {
+  if (step >= 0) return step;
+  if (!fs::exists(dir + "/" + kTrackerFile)) return -1;
+  int iteration = -1;
+  if (Status s = ckpt_read_tracker(dir, &iteration); !s) fail_usage("--load: {}", s.message());
+  return iteration;
+}
+
 nlohmann::json ckpt_load(const LoadRequest& req, PipelineStage& stage, ShardedAdamW& opt,
                          const ProcessGroups& groups) {
   at::NoGradGuard no_grad;
   Communicator& world = groups.control();
   const bool rank0 = world.rank() == 0;
-  int iteration = req.step;
+  const int iteration = ckpt_load_iteration(req.dir, req.step);
   if (iteration < 0) {
-    if (!fs::exists(req.dir + "/" + kTrackerFile)) {
-      if (rank0)
-        fmt::print(stderr, "weft: warning: --load {}: no {} found; starting from scratch\n",
-                   req.dir, kTrackerFile);
-      return nlohmann::json();
-    }
-    if (Status s = ckpt_read_tracker(req.dir, &iteration); !s) fail_usage("--load: {}", s.message());
+    if (rank0)
+      fmt::print(stderr, "weft: warning: --load {}: no {} found; starting from scratch\n",
+                 req.dir, kTrackerFile);
+    return nlohmann::json();
   }
   const std::string dir = ckpt_iter_dir(req.dir, iteration);
   nlohmann::json meta;

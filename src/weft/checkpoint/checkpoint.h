@@ -108,6 +108,11 @@ struct LoadRequest {
   std::function<void(const nlohmann::json& meta)> check_metadata;
 };
 
+// The iteration `--load dir [--ckpt-step step]` names: `step` when >= 0, else the tracker's
+// latest; -1 when step < 0 and `dir` has no tracker file. Throws UsageError naming --load on an
+// unreadable tracker.
+int ckpt_load_iteration(const std::string& dir, int step);
+
 // Collective. Returns the checkpoint's metadata.json, or null JSON when `dir` has no tracker
 // and no step was asked for (nothing to load: training starts from scratch). Throws
 // UsageError/Error with the same message on every rank otherwise.

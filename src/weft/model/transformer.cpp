@@ -452,35 +452,30 @@ AttentionQkv attention_qkv_normed(const at::Tensor& xn, const LayerHandles& w,
   const at::Tensor qkv = ops::linear(xn, w.linear_qkv).view({b, s, ng, r + 2, hd});
   AttentionQkv out;
   const bool fused_rope = fused::usable(qkv) && rope.cos.scalar_type() == qkv.scalar_type();
+  at::Tensor rope_in = qkv;  // what the fused kernel rotates
+  at::Tensor q, k;           // [b, s, heads, hd], for the unfused rotation
   if (cfg.qk_layernorm) {
     // --qk-layernorm: each query and key head normalised over the head dim, then rotated; on
     // the fused path the normed heads are laid out as a QKV again (one copy) for its kernel.
-    const at::Tensor q = ops::rms_norm(qkv.narrow(3, 0, r).reshape({b, s, nh, hd}), w.q_layernorm,
-                                       cfg.norm_epsilon);
-    const at::Tensor k = ops::rms_norm(qkv.select(3, r), w.k_layernorm, cfg.norm_epsilon);
-    if (fused_rope) {
-      const at::Tensor normed =
-          at::cat({q.view({b, s, ng, r, hd}), k.unsqueeze(3), qkv.narrow(3, r + 1, 1)}, 3);
-      auto [qr, kr, vr] =
-          fused::rope_qkv(normed, rope.cos.narrow(0, pos, s), rope.sin.narrow(0, pos, s));
-      out.q = qr.transpose(1, 2);
-      out.k = kr.transpose(1, 2);
-      out.v = vr.transpose(1, 2);
-    } else {
-      out.q = apply_rotary(q.transpose(1, 2), rope, pos);
-      out.k = apply_rotary(k.transpose(1, 2), rope, pos);
-      out.v = qkv.select(3, r + 1).transpose(1, 2);
-    }
-  } else if (fused_rope) {
+    q = ops::rms_norm(qkv.narrow(3, 0, r).reshape({b, s, nh, hd}), w.q_layernorm, cfg.norm_epsilon);
+    k = ops::rms_norm(qkv.select(3, r), w.k_layernorm, cfg.norm_epsilon);
+    if (fused_rope)
+      rope_in = at::cat({q.view({b, s, ng, r, hd}), k.unsqueeze(3), qkv.narrow(3, r + 1, 1)}, 3);
+  }
+  if (fused_rope) {
     // One kernel: rotated q and k and a copy of v, each [b, s, heads, hd] contiguous.
     auto [qr, kr, vr] =
-        fused::rope_qkv(qkv, rope.cos.narrow(0, pos, s), rope.sin.narrow(0, pos, s));
+        fused::rope_qkv(rope_in, rope.cos.narrow(0, pos, s), rope.sin.narrow(0, pos, s));
     out.q = qr.transpose(1, 2);
     out.k = kr.transpose(1, 2);
     out.v = vr.transpose(1, 2);
   } else {
-    out.q = apply_rotary(qkv.narrow(3, 0, r).reshape({b, s, nh, hd}).transpose(1, 2), rope, pos);
-    out.k = apply_rotary(qkv.select(3, r).transpose(1, 2), rope, pos);
+    if (!q.defined()) {
+      q = qkv.narrow(3, 0, r).reshape({b, s, nh, hd});
+      k = qkv.select(3, r);
+    }
+    out.q = apply_rotary(q.transpose(1, 2), rope, pos);
+    out.k = apply_rotary(k.transpose(1, 2), rope, pos);
     out.v = qkv.select(3, r + 1).transpose(1, 2);
   }
   return out;

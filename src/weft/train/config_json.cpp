@@ -8,9 +8,9 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <filesystem>
 #include <type_traits>
 
+#include "weft/checkpoint/checkpoint.h"
 #include "weft/checkpoint/format.h"
 #include "weft/core/error.h"
 #include "weft/model/transformer.h"
@@ -124,12 +124,8 @@ std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelCon
 }
 
 std::optional<CheckpointModel> checkpoint_model(const std::string& load, int step) {
-  // The directory ckpt_load reads: <load>/iter_<step>, or the tracker's latest.
-  if (step < 0 && !std::filesystem::exists(load + "/" + kTrackerFile)) return std::nullopt;
-  int iteration = step;
-  if (step < 0)
-    if (Status s = ckpt_read_tracker(load, &iteration); !s)
-      fail_usage("--use-checkpoint-args: --load {}: {}", load, s.message());
+  const int iteration = ckpt_load_iteration(load, step);  // the one ckpt_load reads
+  if (iteration < 0) return std::nullopt;
   const std::string iter = ckpt_iter_dir(load, iteration);
   nlohmann::json meta;
   CkptIndex index;
