@@ -10,6 +10,8 @@
 #                                     ~1.5B and ~3B; one table at the end (bench/gpu/curve_table.py)
 #   bash bench/gpu/run.sh profile     Kineto traces of weft's 0.8B and 125M steps, summarised
 #   bash bench/gpu/run.sh profcurve   profile summaries at every size-curve shape ($OUT/profcurve.txt)
+#   bash bench/gpu/run.sh steady      bench1b's 0.8B step: every iteration's wall time and a trace of 8-12
+#                                     (device busy and idle per step, the gaps) ($OUT/steady.txt)
 #   bash bench/gpu/run.sh ckpt        checkpoint save/load of the 0.8B state on the GPU vs raw
 #                                     disk (bench_checkpoint) and vs torch.distributed.checkpoint
 #   bash bench/gpu/run.sh moe         weft on the ~1B MoE model (8 experts, top-2), then PyTorch
@@ -343,6 +345,17 @@ profcurve)
     rm -f $P/$tag/trace_rank0.json
   done
   grep -E "^==|device span|^  [a-z/]+ +[0-9.]+ +[0-9.]+%|ATen ops|cudaDeviceSynchronize" "$OUT/profcurve.txt"
+  ;;
+steady)
+  # The step's device time against its wall time at bench1b's shape: 16 iterations, the middle
+  # five (8-12) traced, every iteration's host-measured time printed, then the trace summary
+  # over those five (span and busy per iteration, the idle gaps, host synchronisation).
+  P=/tmp/weft-steady; rm -rf $P; mkdir -p $P
+  timeout 300 ./$B/app/weft train --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 \
+    --global-batch-size 2 --train-iters 16 ${PROF_EXTRA:-} --profile --profile-step-start 8 \
+    --profile-step-end 12 --profile-dir $P/t > $P/log 2>&1
+  echo "steady rc=$?"; grep -oE "iteration +[0-9]+/|per iteration \(ms\): [0-9.]+" $P/log | paste -sd' ' | sed 's/ per iteration (ms)://g'
+  python3 bench/gpu/trace_summary.py $P/t/trace_rank0.json --iters 5 --top ${PROF_TOP:-30} --gaps 12 | tee "$OUT/steady.txt" | cut -c1-160
   ;;
 gencheck)
   # weft generate on CUDA: a tiny model trained on CUDA, then greedy continuations on CUDA and on

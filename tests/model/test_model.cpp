@@ -995,6 +995,30 @@ TEST(ModelCuda, FusedKernelsAtTrainingShapes) {
     total.backward();
     EXPECT_LE(rel_err(qkv.grad(), x.grad()), tol);
   }
+  // Cross-entropy: rows longer than one round of the forward's unrolled loads (32000, 8-wide),
+  // a vocabulary of single elements with a partial last round (50257), a short float32 row, a
+  // row whose every logit is the same large negative number and one with an ignored label.
+  for (auto [rows, v, dtype] : {std::tuple{700, 32000, torch::kBFloat16},
+                                {300, 50257, torch::kBFloat16}, {500, 1000, torch::kFloat}}) {
+    SCOPED_TRACE(::testing::Message() << "cross-entropy rows " << rows << " v " << v);
+    torch::Tensor x = (randn({rows, v}, torch::kFloat) * 4).to(dtype);
+    x[1].fill_(-3e4);
+    const torch::Tensor logits = x.clone().requires_grad_(true);
+    torch::Tensor labels = torch::randint(v, {rows}, gen, torch::kLong);
+    labels[2] = -100;
+    const torch::Tensor loss = fused::cross_entropy_sum(logits, labels.to(dev));
+    (loss * 0.25).backward();
+    const torch::Tensor x64 = x.to(torch::kDouble), y = labels.to(dev);
+    const torch::Tensor kept = y.ne(-100).to(torch::kDouble);
+    const torch::Tensor nll = x64.logsumexp(-1) - x64.gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1);
+    const torch::Tensor want_grad =
+        0.25 * kept.unsqueeze(1) *
+        (torch::softmax(x64, -1) - torch::one_hot(y.clamp_min(0), v).to(torch::kDouble));
+    const double tol = dtype == torch::kFloat ? 1e-5 : 1e-2;
+    EXPECT_NEAR(loss.item<double>(), (nll * kept).sum().item<double>(),
+                1e-5 * std::abs((nll * kept).sum().item<double>()));
+    EXPECT_LE(rel_err(logits.grad(), want_grad), tol);
+  }
 }
 
 // The ignored label on the GPU: the fused cross-entropy kernel (float32, bfloat16) and, switched

@@ -45,6 +45,10 @@ __device__ float block_sum(float v, float* smem) {
   return v;
 }
 
+// At most 32 blocks per SM of the H200, striding over the range. One thread per item (ceil(n /
+// kThreads) blocks, as the AdamW kernel launches) made SwiGLU, the rotary kernels and the
+// cross-entropy backward 16-34% slower at 0.8B on the H200, where the untouched memory-bound
+// kernels moved 0-5% between the two machines (docs/performance.md).
 int64_t grid_for(int64_t n) {
   return std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
 }
@@ -326,25 +330,42 @@ __device__ void block_max_sum(float& m, float& s, float* sm, float* ss) {
     ms_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
 }
 
+// Each thread loads kCeUnroll vectors of its row before it reduces them (one 16-byte load in
+// flight per thread left the kernel at 1.7 TB/s at vocabulary 32000), then merges the chunk's
+// (max, sum) into its own: one exp per element and two per chunk. The order depends only on v.
+constexpr int kCeUnroll = 4;
+
 template <typename T, int N>
 __global__ void ce_fwd_kernel(const T* logits, const int64_t* labels, float* loss, float* lse,
                               int64_t v) {
   __shared__ float sm[32], ss[32];
   const int64_t row = blockIdx.x;
   const T* x = logits + row * v;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * N;
   float m = -INFINITY, s = 0.f;
-  for (int64_t c = threadIdx.x * N; c < v; c += blockDim.x * N) {
-    float e[N];
-    vload<T, N>(x + c, e);
+  for (int64_t c0 = threadIdx.x * N; c0 < v; c0 += kCeUnroll * step) {
+    float e[kCeUnroll][N];
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      if (e[k] > m) {
-        s = s * expf(m - e[k]) + 1.f;
-        m = e[k];
+    for (int u = 0; u < kCeUnroll; ++u) {
+      if (c0 + u * step < v) {
+        vload<T, N>(x + c0 + u * step, e[u]);
       } else {
-        s += expf(e[k] - m);
+#pragma unroll
+        for (int k = 0; k < N; ++k) e[u][k] = -INFINITY;
       }
     }
+    float cm = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < kCeUnroll; ++u)
+#pragma unroll
+      for (int k = 0; k < N; ++k) cm = fmaxf(cm, e[u][k]);
+    if (cm == -INFINITY) continue;  // nothing but -inf (or padding): an empty pair
+    float cs = 0.f;
+#pragma unroll
+    for (int u = 0; u < kCeUnroll; ++u)
+#pragma unroll
+      for (int k = 0; k < N; ++k) cs += expf(e[u][k] - cm);
+    ms_merge(m, s, cm, cs);
   }
   block_max_sum(m, s, sm, ss);
   if (threadIdx.x == 0) {
@@ -355,13 +376,15 @@ __global__ void ce_fwd_kernel(const T* logits, const int64_t* labels, float* los
   }
 }
 
-template <typename T, int N>
+// The row division in the index type I (uint32_t where the vectors fit it).
+template <typename I, typename T, int N>
 __global__ void ce_bwd_kernel(const T* logits, const int64_t* labels, const float* lse,
                               const float* g, T* dlogits, int64_t rows, int64_t v) {
   const int64_t vv = v / N, n = rows * vv;
   const float scale = *g;
   for (int64_t i = global_index(); i < n; i += grid_stride()) {
-    const int64_t r = i / vv, c = (i - r * vv) * N;
+    const I q = static_cast<I>(i) / static_cast<I>(vv);
+    const int64_t r = static_cast<int64_t>(q), c = (i - r * vv) * N;
     const int64_t y = labels[r];
     float e[N], o[N];
     vload<T, N>(logits + r * v + c, e);
@@ -883,9 +906,10 @@ std::string cross_entropy_backward(Elem t, const void* logits, const int64_t* la
                                    int64_t v, void* stream) {
   if (rows == 0) return {};
   dispatch(t, v % vector_width(t) == 0, [&]<typename T, int N>() {
-    ce_bwd_kernel<T, N><<<static_cast<unsigned>(grid_for(rows * v / N)), kThreads, 0,
-                          as_stream(stream)>>>(static_cast<const T*>(logits), labels, lse, g,
-                                               static_cast<T*>(dlogits), rows, v);
+    const auto kernel = fits_u32(rows * v / N) ? ce_bwd_kernel<uint32_t, T, N>
+                                                : ce_bwd_kernel<int64_t, T, N>;
+    kernel<<<static_cast<unsigned>(grid_for(rows * v / N)), kThreads, 0, as_stream(stream)>>>(
+        static_cast<const T*>(logits), labels, lse, g, static_cast<T*>(dlogits), rows, v);
   });
   return launched();
 }
