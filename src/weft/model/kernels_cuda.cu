@@ -220,10 +220,11 @@ __global__ void __launch_bounds__(1024)
 
 // --- SwiGLU -------------------------------------------------------------------------------------
 
-// Each thread takes two vectors per round (i and i + stride), loaded before either is
-// computed: with the pointers __restrict__ (every caller writes a fresh tensor), the loads of a
-// round do not wait for its stores, so a tensor larger than the grid keeps twice the bytes in
-// flight per thread.
+// One vector per thread and round of the grid-stride loop. Two or four vectors per round
+// (i, i + stride, ...), loaded before any is computed, were slower on the H200 at 0.8B: forward
+// 86.2 and 134.4 us against 68.6 with one, backward 131.1 and 279.0 against 110.7
+// (docs/performance.md); one vector per thread with a grid over the whole tensor was slower
+// still (grid_for).
 // Vector i (N elements) of act [rows, f]: its row r and column c, and the gate and up vectors
 // of fc1 [rows, 2f] it is computed from. The division runs in the index type I: uint32_t
 // wherever the vectors fit it (a 64-bit division is a long software sequence per vector).
@@ -241,53 +242,34 @@ __device__ __forceinline__ void swiglu_load(const T* __restrict__ fc1, int64_t f
 template <typename I, typename T, int N>
 __global__ void swiglu_fwd_kernel(const T* __restrict__ fc1, T* __restrict__ act, int64_t rows,
                                   int64_t f) {
-  const int64_t fv = f / N, n = rows * fv, stride = grid_stride();
-  for (int64_t i0 = global_index(); i0 < n; i0 += 2 * stride) {
-    float g[2][N], u[2][N];
-    int64_t row[2], c[2];
+  const int64_t n = rows * (f / N);
+  for (int64_t i = global_index(); i < n; i += grid_stride()) {
+    float g[N], u[N], o[N];
+    int64_t row, c;
+    swiglu_load<I, T, N>(fc1, f, i, row, c, g, u);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int64_t i = i0 + j * stride;
-      if (i < n) swiglu_load<I, T, N>(fc1, f, i, row[j], c[j], g[j], u[j]);
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if (i0 + j * stride >= n) continue;
-      float o[N];
-#pragma unroll
-      for (int k = 0; k < N; ++k) o[k] = g[j][k] / (1.f + expf(-g[j][k])) * u[j][k];
-      vstore<T, N>(act + row[j] * f + c[j], o);
-    }
+    for (int k = 0; k < N; ++k) o[k] = g[k] / (1.f + expf(-g[k])) * u[k];
+    vstore<T, N>(act + row * f + c, o);
   }
 }
 
 template <typename I, typename T, int N>
 __global__ void swiglu_bwd_kernel(const T* __restrict__ dact, const T* __restrict__ fc1,
                                   T* __restrict__ dfc1, int64_t rows, int64_t f) {
-  const int64_t fv = f / N, n = rows * fv, stride = grid_stride();
-  for (int64_t i0 = global_index(); i0 < n; i0 += 2 * stride) {
-    float g[2][N], u[2][N], d[2][N];
-    int64_t row[2], c[2];
+  const int64_t n = rows * (f / N);
+  for (int64_t i = global_index(); i < n; i += grid_stride()) {
+    float g[N], u[N], d[N], dg[N], du[N];
+    int64_t row, c;
+    swiglu_load<I, T, N>(fc1, f, i, row, c, g, u);
+    vload<T, N>(dact + row * f + c, d);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int64_t i = i0 + j * stride;
-      if (i >= n) continue;
-      swiglu_load<I, T, N>(fc1, f, i, row[j], c[j], g[j], u[j]);
-      vload<T, N>(dact + row[j] * f + c[j], d[j]);
+    for (int k = 0; k < N; ++k) {
+      const float s = 1.f / (1.f + expf(-g[k]));
+      dg[k] = d[k] * u[k] * (s * (1.f + g[k] * (1.f - s)));
+      du[k] = d[k] * g[k] * s;
     }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if (i0 + j * stride >= n) continue;
-      float dg[N], du[N];
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        const float s = 1.f / (1.f + expf(-g[j][k]));
-        dg[k] = d[j][k] * u[j][k] * (s * (1.f + g[j][k] * (1.f - s)));
-        du[k] = d[j][k] * g[j][k] * s;
-      }
-      vstore<T, N>(dfc1 + row[j] * 2 * f + c[j], dg);
-      vstore<T, N>(dfc1 + row[j] * 2 * f + f + c[j], du);
-    }
+    vstore<T, N>(dfc1 + row * 2 * f + c, dg);
+    vstore<T, N>(dfc1 + row * 2 * f + f + c, du);
   }
 }
 
@@ -834,12 +816,10 @@ std::string swiglu_forward(Elem t, const void* fc1, void* act, int64_t rows, int
   const bool wide = f % vector_width(t) == 0;
   dispatch(t, wide, [&]<typename T, int N>() {
     const auto grid = static_cast<unsigned>(grid_for(rows * f / N));
-    if (fits_u32(rows * f / N))
-      swiglu_fwd_kernel<uint32_t, T, N><<<grid, kThreads, 0, as_stream(stream)>>>(
-          static_cast<const T*>(fc1), static_cast<T*>(act), rows, f);
-    else
-      swiglu_fwd_kernel<int64_t, T, N><<<grid, kThreads, 0, as_stream(stream)>>>(
-          static_cast<const T*>(fc1), static_cast<T*>(act), rows, f);
+    const auto kernel = fits_u32(rows * f / N) ? swiglu_fwd_kernel<uint32_t, T, N>
+                                                : swiglu_fwd_kernel<int64_t, T, N>;
+    kernel<<<grid, kThreads, 0, as_stream(stream)>>>(static_cast<const T*>(fc1),
+                                                     static_cast<T*>(act), rows, f);
   });
   return launched();
 }
@@ -849,12 +829,10 @@ std::string swiglu_backward(Elem t, const void* dact, const void* fc1, void* dfc
   const bool wide = f % vector_width(t) == 0;
   dispatch(t, wide, [&]<typename T, int N>() {
     const auto grid = static_cast<unsigned>(grid_for(rows * f / N));
-    if (fits_u32(rows * f / N))
-      swiglu_bwd_kernel<uint32_t, T, N><<<grid, kThreads, 0, as_stream(stream)>>>(
-          static_cast<const T*>(dact), static_cast<const T*>(fc1), static_cast<T*>(dfc1), rows, f);
-    else
-      swiglu_bwd_kernel<int64_t, T, N><<<grid, kThreads, 0, as_stream(stream)>>>(
-          static_cast<const T*>(dact), static_cast<const T*>(fc1), static_cast<T*>(dfc1), rows, f);
+    const auto kernel = fits_u32(rows * f / N) ? swiglu_bwd_kernel<uint32_t, T, N>
+                                                : swiglu_bwd_kernel<int64_t, T, N>;
+    kernel<<<grid, kThreads, 0, as_stream(stream)>>>(
+        static_cast<const T*>(dact), static_cast<const T*>(fc1), static_cast<T*>(dfc1), rows, f);
   });
   return launched();
 }
