@@ -143,6 +143,7 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--lr", t.lr.lr, "peak learning rate");
   opt("--min-lr", t.lr.min_lr, "final learning rate");
   opt("--lr-warmup-iters", t.lr.warmup_iters, "linear warmup iterations");
+  opt("--lr-warmup-init", t.lr.warmup_init, "learning rate the warmup starts from");
   opt("--lr-decay-iters", t.lr.decay_iters, "decay iterations (-1: --train-iters)");
   opt("--lr-decay-style", t.lr.style, "cosine | linear | constant");
   opt("--weight-decay", t.adam.weight_decay, "AdamW weight decay (not on norms)");
@@ -189,7 +190,10 @@ void add_flags(CLI::App* c, TrainArgs* a) {
                 "write the first global batch's tokens and labels as .npy int64 [2, batch, seq]")
       ->group("");  // hidden: for reference checks (tests/gpu/hf_llama_check.py)
   opt("--dist-ckpt-strictness", t.strictness,
-      "raise_all | raise_unexpected | log_all | log_unexpected | assume_ok_unexpected | ignore_all");
+      "Megatron's: assume_ok_unexpected (default) and raise_unexpected refuse a checkpoint that "
+      "lacks a key the model expects, log_unexpected warns and leaves it initialised; raise_all "
+      "and log_all also refuse / warn about checkpoint keys nothing loads; ignore_all; "
+      "return_all and return_unexpected log as log_all and log_unexpected");
   opt("--exit-interval", t.exit_interval, "save and exit when iteration % N == 0 (0: off)");
   opt("--exit-duration-in-mins", t.exit_duration_mins, "save and exit after this many minutes (0: off)");
   opt("--distributed-timeout-minutes", t.distributed_timeout_minutes,

@@ -4,7 +4,8 @@
 #   dp 4 x ep 2, within 1e-6), and FAIL with exit 1 when the restore is broken
 #   (WEFT_FAULT=checkpoint.skip_exp_avg_sq: the loader leaves the second moments fresh, so the
 #   resumed run's update differs); bad --at/--to, and the train flags verify-resume sets itself
-#   (--save, --log-jsonl, --save-interval), exit 2. With --workdir, the directory stays
+#   (--save, --log-jsonl, --save-interval), exit 2. --async-save resumes bitwise; with --bf16
+#   across layouts the default tolerance passes the restart and fails the broken restore. With --workdir, the directory stays
 #   on FAIL; the default temporary directory is removed on PASS.
 # Usage: verify_resume.sh WEFT MPIRUN...
 set -u
@@ -54,6 +55,19 @@ WEFT_FAULT=checkpoint.skip_exp_avg_sq:1:2:error run 1 "broken restore" \
   has "verify-resume: FAIL: iteration 4" "FAIL names the first differing iteration"
 [ -d "$dir/broken/straight" ] && echo "ok   --workdir kept on FAIL" ||
   { echo "FAIL: --workdir was not kept"; fails=$((fails + 1)); }
+
+# --async-save: the saves at --at and --to are written in the background, and the restart is
+# still bitwise.
+run 0 "async save" --pipeline-model-parallel-size 2 --at 2 --to 4 --async-save &&
+  has "bitwise" "bitwise with --async-save"
+# bf16 across layouts: the default tolerance (1e-2) passes the restart and still fails the
+# broken restore (a fresh second moment is far from the trained one).
+run 0 "bf16 across layouts" --bf16 --pipeline-model-parallel-size 2 --at 2 --to 4 \
+  --load-layout "--pipeline-model-parallel-size 1 --expert-model-parallel-size 2 --data-parallel-size 4"
+WEFT_FAULT=checkpoint.skip_exp_avg_sq:1:2:error run 1 "bf16 broken restore across layouts" \
+  --bf16 --pipeline-model-parallel-size 2 --at 2 --to 4 \
+  --load-layout "--pipeline-model-parallel-size 1 --expert-model-parallel-size 2 --data-parallel-size 4" &&
+  has "verify-resume: FAIL" "bf16 FAIL line"
 
 run 2 "bad --at" --at 4 --to 4 && has "--at K and --to N" "message names --at/--to"
 for flag in "--save $dir/mine" "--log-jsonl $dir/mine.jsonl" "--save-interval 1"; do

@@ -266,13 +266,15 @@ TEST(Refusals, EachWithItsOwnMessage) {
   more.model.num_layers = 8;
   fewer.model.num_layers = 4;
   wider.model.hidden_size = 64;
-  expect_refused(load_error(more, 2, good), "missing: decoder.layers.6");
-  expect_refused(load_error(fewer, 2, good), "unexpected key(s) that nothing loads: decoder.layers.4");
+  expect_refused(load_error(more, 2, good), "expects are not in it: decoder.layers.6");
+  TrainConfig fewer_strict = fewer;
+  fewer_strict.strictness = "raise_all";
+  expect_refused(load_error(fewer_strict, 2, good),
+                 "key(s) that nothing in this model loads: decoder.layers.4");
   expect_refused(load_error(wider, 2, good), "has shape [64,32], the model expects [64,64]");
-  // Relaxed strictness loads the overlapping layers of a smaller checkpoint.
-  TrainConfig relaxed = fewer;
-  relaxed.strictness = "assume_ok_unexpected";
-  EXPECT_EQ(load_error(relaxed, 2, good), "");
+  // The default (Megatron's assume_ok_unexpected) loads the overlapping layers of a larger
+  // checkpoint.
+  EXPECT_EQ(load_error(fewer, 2, good), "");
 
   // Stage-local names: two stages write layer 0; the save itself refuses, and a checkpoint
   // forced past that check is refused on load.
@@ -337,12 +339,14 @@ TEST(Strictness, EachModeRaisesOrLoadsAsDocumented) {
     const char* name;
     bool raise_missing, log_missing, raise_unexpected, log_unexpected;
   };
+  // Megatron's words (checkpoint.h): the 8-layer model's keys absent from the checkpoint are
+  // "unexpected" (here `missing`), the 4-layer model's unused checkpoint keys "missing".
   const Mode modes[] = {{"raise_all", true, false, true, false},
-                        {"raise_unexpected", false, true, true, false},
+                        {"raise_unexpected", true, false, false, false},
                         {"log_all", false, true, false, true},
                         {"return_all", false, true, false, true},
-                        {"log_unexpected", true, false, false, true},
-                        {"return_unexpected", true, false, false, true},
+                        {"log_unexpected", false, true, false, false},
+                        {"return_unexpected", false, true, false, false},
                         {"assume_ok_unexpected", true, false, false, false},
                         {"ignore_all", false, false, false, false}};
   for (const Mode& m : modes) {
@@ -357,15 +361,15 @@ TEST(Strictness, EachModeRaisesOrLoadsAsDocumented) {
       const std::string logged = ::testing::internal::GetCapturedStderr();
       if (test::world_rank() >= 2) continue;
       if (raise) {
-        EXPECT_NE(err.find(missing ? "key(s) the model expects are missing: decoder.layers.6"
-                                   : "unexpected key(s) that nothing loads: decoder.layers.4"),
+        EXPECT_NE(err.find(missing ? "key(s) the model expects are not in it: decoder.layers.6"
+                                   : "key(s) that nothing in this model loads: decoder.layers.4"),
                   std::string::npos)
             << "error was: '" << err << "'";
       } else {
         EXPECT_EQ(err, "");
         if (test::world_rank() == 0) {
-          EXPECT_EQ(logged.find(missing ? "missing keys not loaded: decoder.layers.6"
-                                        : "unexpected keys ignored: decoder.layers.4") !=
+          EXPECT_EQ(logged.find(missing ? "left at their initial values: decoder.layers.6"
+                                        : "left unused: decoder.layers.4") !=
                         std::string::npos,
                     log)
               << "stderr was: '" << logged << "'";

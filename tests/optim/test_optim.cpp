@@ -28,8 +28,8 @@ namespace {
 
 using test::expect_usage;
 
-// Every iteration of every style against the closed forms, written here: warmup lr * it / W for
-// it <= W; then with t = (it - W) / (D - W): cosine min + (lr - min) (1 + cos(pi t)) / 2, linear
+// Every count of updates made (Megatron's scheduler steps, from 0) of every style against the
+// closed forms, written here: warmup init + (lr - init) * it / W for it <= W; then with t = (it - W) / (D - W): cosine min + (lr - min) (1 + cos(pi t)) / 2, linear
 // min + (lr - min) (1 - t), constant lr; min after D. Cosine and linear differ everywhere but at
 // t = 0, 1/2 and 1, so replacing one by the other fails.
 TEST(LrSchedule, WarmupCosineLinear) {
@@ -40,7 +40,7 @@ TEST(LrSchedule, WarmupCosineLinear) {
   c.decay_iters = 14;
   for (const char* style : {"cosine", "linear", "constant"}) {
     c.style = style;
-    for (int it = 1; it <= 20; ++it) {
+    for (int it = 0; it <= 20; ++it) {
       double want;
       if (it <= 4) {
         want = it / 4.0;
@@ -58,6 +58,14 @@ TEST(LrSchedule, WarmupCosineLinear) {
   }
   c.style = "cosine";
   EXPECT_GT(std::abs(lr_at(c, 6) - (0.1 + 0.9 * 0.8)), 0.05) << "cosine looks linear";
+  // --lr-warmup-init: the first update's rate, then linear to --lr.
+  c.warmup_init = 0.2;
+  EXPECT_DOUBLE_EQ(lr_at(c, 0), 0.2);
+  EXPECT_DOUBLE_EQ(lr_at(c, 1), 0.2 + 0.8 / 4);
+  EXPECT_DOUBLE_EQ(lr_at(c, 4), 1.0);
+  c.warmup_init = -1;
+  expect_usage([&] { validate_lr_schedule(c); }, "--lr-warmup-init");
+  c.warmup_init = 0;
   c.style = "step";
   expect_usage([&] { validate_lr_schedule(c); }, "--lr-decay-style");
 }
@@ -74,6 +82,7 @@ TEST(ShardedAdamW, MatchesTextbookAdamW) {
   at::Tensor w0 = at::randn({3, 4}, at::kDouble).to(at::kFloat);
   unit.load_full([&](const ParamSpec& s) { return s.name == "a.weight" ? w0 : at::ones({4}); });
   AdamWConfig cfg;
+  cfg.beta2 = 0.95;  // the textbook reference's
   cfg.weight_decay = 0.1;
   ShardedAdamW opt({&unit}, cfg);
   EXPECT_TRUE(unit.param_shard().is_same(opt.state(0).master));
@@ -123,6 +132,7 @@ TEST(ShardedAdamW, GradMultiplierScalesTheGradients) {
   const at::Tensor w0 = at::randn({6, 5}, at::kDouble);
   unit.load_full([&](const ParamSpec&) { return w0.to(at::kFloat).to(dev); });
   AdamWConfig cfg;
+  cfg.beta2 = 0.95;  // the textbook reference's
   cfg.weight_decay = 0.1;
   cfg.eps = 0.05;
   ShardedAdamW opt({&unit}, cfg);
@@ -190,6 +200,7 @@ TEST(ShardedAdamW, StepOnDeviceEqualsHostStep) {
   };
   auto host_unit = make_unit(), dev_unit = make_unit();
   AdamWConfig cfg;
+  cfg.beta2 = 0.95;  // the textbook reference's
   cfg.weight_decay = 0.1;
   ShardedAdamW host({host_unit.get()}, cfg), on_dev({dev_unit.get()}, cfg);
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(dev);
@@ -244,6 +255,7 @@ TEST(ShardedAdamW, Bf16WeightsFollowTheMasters) {
     return at::Tensor();
   });
   AdamWConfig cfg;
+  cfg.beta2 = 0.95;  // the textbook reference's
   cfg.weight_decay = 0.1;
   cfg.eps = 0.05;  // of the order of the gradients, so that their scale shows in the update
   ShardedAdamW opt({&unit}, cfg);

@@ -166,6 +166,54 @@ TrainConfig one_rank_config(int train_iters) {
   return c;
 }
 
+// Megatron's schedule timing (lr_schedule.h): an iteration updates with the rate of the updates
+// made before it, and logs the rate after. With warmup from 0 the first update moves nothing
+// (AdamW's step and its weight decay both scale with the rate); with --lr-warmup-init it does.
+// A skipped iteration does not advance the schedule. And without warmup the first update runs
+// at --lr, so cosine and constant decay give the same second loss and part after.
+TEST(Trainer, LearningRateOfTheUpdatesMadeBefore) {
+  auto masters = [](Trainer& t) {
+    std::vector<at::Tensor> out;
+    for (size_t k = 0; k < t.optimizer().units().size(); ++k)
+      out.push_back(t.optimizer().state(k).master.cpu().clone());
+    return out;
+  };
+  LayoutConfig l;
+  Mesh mesh(l);
+  ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
+  for (double init : {0.0, 0.002}) {
+    TrainConfig c = one_rank_config(4);
+    c.lr.warmup_iters = 2;
+    c.lr.warmup_init = init;
+    Trainer t(c, groups);
+    const std::vector<at::Tensor> before = masters(t);
+    const IterationStats s1 = t.train_step();
+    EXPECT_DOUBLE_EQ(s1.lr, init + (0.01 - init) / 2);  // the rate after one update
+    const std::vector<at::Tensor> after = masters(t);
+    for (size_t k = 0; k < before.size(); ++k)
+      EXPECT_EQ(at::equal(before[k], after[k]), init == 0.0) << "init " << init << " unit " << k;
+    // A skipped step leaves the schedule where it was.
+    const at::Tensor& shard = t.optimizer().units().at(0)->param_shard();
+    const at::Tensor kept = shard[0].clone();
+    shard[0].fill_(std::numeric_limits<double>::quiet_NaN());
+    const IterationStats s2 = t.train_step();
+    ASSERT_TRUE(s2.skipped);
+    EXPECT_DOUBLE_EQ(s2.lr, s1.lr);
+    shard[0].copy_(kept);
+    EXPECT_DOUBLE_EQ(t.train_step().lr, 0.01);
+  }
+  std::vector<std::vector<IterationStats>> runs;
+  for (const char* style : {"cosine", "constant"}) {
+    TrainConfig c = one_rank_config(3);
+    c.lr.style = style;
+    c.lr.min_lr = 0.001;
+    runs.push_back(test::run_job(c, 1, /*self_only=*/true));
+  }
+  ASSERT_EQ(runs[0].size(), 3u);
+  EXPECT_EQ(runs[0][1].lm_loss, runs[1][1].lm_loss);
+  EXPECT_NE(runs[0][2].lm_loss, runs[1][2].lm_loss);
+}
+
 // The trainer's clipping coefficient is min(1, clip / (norm + 1e-6)), applied once to the
 // gradients of the AdamW step. One step of a small model, world 1, weight decay 0, eps 1e-3 (of
 // the order of the clipped gradient entries, so that the step depends on their scale): the

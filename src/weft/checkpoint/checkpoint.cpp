@@ -469,27 +469,32 @@ void check_keys(const std::string& dir, const CkptIndex& index, const ModelConfi
     if (!index.count(k) && !(weights_only && is_opt(k))) missing.push_back(k);
   for (const auto& [k, t] : index)
     if (!exp.count(k) && !(weights_only && is_opt(k))) unexpected.push_back(k);
+  // `missing` (the model's keys the checkpoint lacks) is Megatron's "unexpected", and
+  // `unexpected` (checkpoint keys nothing loads) Megatron's "missing" (checkpoint.h).
   const bool raise_missing = strict == Strictness::kRaiseAll ||
-                             strict == Strictness::kLogUnexpected ||
+                             strict == Strictness::kRaiseUnexpected ||
                              strict == Strictness::kAssumeOkUnexpected;
-  const bool raise_unexpected =
-      strict == Strictness::kRaiseAll || strict == Strictness::kRaiseUnexpected;
-  const bool log_missing = strict == Strictness::kRaiseUnexpected || strict == Strictness::kLogAll;
-  const bool log_unexpected = strict == Strictness::kLogAll || strict == Strictness::kLogUnexpected;
+  const bool raise_unexpected = strict == Strictness::kRaiseAll;
+  const bool log_missing = strict == Strictness::kLogAll || strict == Strictness::kLogUnexpected;
+  const bool log_unexpected = strict == Strictness::kLogAll;
   if (!missing.empty() && raise_missing)
-    fail_usage("checkpoint {}: {} key(s) the model expects are missing: {} (a checkpoint of a "
-               "different model? --dist-ckpt-strictness relaxes this)",
+    fail_usage("checkpoint {}: {} key(s) the model expects are not in it: {} (a checkpoint of a "
+               "different model? --dist-ckpt-strictness log_unexpected loads the rest and leaves "
+               "these at their initial values)",
                dir, missing.size(), first_keys(missing));
   if (!unexpected.empty() && raise_unexpected)
-    fail_usage("checkpoint {}: {} unexpected key(s) that nothing loads: {} (a checkpoint of a "
-               "different model? --dist-ckpt-strictness relaxes this)",
+    fail_usage("checkpoint {}: {} key(s) that nothing in this model loads: {} (a checkpoint of a "
+               "different model? --dist-ckpt-strictness assume_ok_unexpected, the default, "
+               "leaves them unused)",
                dir, unexpected.size(), first_keys(unexpected));
   if (rank0 && !missing.empty() && log_missing)
-    fmt::print(stderr, "weft: warning: checkpoint {}: missing keys not loaded: {}\n", dir,
-               first_keys(missing));
+    fmt::print(stderr,
+               "weft: warning: checkpoint {}: {} key(s) the model expects are not in it, left at "
+               "their initial values: {}\n",
+               dir, missing.size(), first_keys(missing));
   if (rank0 && !unexpected.empty() && log_unexpected)
-    fmt::print(stderr, "weft: warning: checkpoint {}: unexpected keys ignored: {}\n", dir,
-               first_keys(unexpected));
+    fmt::print(stderr, "weft: warning: checkpoint {}: {} key(s) that nothing loads, left unused: {}\n",
+               dir, unexpected.size(), first_keys(unexpected));
 }
 
 // Reads in flight at once while loading (each a pread of one chunk and its CRC-32C): enough

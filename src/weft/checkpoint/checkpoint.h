@@ -79,23 +79,29 @@ void ckpt_save_commit(CkptSave& save, const ProcessGroups& groups);
 // and metadata.json are not counted. Local.
 int64_t ckpt_bytes_on_rank(const PipelineStage& stage, ShardedAdamW& opt);
 
-// Megatron's --dist-ckpt-strictness values.
+// Megatron's --dist-ckpt-strictness values, with Megatron's words: an "unexpected" key is one the
+// model asks for that the checkpoint lacks, a "missing" key one the checkpoint has that the
+// model does not load (the reverse of PyTorch's load_state_dict words). A model key that is not
+// loaded keeps its initial value; a checkpoint key that is not used is left on disk.
 enum class Strictness {
-  kRaiseAll,            // missing and unexpected keys are errors (weft's default)
-  kRaiseUnexpected,     // unexpected keys are errors, missing keys are logged
-  kLogAll,              // both logged
-  kLogUnexpected,       // unexpected logged, missing keys are errors
-  kAssumeOkUnexpected,  // unexpected ignored, missing keys are errors
+  kRaiseAll,            // both are errors
+  kRaiseUnexpected,     // model keys absent from the checkpoint are errors; unused ones ignored
+  kLogAll,              // both logged (rank 0, stderr); also return_all
+  kLogUnexpected,       // model keys absent from the checkpoint logged; unused ones ignored;
+                        // also return_unexpected
+  kAssumeOkUnexpected,  // Megatron's and weft's default: as raise_unexpected (Megatron relies on
+                        // its reader to fail on an absent key; weft names it first)
   kIgnoreAll,           // both ignored
 };
 // Parses a --dist-ckpt-strictness value (also accepts return_all / return_unexpected, which
-// behave as log_all / log_unexpected); throws UsageError naming the flag.
+// behave as log_all / log_unexpected: a command line has no caller to return keys to); throws
+// UsageError naming the flag.
 Strictness ckpt_parse_strictness(const std::string& value);
 
 struct LoadRequest {
   std::string dir;          // --load
   int step = -1;            // --ckpt-step (-1: the tracker's latest)
-  Strictness strictness = Strictness::kRaiseAll;
+  Strictness strictness = Strictness::kAssumeOkUnexpected;
   nlohmann::json layout;    // the current layout, as saved in metadata["layout"]: per-rank RNG
                             // streams are restored only when it equals the saved one
   // --finetune: model weights only (the float32 master when stored, else the model tensor),

@@ -27,7 +27,7 @@ namespace weft {
 struct AdamWConfig {
   double weight_decay = 0.01;  // --weight-decay (decay group)
   double beta1 = 0.9;          // --adam-beta1
-  double beta2 = 0.95;         // --adam-beta2
+  double beta2 = 0.999;        // --adam-beta2 (Megatron's default)
   double eps = 1e-8;           // --adam-eps
   c10::ScalarType exp_avg_dtype = at::kFloat;     // --exp-avg-dtype fp32|bf16
   c10::ScalarType exp_avg_sq_dtype = at::kFloat;  // --exp-avg-sq-dtype fp32|bf16
@@ -37,7 +37,7 @@ struct AdamWConfig {
 struct ParamGroupSettings {
   double weight_decay = 0;
   double beta1 = 0.9;
-  double beta2 = 0.95;
+  double beta2 = 0.999;
   double eps = 1e-8;
 };
 

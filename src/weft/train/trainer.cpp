@@ -86,6 +86,7 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
         {"exp_avg_dtype", dt(c.adam.exp_avg_dtype)}, {"exp_avg_sq_dtype", dt(c.adam.exp_avg_sq_dtype)},
         {"use_precision_aware_optimizer", c.adam.precision_aware}, {"clip_grad", c.clip_grad}}},
       {"lr", {{"lr", c.lr.lr}, {"min_lr", c.lr.min_lr}, {"warmup_iters", c.lr.warmup_iters},
+              {"warmup_init", c.lr.warmup_init},
               {"decay_iters", c.lr.decay_iters}, {"style", c.lr.style}}},
       {"micro_batch_size", c.micro_batch_size}, {"global_batch_size", c.global_batch_size},
       {"train_iters", c.train_iters}, {"overlap_param_gather", c.overlap_param_gather},
@@ -383,6 +384,7 @@ void Trainer::save() {
   m["nan_iterations"] = nan_iters_;
   m["lr_scheduler"] = {{"lr", cfg_.lr.lr}, {"min_lr", cfg_.lr.min_lr},
                        {"warmup_iters", cfg_.lr.warmup_iters},
+                       {"warmup_init", cfg_.lr.warmup_init},
                        {"decay_iters", cfg_.lr.decay_iters}, {"style", cfg_.lr.style},
                        {"iteration", iteration_}};
   m["data"] = data_->identity();
@@ -560,7 +562,9 @@ double Trainer::evaluate() {
 IterationStats Trainer::train_step() {
   const auto t0 = std::chrono::steady_clock::now();
   const int it = iteration_ + 1;
-  const double lr = lr_at(cfg_.lr, it);
+  // The rate of the updates made so far (lr_schedule.h: Megatron's scheduler, which skipped
+  // iterations do not advance); the log shows the rate after this iteration's update.
+  const double lr = lr_at(cfg_.lr, optimizer_->steps());
   // Fault injection (core/fault.h): a usage error on one rank only, after collectives started
   // (tests that the command aborts the job instead of leaving the peers waiting).
   if (fault_error("train.usage_error", groups_.rank(), it))
@@ -618,7 +622,6 @@ IterationStats Trainer::train_step() {
   red = red_on_host.wait();
   IterationStats s;
   s.iteration = it;
-  s.lr = lr;
   s.lm_loss = red[0].item<double>();
   s.aux_loss = red[1].item<double>();
   s.mtp_loss = red[2].item<double>();
@@ -640,6 +643,7 @@ IterationStats Trainer::train_step() {
   // save's snapshot copies, evaluation) is queued on the same stream and so runs after the
   // update. The step time below is the host's; since every step waits for its own losses, in
   // the steady state it equals the device's time per step.
+  s.lr = lr_at(cfg_.lr, optimizer_->steps());
   iteration_ = it;
   consumed_samples_ += cfg_.global_batch_size;
   s.consumed_samples = consumed_samples_;

@@ -64,7 +64,7 @@ struct TrainConfig {
   int save_interval = 0;        // --save-interval K (0: only at the end and on exit)
   std::string load;             // --load DIR
   int ckpt_step = -1;           // --ckpt-step N (-1: the tracker's latest)
-  std::string strictness = "raise_all";  // --dist-ckpt-strictness
+  std::string strictness = "assume_ok_unexpected";  // --dist-ckpt-strictness (Megatron's default)
   bool finetune = false;        // --finetune: load model weights only; iteration 0, fresh optimizer
   // --dump-first-batch FILE (hidden, for reference checks): rank 0 writes the tokens and labels
   // of this run's first global batch as an .npy of int64 [2, global batch, seq].

@@ -71,6 +71,7 @@ void validate_numeric_flags(const TrainConfig& c) {
   if (c.lr.min_lr > c.lr.lr)
     fail_usage("--min-lr {} is larger than --lr {}", c.lr.min_lr, c.lr.lr);
   check_int("--lr-warmup-iters", c.lr.warmup_iters, 0);
+  check_real("--lr-warmup-init", c.lr.warmup_init, 0, kInf);
   if (c.lr.decay_iters != -1)
     check_int("--lr-decay-iters", c.lr.decay_iters, 1, "or -1: --train-iters");  // Megatron: > 0
   check_real("--weight-decay", c.adam.weight_decay, 0, kInf);
