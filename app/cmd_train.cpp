@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "layout_flags.h"
+#include "recipe_flags.h"
 #include "weft/comm/communicator.h"
 #include "weft/comm/device.h"
 #include "weft/comm/mpi_runtime.h"
@@ -56,6 +57,7 @@ struct TrainArgs {
   CLI::Option* moe_layer_freq_opt = nullptr;
   CLI::Option* num_layers_opt = nullptr;
   CLI::Option* rope_scaling_factor_opt = nullptr;
+  RecipeFlags recipe;  // Megatron's architecture flags (recipe_flags.h)
   CLI::App* app = nullptr;  // the command's flags, to ask which were given
   bool use_checkpoint_args = false;
   bool vocab_from_checkpoint = false;
@@ -238,6 +240,7 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   c->add_flag("--override-tokenizer", t.override_tokenizer,
               "load a checkpoint trained with another tokenizer");
   add_layout_flags(c, &t.layout);
+  add_recipe_flags(c, &a->recipe);
 }
 
 // --tokenizer-type/--tokenizer-model: loads the tokenizer, records its identity, and sizes the
@@ -323,6 +326,7 @@ void resolve_train_args(TrainArgs* a) {
                  "--cuda-graph-impl both given; give one");
     t.cuda_graph_impl = "local";
   }
+  check_recipe_flags(a->recipe, t.model.seq_length);
   resolve_tokenizer(a);
   fused::set_enabled(!a->no_fused);
 }

@@ -5,6 +5,8 @@
 # notice, which `mpirun -q` hides, leaving weft's line alone; -q also hides the MPI_Abort banner,
 # so the checks for it run without -q). A usage error raised on one rank only, after training
 # has started (WEFT_FAULT=train.usage_error), still ends the job (aborted) instead of hanging.
+# Megatron's architecture flags: refused for what weft does not build, accepted (same losses)
+# where they state what it does.
 # Usage: fail_fast.sh WEFT MPIRUN...
 set -u
 weft=$1
@@ -69,6 +71,29 @@ for b in "${bad_numbers[@]}"; do
   read -r -a words <<<"$b"
   expect 0 2 "${words[0]}" "${words[@]}"
 done
+
+# --- Megatron's architecture flags (app/recipe_flags.h): a value weft does not build -----------
+expect 0 2 "--normalization LayerNorm: weft builds RMSNorm models only" --normalization LayerNorm
+expect 0 2 "--position-embedding-type learned_absolute: weft builds rotary" \
+  --position-embedding-type learned_absolute
+expect 0 2 "--attention-dropout 0.1: weft trains without dropout" --attention-dropout 0.1
+expect 0 2 "--hidden-dropout 0.1: weft trains without dropout" --hidden-dropout 0.1
+expect 0 2 "--max-position-embeddings 8 is smaller than --seq-length 16" --max-position-embeddings 8
+expect 0 2 "--transformer-impl must be local or transformer_engine" --transformer-impl inference
+# ... and a Megatron Llama-style command line that states weft's architecture trains, with the
+# same losses as without the flags.
+cases=$((cases + 1))
+recipe=(--use-mcore-models --group-query-attention --position-embedding-type rope
+        --normalization RMSNorm --swiglu --disable-bias-linear --attention-dropout 0.0
+        --hidden-dropout 0.0 --use-distributed-optimizer --transformer-impl transformer_engine
+        --use-flash-attn --use-rotary-position-embeddings --max-position-embeddings 16)
+with=$(timeout 120 "$weft" "${base[@]}" "${recipe[@]}" 2>&1 | grep -o "lm loss: [0-9.E+-]*")
+without=$(timeout 120 "$weft" "${base[@]}" 2>&1 | grep -o "lm loss: [0-9.E+-]*")
+if [ -n "$with" ] && [ "$with" = "$without" ]; then
+  echo "ok   Megatron recipe flags accepted, losses equal: $(echo $with)"
+else
+  echo "FAIL: Megatron recipe flags: '$with' vs '$without'"; fails=$((fails + 1))
+fi
 
 # --- path flags: checked by writing, before iteration 1 ----------------------------------------
 : > "$tmp/a_file"

@@ -1,0 +1,70 @@
+// Megatron's architecture-describing flags (see recipe_flags.h).
+#include "recipe_flags.h"
+
+#include <CLI/CLI.hpp>
+
+#include "weft/core/error.h"
+
+namespace weft {
+
+void add_recipe_flags(CLI::App* c, RecipeFlags* r) {
+  const char* group = "Megatron recipe flags (weft's architecture; other values refused)";
+  auto opt = [&](const char* name, auto& v, const char* help) {
+    c->add_option(name, v, help)
+        ->capture_default_str()
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+        ->group(group);
+  };
+  opt("--normalization", r->normalization, "RMSNorm (weft's only normalization)");
+  opt("--position-embedding-type", r->position_embedding_type, "rope (weft's only positions)");
+  opt("--attention-dropout", r->attention_dropout, "0 (weft trains without dropout)");
+  opt("--hidden-dropout", r->hidden_dropout, "0 (weft trains without dropout)");
+  opt("--max-position-embeddings", r->max_position_embeddings,
+      "at least --seq-length (the rotary tables cover --seq-length)");
+  opt("--transformer-impl", r->transformer_impl,
+      "local | transformer_engine: both run weft's own layers");
+  c->add_flag("--swiglu", r->swiglu, "the MLP is SwiGLU (always in weft)")->group(group);
+  c->add_flag("--disable-bias-linear", r->disable_bias_linear, "no linear biases (always)")
+      ->group(group);
+  c->add_flag("--group-query-attention", r->group_query_attention,
+              "--num-query-groups applies (always in weft)")
+      ->group(group);
+  c->add_flag("--use-rotary-position-embeddings", r->use_rotary_position_embeddings,
+              "Megatron's older name of --position-embedding-type rope")
+      ->group(group);
+  c->add_flag("--use-distributed-optimizer", r->use_distributed_optimizer,
+              "optimizer state sharded over the data-parallel ranks (always in weft)")
+      ->group(group);
+  c->add_flag("--use-mcore-models", r->use_mcore_models, "accepted (weft has one model code)")
+      ->group(group);
+  c->add_flag("--use-flash-attn", r->use_flash_attn,
+              "accepted: weft's attention is PyTorch's fused (flash) kernel on CUDA")
+      ->group(group);
+}
+
+void check_recipe_flags(const RecipeFlags& r, int seq_length) {
+  if (r.normalization != "RMSNorm")
+    fail_usage("--normalization {}: weft builds RMSNorm models only (Megatron's default is "
+               "LayerNorm; give --normalization RMSNorm or leave the flag out)",
+               r.normalization);
+  if (r.position_embedding_type != "rope")
+    fail_usage("--position-embedding-type {}: weft builds rotary (rope) positions only "
+               "(Megatron's default is learned_absolute; give rope or leave the flag out)",
+               r.position_embedding_type);
+  if (r.attention_dropout != 0.0)
+    fail_usage("--attention-dropout {}: weft trains without dropout; give 0 (Megatron's "
+               "default is 0.1)",
+               r.attention_dropout);
+  if (r.hidden_dropout != 0.0)
+    fail_usage("--hidden-dropout {}: weft trains without dropout; give 0 (Megatron's default "
+               "is 0.1)",
+               r.hidden_dropout);
+  if (r.max_position_embeddings != -1 && r.max_position_embeddings < seq_length)
+    fail_usage("--max-position-embeddings {} is smaller than --seq-length {}",
+               r.max_position_embeddings, seq_length);
+  if (r.transformer_impl != "local" && r.transformer_impl != "transformer_engine")
+    fail_usage("--transformer-impl must be local or transformer_engine (got '{}')",
+               r.transformer_impl);
+}
+
+}  // namespace weft
