@@ -85,7 +85,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--hidden-size", m.hidden_size, "hidden size");
   opt("--ffn-hidden-size", m.ffn_hidden_size, "SwiGLU hidden size");
   opt("--num-attention-heads", m.num_attention_heads, "attention heads");
-  opt("--num-query-groups", m.num_query_groups, "key/value heads (grouped-query attention)");
+  opt("--num-query-groups", m.num_query_groups,
+      "key/value heads (grouped-query attention; default: one per attention head, as Megatron "
+      "without --group-query-attention)");
   opt("--kv-channels", m.kv_channels, "head dim of the attention (-1: hidden / heads)");
   c->add_flag("--qk-layernorm", m.qk_layernorm,
               "RMSNorm of each query and key head over the head dim, before RoPE (Qwen3)");
@@ -153,9 +155,12 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--adam-beta2", t.adam.beta2, "AdamW beta2");
   opt("--adam-eps", t.adam.eps, "AdamW epsilon");
   opt("--clip-grad", t.clip_grad, "global grad-norm clip (0: off)");
-  c->add_flag("--check-for-nan-in-loss-and-grad", t.check_for_nan,
+  t.check_for_nan = true;  // Megatron's default on the command line (TrainConfig's is off)
+  c->add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad",
+              t.check_for_nan,
               "stop at the first non-finite loss or gradient, naming the iteration and the first "
-              "parameter (default: skip the step and count it)");
+              "parameter (Megatron's default); --no-check-for-nan-in-loss-and-grad skips such a "
+              "step and counts it");
   opt("--max-skipped-iterations", t.max_skipped_iterations,
       "stop, saving nothing, after K consecutive skipped (non-finite) iterations (0: never)");
   opt("--exp-avg-dtype", a->exp_avg_dtype, "fp32 | bf16");
@@ -202,7 +207,7 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       "abort the job when a communication call waits longer than this (fractions allowed)");
   opt("--distributed-backend", a->backend,
       "auto | mpi | nccl (auto: nccl for --device cuda when every rank has its own GPU)");
-  c->add_flag("--deterministic", a->deterministic,
+  c->add_flag("--deterministic,--deterministic-mode", a->deterministic,
               "deterministic kernels (cuBLAS workspace, ATen deterministic algorithms)");
   c->add_flag("--profile", t.profile.enabled,
               "trace iterations --profile-step-start..--profile-step-end (Kineto, CUDA build)");
@@ -279,6 +284,12 @@ void resolve_train_args(TrainArgs* a) {
       a->hybrid_pattern != a->hybrid_override_pattern)
     fail_usage("--hybrid-layer-pattern and its deprecated name --hybrid-override-pattern "
                "disagree; give one");
+  // Megatron's --num-query-groups applies with --group-query-attention; without either, the
+  // attention has a key/value head per query head. weft applies a given --num-query-groups
+  // without the other flag too (recipe_flags.h); a checkpoint's, under --use-checkpoint-args,
+  // replaces this below.
+  if (a->app->get_option("--num-query-groups")->count() == 0)
+    t.model.num_query_groups = t.model.num_attention_heads;
   // --use-checkpoint-args first: the layer patterns below resolve against its layer count.
   bool moe_layers_from_checkpoint = false;
   if (a->use_checkpoint_args) {

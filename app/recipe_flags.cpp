@@ -27,7 +27,7 @@ void add_recipe_flags(CLI::App* c, RecipeFlags* r) {
   c->add_flag("--disable-bias-linear", r->disable_bias_linear, "no linear biases (always)")
       ->group(group);
   c->add_flag("--group-query-attention", r->group_query_attention,
-              "--num-query-groups applies (always in weft)")
+              "--num-query-groups applies (in weft whenever it is given)")
       ->group(group);
   c->add_flag("--use-rotary-position-embeddings", r->use_rotary_position_embeddings,
               "Megatron's older name of --position-embedding-type rope")

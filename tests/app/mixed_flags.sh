@@ -40,5 +40,5 @@ trap 'rm -rf "$save"' EXIT
 expect "rank 1 was started with another value of 'async_save' than rank 0" \
   "--num-layers 2 --save $save --async-save" "--num-layers 2 --save $save"
 expect "rank 1 was started with another value of 'check_for_nan_in_loss_and_grad' than rank 0" \
-  "--num-layers 2 --check-for-nan-in-loss-and-grad" "--num-layers 2"
+  "--num-layers 2 --no-check-for-nan-in-loss-and-grad" "--num-layers 2"
 [ "$fails" -eq 0 ] && echo "all passed" || { echo "$fails failed"; exit 1; }

@@ -2,8 +2,10 @@
 # The NaN policy of `weft train`, with NaNs planted through WEFT_FAULT (core/fault.h):
 # train.nan_grad:<rank>:<it>:error puts a NaN into that rank's gradient of the last parameter it
 # holds, after every reduction; train.nan_loss makes its loss NaN. Two ranks, pp 2.
-#   - default: the step is skipped and counted, training goes on and saves;
-#   - --check-for-nan-in-loss-and-grad: exit 1, one stderr line naming the iteration and the
+#   - --no-check-for-nan-in-loss-and-grad: the step is skipped and counted, training goes on and
+#     saves;
+#   - default (Megatron's --check-for-nan-in-loss-and-grad): exit 1, one stderr line naming the
+#     iteration and the
 #     first parameter (model order, agreed over ranks), or "the loss"; the failing iteration is
 #     not saved; no MPI_Abort;
 #   - --max-skipped-iterations 3 with a NaN every iteration: exit 1 after iteration 3 with a line
@@ -43,13 +45,14 @@ one_line() {
   echo "ok   ($1): exit $rc: $(grep '^weft: ' "$tmp/err")"
 }
 
-# Default: skipped and counted (iteration 2 of 4), the run ends normally and saves iteration 4.
-run train.nan_grad:1:2:error --train-iters 4
+# --no-check-for-nan-in-loss-and-grad: skipped and counted (iteration 2 of 4), the run ends
+# normally and saves iteration 4.
+run train.nan_grad:1:2:error --train-iters 4 --no-check-for-nan-in-loss-and-grad
 if [ "$rc" -ne 0 ] || ! grep -q "number of skipped iterations:   1" "$tmp/out" ||
    [ "$(cat "$tmp/ck/latest_checkpointed_iteration.txt" 2>/dev/null)" != 4 ]; then
-  fail "default skip" "exit $rc; the skip was not counted or iteration 4 not saved"
+  fail "skip" "exit $rc; the skip was not counted or iteration 4 not saved"
 else
-  echo "ok   (default skip): exit 0, $(grep -c 'skipped iterations:   1' "$tmp/out") iteration lines with 1 skipped, iteration 4 saved"
+  echo "ok   (skip): exit 0, $(grep -c 'skipped iterations:   1' "$tmp/out") iteration lines with 1 skipped, iteration 4 saved"
 fi
 
 # Both ranks plant (rank 0: its last layer-0 parameter, rank 1: the final norm); the lowest global
@@ -64,17 +67,19 @@ one_line "nan grad, both ranks" 1 \
 run train.nan_grad:1:3:error --train-iters 4 --check-for-nan-in-loss-and-grad
 one_line "nan grad, rank 1" 1 "iteration 3: the gradient of decoder.final_layernorm.weight is not finite"
 
-# The loss alone: the message names the loss.
-run train.nan_loss:0:2:error --train-iters 4 --check-for-nan-in-loss-and-grad
+# The loss alone, by default (no flag): the message names the loss.
+run train.nan_loss:0:2:error --train-iters 4
 one_line "nan loss" 1 "iteration 2: the loss is not finite (lm loss nan"
 
 # K consecutive skips: stop after iteration 3, nothing saved.
-run 'train.nan_grad:0:*:error' --train-iters 8 --max-skipped-iterations 3
+run 'train.nan_grad:0:*:error' --train-iters 8 --max-skipped-iterations 3 \
+  --no-check-for-nan-in-loss-and-grad
 one_line "max skipped" 1 "--max-skipped-iterations 3: iterations 1..3 were all skipped" &&
   { [ -z "$(ls -A "$tmp/ck" 2>/dev/null)" ] || fail "max skipped" "something was saved: $(ls "$tmp/ck")"; }
 
 # Skips that are not consecutive do not add up (NaN in iteration 2 only, K 2).
-run train.nan_grad:0:2:error --train-iters 4 --max-skipped-iterations 2
+run train.nan_grad:0:2:error --train-iters 4 --max-skipped-iterations 2 \
+  --no-check-for-nan-in-loss-and-grad
 [ "$rc" -eq 0 ] && echo "ok   (one skip under K 2): exit 0" || fail "one skip under K 2" "exit $rc"
 
 [ "$fails" -eq 0 ] && echo "$cases passed, 0 failed" || { echo "$fails of $cases failed"; exit 1; }
