@@ -2,6 +2,7 @@
 #include "recipe_flags.h"
 
 #include <CLI/CLI.hpp>
+#include <utility>
 
 #include "weft/core/error.h"
 
@@ -23,23 +24,20 @@ void add_recipe_flags(CLI::App* c, RecipeFlags* r) {
       "at least --seq-length (the rotary tables cover --seq-length)");
   opt("--transformer-impl", r->transformer_impl,
       "local | transformer_engine: both run weft's own layers");
-  c->add_flag("--swiglu", r->swiglu, "the MLP is SwiGLU (always in weft)")->group(group);
-  c->add_flag("--disable-bias-linear", r->disable_bias_linear, "no linear biases (always)")
-      ->group(group);
-  c->add_flag("--group-query-attention", r->group_query_attention,
-              "--num-query-groups applies (in weft whenever it is given)")
-      ->group(group);
-  c->add_flag("--use-rotary-position-embeddings", r->use_rotary_position_embeddings,
-              "Megatron's older name of --position-embedding-type rope")
-      ->group(group);
-  c->add_flag("--use-distributed-optimizer", r->use_distributed_optimizer,
-              "optimizer state sharded over the data-parallel ranks (always in weft)")
-      ->group(group);
-  c->add_flag("--use-mcore-models", r->use_mcore_models, "accepted (weft has one model code)")
-      ->group(group);
-  c->add_flag("--use-flash-attn", r->use_flash_attn,
-              "accepted: weft's attention is PyTorch's fused (flash) kernel on CUDA")
-      ->group(group);
+  // Flags without a value that state what weft always does: accepted, nothing to store.
+  for (auto [name, help] : {
+           std::pair{"--swiglu", "the MLP is SwiGLU (always in weft)"},
+           {"--disable-bias-linear", "no linear biases (always)"},
+           {"--group-query-attention", "--num-query-groups applies (in weft whenever it is given)"},
+           {"--use-rotary-position-embeddings",
+            "Megatron's older name of --position-embedding-type rope"},
+           {"--use-distributed-optimizer",
+            "optimizer state sharded over the data-parallel ranks (always in weft)"},
+           {"--use-mcore-models", "accepted (weft has one model code)"},
+           {"--use-flash-attn", "accepted: weft's attention is PyTorch's flash kernel on CUDA"}}) {
+    const std::string description = help;  // CLI11 takes a const description (copied)
+    c->add_flag(name, description)->group(group);
+  }
 }
 
 void check_recipe_flags(const RecipeFlags& r, int seq_length) {

@@ -20,9 +20,8 @@ struct RecipeFlags {
   double attention_dropout = 0.0, hidden_dropout = 0.0;
   int max_position_embeddings = -1;             // -1: not given
   std::string transformer_impl = "local";       // --transformer-impl
-  bool swiglu = false, disable_bias_linear = false, group_query_attention = false;
-  bool use_rotary_position_embeddings = false, use_distributed_optimizer = false;
-  bool use_mcore_models = false, use_flash_attn = false;
+  // The flags without a value (--swiglu, --disable-bias-linear, ...) state what weft always
+  // does: accepted, nothing stored.
 };
 
 void add_recipe_flags(CLI::App* c, RecipeFlags* r);
