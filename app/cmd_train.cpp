@@ -61,6 +61,7 @@ struct TrainArgs {
   CLI::App* app = nullptr;  // the command's flags, to ask which were given
   bool use_checkpoint_args = false;
   bool vocab_from_checkpoint = false;
+  bool global_batch_given = false;  // else micro-batch x dp, once the world size is known
   std::string tokenizer_type, tokenizer_model;
   int vocab_divisible_by = 128;  // Megatron's --make-vocab-size-divisible-by
   CLI::Option* vocab_size_opt = nullptr;
@@ -83,11 +84,15 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   };
   opt("--num-layers", m.num_layers, "transformer layers");
   opt("--hidden-size", m.hidden_size, "hidden size");
-  opt("--ffn-hidden-size", m.ffn_hidden_size, "SwiGLU hidden size");
+  c->add_option("--ffn-hidden-size", m.ffn_hidden_size,
+                "SwiGLU hidden size (default: Megatron's with --swiglu, int(4 * hidden * 2 / 3 "
+                "/ 64) * 64)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   opt("--num-attention-heads", m.num_attention_heads, "attention heads");
-  opt("--num-query-groups", m.num_query_groups,
-      "key/value heads (grouped-query attention; default: one per attention head, as Megatron "
-      "without --group-query-attention)");
+  c->add_option("--num-query-groups", m.num_query_groups,
+                "key/value heads (grouped-query attention; default: one per attention head, as "
+                "Megatron without --group-query-attention)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   opt("--kv-channels", m.kv_channels, "head dim of the attention (-1: hidden / heads)");
   c->add_flag("--qk-layernorm", m.qk_layernorm,
               "RMSNorm of each query and key head over the head dim, before RoPE (Qwen3)");
@@ -117,7 +122,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       "MoE layer pattern: an int N (layer i is MoE when i % N == 0) or a list like [0,1,1,1]");
   a->moe_layer_freq_opt = c->get_option("--moe-layer-freq");
   a->num_layers_opt = c->get_option("--num-layers");
-  opt("--moe-token-dispatcher-type", t.moe_token_dispatcher_type, "alltoall");
+  opt("--moe-token-dispatcher-type", t.moe_token_dispatcher_type,
+      "allgather | alltoall: the same tokens reach the same experts; weft exchanges them "
+      "all-to-all for both");
   c->add_flag("--moe-grouped-gemm", m.moe_grouped_gemm,
               "run all experts of a layer through grouped GEMMs (CUDA, bf16, torch >= 2.8)");
   opt("--hybrid-layer-pattern", a->hybrid_pattern,
@@ -138,7 +145,10 @@ void add_flags(CLI::App* c, TrainArgs* a) {
               "keep up to two FSDP reduce-scatters in flight during backward (default on)");
   c->add_flag("--bf16", m.bf16, "bf16 compute and weights (fp32 master weights)");
   opt("--micro-batch-size", t.micro_batch_size, "samples per microbatch");
-  opt("--global-batch-size", t.global_batch_size, "samples per step over all replicas");
+  c->add_option("--global-batch-size", t.global_batch_size,
+                "samples per step over all replicas (default: --micro-batch-size x the data-"
+                "parallel size, as Megatron)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   opt("--train-iters", t.train_iters, "iterations to train");
   opt("--seed", t.seed, "seed for initialisation and the data order");
   c->get_option("--seed")->check([](const std::string& v) {  // else "-1" wraps around
@@ -272,6 +282,20 @@ void resolve_tokenizer(TrainArgs* a) {
   }
 }
 
+// Megatron's --ffn-hidden-size default with --swiglu (weft's MLP is always SwiGLU): 8/3 of the
+// hidden size, rounded down to a multiple of 64. Below --hidden-size 96 that is 0: a model with
+// MLP layers (any but a hybrid pattern of Mamba and attention layers alone) then needs the
+// flag; one without keeps the unused value.
+void default_ffn_hidden_size(ModelConfig* m, const std::string& pattern) {
+  const int ffn = static_cast<int>((4.0 * m->hidden_size * 2 / 3) / 64) * 64;
+  if (ffn > 0) {
+    m->ffn_hidden_size = ffn;
+  } else if (pattern.empty() || pattern.find_first_of("-E") != std::string::npos) {
+    fail_usage("--ffn-hidden-size is needed with --hidden-size {}: its default, int(4 * hidden "
+               "* 2 / 3 / 64) * 64 as Megatron's with --swiglu, is {}", m->hidden_size, ffn);
+  }
+}
+
 // Everything the callback of a command taking the train flags does before MPI starts: moment
 // dtypes, the hybrid or MoE layer pattern, the tokenizer, the fused-kernel switch.
 void resolve_train_args(TrainArgs* a) {
@@ -291,7 +315,7 @@ void resolve_train_args(TrainArgs* a) {
   if (a->app->get_option("--num-query-groups")->count() == 0)
     t.model.num_query_groups = t.model.num_attention_heads;
   // --use-checkpoint-args first: the layer patterns below resolve against its layer count.
-  bool moe_layers_from_checkpoint = false;
+  bool moe_layers_from_checkpoint = false, model_from_checkpoint = false;
   if (a->use_checkpoint_args) {
     if (t.load.empty()) fail_usage("--use-checkpoint-args needs --load DIR");
     if (const auto saved = checkpoint_model(t.load, t.ckpt_step)) {
@@ -303,6 +327,7 @@ void resolve_train_args(TrainArgs* a) {
       };
       moe_layers_from_checkpoint = take_checkpoint_model_args(&t.model, saved->model, given);
       a->vocab_from_checkpoint = !given("--vocab-size");
+      model_from_checkpoint = true;
     }  // else no tracker: the --load check (check_train_paths) refuses it, naming --load
   }
   const std::string pattern =
@@ -337,6 +362,9 @@ void resolve_train_args(TrainArgs* a) {
                  "--cuda-graph-impl both given; give one");
     t.cuda_graph_impl = "local";
   }
+  if (a->app->get_option("--ffn-hidden-size")->count() == 0 && !model_from_checkpoint)
+    default_ffn_hidden_size(&t.model, pattern);
+  a->global_batch_given = a->app->get_option("--global-batch-size")->count() > 0;
   check_recipe_flags(a->recipe, t.model.seq_length);
   resolve_tokenizer(a);
   fused::set_enabled(!a->no_fused);
@@ -355,6 +383,7 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
     // the trainer; a config error seen by any rank ends every rank with that rank's one line.
     check_on_every_rank(mpi, [&] {
       resolve_train_args(a.get());
+      if (!a->global_batch_given) default_global_batch_size(&a->cfg, mpi.world_size());
       prepare_training(a->cfg, a->backend, mpi);
     });
     // Phase 2, collective: an error here may be raised by every rank (agreed through a
@@ -473,12 +502,21 @@ Backend start_runtime(const TrainConfig& t, int threads, const std::string& back
   }
 }
 
+void default_global_batch_size(TrainConfig* t, int world_size) {
+  const LayoutConfig& l = t->layout;
+  const int64_t per_replica = static_cast<int64_t>(l.tp) * l.cp * l.pp;
+  // A layout that does not divide the world keeps the value; validation names the flags.
+  if (per_replica > 0 && world_size > 0 && world_size % per_replica == 0)
+    t->global_batch_size = t->micro_batch_size * static_cast<int>(world_size / per_replica);
+}
+
 ParsedTrainFlags add_train_flags(CLI::App* c) {
   auto a = std::make_shared<TrainArgs>();
   add_flags(c, a.get());
   return [a] {
     resolve_train_args(a.get());
-    return TrainFlags{a->cfg, a->threads, a->backend, a->deterministic, !a->no_fused};
+    return TrainFlags{a->cfg, a->threads, a->backend, a->deterministic, !a->no_fused,
+                      a->global_batch_given};
   };
 }
 

@@ -147,6 +147,9 @@ Runs check_runs(const TrainFlags& f, const VerifyArgs& v, int world) {
   refuse(f.cfg.exit_interval != 0, "--exit-interval", "the second run stops at --at");
   refuse(f.cfg.exit_duration_mins != 0, "--exit-duration-in-mins", "the second run stops at --at");
   TrainConfig base = f.cfg;
+  // Unset, the global batch is the first run's micro-batch x dp, and the restarted run keeps it
+  // on any layout (a resume never changes the batch).
+  if (!f.global_batch_given) default_global_batch_size(&base, world);
   base.train_iters = v.to;
   base.save_interval = 0;
   base.exit_interval = 0;

@@ -36,7 +36,15 @@ expect 1 "--mtp-num-layers 16 must be smaller than --seq-length 16" --mtp-num-la
 expect 2 "--expert-tensor-parallel-size 2 is not supported" --expert-tensor-parallel-size 2 \
   --tensor-model-parallel-size 1 --global-batch-size 4
 expect 1 "--moe-router-score-function must be softmax or sigmoid" --moe-router-score-function relu
-expect 1 "--moe-token-dispatcher-type must be alltoall" --moe-token-dispatcher-type allgather
+expect 1 "--moe-token-dispatcher-type must be allgather or alltoall" --moe-token-dispatcher-type flex
+# Megatron's default dispatcher name is accepted: the same tokens reach the same experts, so the
+# losses equal alltoall's.
+losses() { "${mpirun[@]}" -np 2 "$weft" "${base[@]}" --expert-model-parallel-size 2 --global-batch-size 4 \
+  --train-iters 2 "$@" 2>&1 | grep -oE "lm loss: [0-9.E+-]+" | paste -sd' '; }
+ag=$(losses --moe-token-dispatcher-type allgather)
+a2a=$(losses --moe-token-dispatcher-type alltoall)
+if [ -n "$ag" ] && [ "$ag" = "$a2a" ]; then echo "ok   allgather runs as alltoall: $ag"
+else echo "FAIL allgather '$ag' vs alltoall '$a2a'"; fails=$((fails + 1)); fi
 expect 2 "--expert-model-parallel-size 2 needs a mixture-of-experts model" --num-experts 0 \
   --expert-model-parallel-size 2 --global-batch-size 4
 mamba=(--mamba-state-dim 8 --mamba-head-dim 8 --mamba-num-groups 2)

@@ -46,6 +46,19 @@ moe=(--num-experts 4 --moe-router-topk 2 --moe-layer-freq "[0,1,1,0]" --mtp-num-
   --micro-batch-size 2 --global-batch-size 8 --device cuda > /dev/null && echo "ok   hybrid" ||
   failed "hybrid plan"
 
+# Megatron's defaults where the flags are not given: --ffn-hidden-size int(4h * 2/3 / 64) * 64
+# (5440 at hidden 2048: 8h/3 = 5461.3 rounded down to 64), --num-query-groups one per head, and
+# --global-batch-size micro-batch x dp (pp 2 on 8 ranks: dp 4, so 3 x 4 = 12 samples of 32).
+j=$("$weft" plan --world-size 8 --pipeline-model-parallel-size 2 --num-layers 2 --hidden-size 2048 \
+  --num-attention-heads 16 --seq-length 32 --vocab-size 128 --micro-batch-size 3 --json) || failed "defaults"
+# 128*2048 embedding + 2 layers * (2048 + 3*16*128*2048 + 2048*2048 + 2048 + 3*5440*2048) + 2048
+want=$((128 * 2048 + 2 * (2048 + 3 * 16 * 128 * 2048 + 2048 * 2048 + 2048 + 3 * 5440 * 2048) + 2048))
+[ "$(json_field "$j" "j['total_params']")" = "$want" ] && echo "ok   default ffn 5440 and 16 KV heads" ||
+  failed "default ffn/query groups: $(json_field "$j" "j['total_params']") parameters, wanted $want"
+[ "$(json_field "$j" "j['tokens_per_step'], j['microbatches']")" = "384 1" ] &&
+  echo "ok   default global batch = micro-batch x dp" ||
+  failed "default global batch: $(json_field "$j" "j['tokens_per_step'], j['microbatches']"), wanted 384 1"
+
 bad() {  # bad NEEDLE ARGS...: exit 2 and one line naming NEEDLE
   local needle=$1 err rc
   shift
@@ -58,5 +71,6 @@ bad "--mfu" --world-size 1 "${model[@]}" --mfu 0
 bad "--peak-tflops" --world-size 1 "${model[@]}" --peak-tflops -2
 bad "--pipeline-model-parallel-size" --world-size 3 --pipeline-model-parallel-size 2 "${model[@]}"
 bad "--global-batch-size" --world-size 4 "${model[@]}" --global-batch-size 6
+bad "--ffn-hidden-size" --world-size 1 --hidden-size 32 --num-attention-heads 4 --hidden-size 16
 
 [ "$fails" -eq 0 ] && echo "plan_cmd: all passed" || { echo "plan_cmd: $fails failed"; exit 1; }

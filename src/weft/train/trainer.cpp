@@ -156,9 +156,12 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   if (m.num_experts > 0 && m.num_experts % mesh.ep() != 0)
     fail_usage("--num-experts {} is not divisible by --expert-model-parallel-size {}",
                m.num_experts, mesh.ep());
-  if (c.moe_token_dispatcher_type != "alltoall")
-    fail_usage("--moe-token-dispatcher-type must be alltoall (got '{}'; weft implements the "
-               "alltoall dispatcher only)", c.moe_token_dispatcher_type);
+  // Megatron's allgather (its default) and alltoall dispatchers send the same tokens to the same
+  // experts and differ in their communication only; weft runs both as its all-to-all exchange.
+  if (c.moe_token_dispatcher_type != "alltoall" && c.moe_token_dispatcher_type != "allgather")
+    fail_usage("--moe-token-dispatcher-type must be allgather or alltoall (got '{}'; weft runs "
+               "both as its all-to-all exchange and has no flex dispatcher)",
+               c.moe_token_dispatcher_type);
   if (m.hidden_size < 1 || m.num_attention_heads < 1 ||
       (m.kv_channels == -1 && m.hidden_size % m.num_attention_heads))
     fail_usage("--hidden-size {} must be a positive multiple of --num-attention-heads {}, or "
