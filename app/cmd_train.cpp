@@ -183,7 +183,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       "layers on the last stage (-1: even split)");
   opt("--device", t.device, "cpu | cuda");
   opt("--log-jsonl", t.log_jsonl, "append one JSON object per iteration to FILE");
-  opt("--log-interval", t.log_interval, "print every N iterations");
+  t.log_interval = 100;  // Megatron's default (TrainConfig's own is 1, for library users)
+  opt("--log-interval", t.log_interval,
+      "print a line every N iterations (and at the first): the interval's mean losses and time");
   opt("--tensorboard-dir", t.tensorboard_dir, "write TensorBoard event files into DIR (rank 0)");
   opt("--tensorboard-log-interval", t.tensorboard_log_interval,
       "write TensorBoard scalars every N iterations");
@@ -216,14 +218,19 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--distributed-timeout-minutes", t.distributed_timeout_minutes,
       "abort the job when a communication call waits longer than this (fractions allowed)");
   opt("--distributed-backend", a->backend,
-      "auto | mpi | nccl (auto: nccl for --device cuda when every rank has its own GPU)");
+      "auto | mpi | nccl | gloo (auto: nccl for --device cuda when every rank has its own GPU; "
+      "gloo, Megatron's CPU backend, runs as mpi)");
   c->add_flag("--deterministic,--deterministic-mode", a->deterministic,
               "deterministic kernels (cuBLAS workspace, ATen deterministic algorithms)");
   c->add_flag("--profile", t.profile.enabled,
-              "trace iterations --profile-step-start..--profile-step-end (Kineto, CUDA build)");
+              "profile iterations --profile-step-start..--profile-step-end (CUDA build): an "
+              "nsys capture range (cudaProfilerStart/Stop), or with --use-pytorch-profiler a "
+              "Kineto trace per rank in --profile-dir");
+  c->add_flag("--use-pytorch-profiler", t.profile.pytorch,
+              "with --profile: PyTorch's Kineto profiler, trace_rank<R>.json in --profile-dir");
   opt("--profile-step-start", t.profile.step_start, "first traced iteration");
   opt("--profile-step-end", t.profile.step_end, "last traced iteration");
-  c->add_option("--profile-ranks", t.profile.ranks, "ranks that trace")->capture_default_str();
+  c->add_option("--profile-ranks", t.profile.ranks, "ranks that profile (default: every rank)");
   opt("--profile-dir", t.profile.dir, "where trace_rank<R>.json files go");
   opt("--cuda-graph-impl", t.cuda_graph_impl,
       "none | local: after --cuda-graph-warmup-steps, replay each microbatch's forward and "
@@ -304,6 +311,8 @@ void resolve_train_args(TrainArgs* a) {
   t.adam.exp_avg_sq_dtype = moment_dtype("--exp-avg-sq-dtype", a->exp_avg_sq_dtype);
   if (t.log_interval < 1) fail_usage("--log-interval must be >= 1");
   if (a->threads < 0) fail_usage("--threads must be >= 0 (got {})", a->threads);
+  // Megatron's gloo is its collectives over host memory; weft's are MPI's (the same sums).
+  if (a->backend == "gloo") a->backend = "mpi";
   if (!a->hybrid_pattern.empty() && !a->hybrid_override_pattern.empty() &&
       a->hybrid_pattern != a->hybrid_override_pattern)
     fail_usage("--hybrid-layer-pattern and its deprecated name --hybrid-override-pattern "
@@ -410,7 +419,8 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
 void prepare_training(TrainConfig& t, const std::string& backend_flag, MpiRuntime& mpi) {
   validate_train_config(t, mpi.world_size());
   if (backend_flag != "auto" && backend_flag != "mpi" && backend_flag != "nccl")
-    fail_usage("--distributed-backend must be auto, mpi or nccl (got '{}')", backend_flag);
+    fail_usage("--distributed-backend must be auto, mpi or nccl (or gloo, which runs as mpi; "
+               "got '{}')", backend_flag);
   if (t.device == "cuda") {
     set_cuda_device(mpi.local_rank());  // fails with a clear message without CUDA
   } else if (backend_flag == "nccl") {
@@ -479,7 +489,8 @@ Backend start_runtime(const TrainConfig& t, int threads, const std::string& back
     // Every rank validates the same flags before the first collective.
     validate_train_config(t, mpi.world_size());
     if (backend_flag != "auto" && backend_flag != "mpi" && backend_flag != "nccl")
-      fail_usage("--distributed-backend must be auto, mpi or nccl (got '{}')", backend_flag);
+      fail_usage("--distributed-backend must be auto, mpi or nccl (or gloo, which runs as "
+                 "mpi; got '{}')", backend_flag);
     if (backend_flag == "nccl" && t.device != "cuda")
       fail_usage("--distributed-backend nccl needs --device cuda");
     if (deterministic) set_deterministic_mode();

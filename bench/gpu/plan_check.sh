@@ -19,7 +19,7 @@ fi
 W=./$B/app/weft
 check() {  # name, flags...
   local name=$1; shift
-  $W train --device cuda --bf16 "$@" --train-iters 3 --lr 3e-4 > "$OUT/plan_$name.log" 2>&1
+  $W train --log-interval 1 --device cuda --bf16 "$@" --train-iters 3 --lr 3e-4 > "$OUT/plan_$name.log" 2>&1
   local measured rc=$?
   [ $rc -eq 0 ] || { echo "$name: weft train rc=$rc"; tail -5 "$OUT/plan_$name.log"; }
   measured=$(grep -o "peak memory (MB): [0-9.]*" "$OUT/plan_$name.log" | tail -1 | awk '{print $4}')

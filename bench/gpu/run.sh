@@ -113,7 +113,7 @@ tests)
   ;;
 bench1b)
   rm -f "$OUT/weft_1b.jsonl"
-  ./$B/app/weft train --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 --global-batch-size 2 \
+  ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 --global-batch-size 2 \
     --train-iters 12 --lr 3e-4 --lr-warmup-iters 2 --log-jsonl "$OUT/weft_1b.jsonl" > "$OUT/weft_1b.log" 2>&1
   echo "weft rc=$?"; grep -E "parameters|bytes on" "$OUT/weft_1b.log"; tail -2 "$OUT/weft_1b.log" | cut -c1-400
   python3 bench/gpu/mfu.py --weft-jsonl "$OUT/weft_1b.jsonl" | tee "$OUT/weft_1b_mfu.json"
@@ -127,7 +127,7 @@ bench1b)
 moe)
   for g in --moe-grouped-gemm ""; do
     rm -f "$OUT/weft_moe$g.jsonl"
-    ./$B/app/weft train --device cuda --bf16 "${MOE[@]}" $g --micro-batch-size 2 --global-batch-size 2 \
+    ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${MOE[@]}" $g --micro-batch-size 2 --global-batch-size 2 \
       --train-iters 12 --lr 3e-4 --lr-warmup-iters 2 --log-jsonl "$OUT/weft_moe$g.jsonl" > "$OUT/weft_moe$g.log" 2>&1
     echo "weft moe $g rc=$?"; grep -E "parameters|state:" "$OUT/weft_moe$g.log"; tail -1 "$OUT/weft_moe$g.log" | cut -c1-420
     python3 bench/gpu/mfu.py --weft-jsonl "$OUT/weft_moe$g.jsonl" "${MOE_MFU[@]}"
@@ -142,7 +142,7 @@ moe)
   ;;
 hybrid)
   rm -f "$OUT/weft_hyb.jsonl"
-  ./$B/app/weft train --device cuda --bf16 "${HYB[@]}" --micro-batch-size 2 --global-batch-size 2 \
+  ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${HYB[@]}" --micro-batch-size 2 --global-batch-size 2 \
     --train-iters 12 --lr 3e-4 --lr-warmup-iters 2 --log-jsonl "$OUT/weft_hyb.jsonl" > "$OUT/weft_hyb.log" 2>&1
   echo "weft hybrid rc=$?"; grep -E "parameters|bytes on" "$OUT/weft_hyb.log"; tail -1 "$OUT/weft_hyb.log" | cut -c1-400
   python3 bench/gpu/mfu.py --weft-jsonl "$OUT/weft_hyb.jsonl" "${HYB_MFU[@]}"
@@ -167,9 +167,9 @@ hfcheck)
   HFT=(--num-layers 4 --hidden-size 256 --num-attention-heads 8 --num-query-groups 4
        --ffn-hidden-size 704 --vocab-size 1024 --seq-length 128 --micro-batch-size 2
        --global-batch-size 8 --lr 1e-3 --device cuda --deterministic --mock-data)
-  ./$B/app/weft train "${HFT[@]}" --train-iters 2 --save "$H/ck" > "$H/train.log" 2>&1
+  ./$B/app/weft train --log-interval 1 "${HFT[@]}" --train-iters 2 --save "$H/ck" > "$H/train.log" 2>&1
   echo "train rc=$?"
-  ./$B/app/weft train "${HFT[@]}" --train-iters 3 --load "$H/ck" --dump-first-batch "$H/b3.npy" \
+  ./$B/app/weft train --log-interval 1 "${HFT[@]}" --train-iters 3 --load "$H/ck" --dump-first-batch "$H/b3.npy" \
     --log-jsonl "$H/resume.jsonl" > "$H/resume.log" 2>&1
   echo "resume rc=$?"
   ./$B/app/weft ckpt export --format hf "$H/ck" "$H/export"; echo "export rc=$?"
@@ -178,12 +178,12 @@ hfcheck)
   python3 tests/gpu/hf_llama_check.py make "$H/random" --hidden 256 --ffn 704 --layers 4 \
     --heads 8 --groups 4 --vocab 1024 --seq 128; echo "make rc=$?"
   ./$B/app/weft ckpt import --format hf "$H/random" "$H/imported"; echo "import rc=$?"
-  ./$B/app/weft train "${HFT[@]}" --train-iters 1 --load "$H/imported" --finetune \
+  ./$B/app/weft train --log-interval 1 "${HFT[@]}" --train-iters 1 --load "$H/imported" --finetune \
     --dump-first-batch "$H/b1.npy" --log-jsonl "$H/ft1.jsonl" > "$H/ft1.log" 2>&1
   echo "finetune np1 rc=$?"
   python3 tests/gpu/hf_llama_check.py loss "$H/random" "$H/b1.npy" "$H/ft1.jsonl" 1
   echo "hf_llama_check import np1 rc=$?"
-  mpirun -np 4 --bind-to none ./$B/app/weft train "${HFT[@]}" --pipeline-model-parallel-size 2 \
+  mpirun -np 4 --bind-to none ./$B/app/weft train --log-interval 1 "${HFT[@]}" --pipeline-model-parallel-size 2 \
     --train-iters 1 --load "$H/imported" --finetune --dump-first-batch "$H/b1p.npy" \
     --log-jsonl "$H/ft4.jsonl" > "$H/ft4.log" 2>&1
   echo "finetune pp2xdp2 rc=$?"
@@ -209,14 +209,14 @@ hfrope)
     --qk-gain 8 2>/dev/null
   echo "make rc=$?"
   ./$B/app/weft ckpt import --format hf "$H/random" "$H/imported"; echo "import rc=$?"
-  ./$B/app/weft train "${HFT[@]}" "${ROPE[@]}" --train-iters 1 --load "$H/imported" --finetune \
+  ./$B/app/weft train --log-interval 1 "${HFT[@]}" "${ROPE[@]}" --train-iters 1 --load "$H/imported" --finetune \
     --save "$H/ft" --dump-first-batch "$H/b1.npy" --log-jsonl "$H/ft1.jsonl" > "$H/ft1.log" 2>&1
   echo "finetune rc=$?"
   for drop in "" --drop-rope-scaling; do
     python3 tests/gpu/hf_llama_check.py loss "$H/random" "$H/b1.npy" "$H/ft1.jsonl" 1 $drop 2>/dev/null
     echo "hf_llama_check import $drop rc=$? (pass 0; with the scaling dropped 1)"
   done
-  ./$B/app/weft train "${HFT[@]}" "${ROPE[@]}" --train-iters 2 --load "$H/ft" \
+  ./$B/app/weft train --log-interval 1 "${HFT[@]}" "${ROPE[@]}" --train-iters 2 --load "$H/ft" \
     --dump-first-batch "$H/b2.npy" --log-jsonl "$H/resume.jsonl" > "$H/resume.log" 2>&1
   echo "resume rc=$?"
   ./$B/app/weft ckpt export --format hf "$H/ft" "$H/export"; echo "export rc=$?"
@@ -224,14 +224,14 @@ hfrope)
     python3 tests/gpu/hf_llama_check.py loss "$H/export" "$H/b2.npy" "$H/resume.jsonl" 2 $drop 2>/dev/null
     echo "hf_llama_check export $drop rc=$? (pass 0; with the scaling dropped 1)"
   done
-  ./$B/app/weft train "${HFT[@]}" --train-iters 1 --load "$H/imported" --finetune 2>&1 | tail -1 | cut -c1-300
+  ./$B/app/weft train --log-interval 1 "${HFT[@]}" --train-iters 1 --load "$H/imported" --finetune 2>&1 | tail -1 | cut -c1-300
   # (4) --kv-channels: a random LlamaForCausalLM with head_dim 64 (not 256 / 8 = 32), imported,
   # fine-tuned with --use-checkpoint-args (the head dim and the rest from the import), compared.
   python3 tests/gpu/hf_llama_check.py make "$H/kv" --hidden 256 --ffn 704 --layers 4 \
     --heads 8 --groups 4 --vocab 1024 --seq 128 --head-dim 64 --qk-gain 4 2>/dev/null
   echo "make head_dim 64 rc=$?"
   ./$B/app/weft ckpt import --format hf "$H/kv" "$H/kvim"; echo "import rc=$?"
-  ./$B/app/weft train --micro-batch-size 2 --global-batch-size 8 --lr 1e-3 --device cuda \
+  ./$B/app/weft train --log-interval 1 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3 --device cuda \
     --deterministic --mock-data --seq-length 128 --train-iters 1 --load "$H/kvim" --finetune \
     --use-checkpoint-args --dump-first-batch "$H/bkv.npy" --log-jsonl "$H/kv.jsonl" > "$H/kv.log" 2>&1
   echo "finetune --use-checkpoint-args rc=$?"; grep -m1 "parameters" "$H/kv.log"
@@ -247,12 +247,12 @@ hfrope)
   ./$B/app/weft ckpt import --format hf "$H/qwen3" "$H/q3im"; echo "import rc=$?"
   Q3=(--micro-batch-size 2 --global-batch-size 8 --lr 1e-3 --device cuda --deterministic
       --mock-data --seq-length 128 --use-checkpoint-args)
-  ./$B/app/weft train "${Q3[@]}" --train-iters 1 --load "$H/q3im" --finetune --save "$H/q3ft" \
+  ./$B/app/weft train --log-interval 1 "${Q3[@]}" --train-iters 1 --load "$H/q3im" --finetune --save "$H/q3ft" \
     --dump-first-batch "$H/bq1.npy" --log-jsonl "$H/q3.jsonl" > "$H/q3.log" 2>&1
   echo "finetune qwen3 rc=$?"
   python3 tests/gpu/hf_llama_check.py loss "$H/qwen3" "$H/bq1.npy" "$H/q3.jsonl" 1 2>/dev/null
   echo "hf_llama_check qwen3 import rc=$? (0: pass)"
-  ./$B/app/weft train "${Q3[@]}" --train-iters 2 --load "$H/q3ft" --dump-first-batch "$H/bq2.npy" \
+  ./$B/app/weft train --log-interval 1 "${Q3[@]}" --train-iters 2 --load "$H/q3ft" --dump-first-batch "$H/bq2.npy" \
     --log-jsonl "$H/q3r.jsonl" > "$H/q3r.log" 2>&1
   echo "resume qwen3 rc=$?"
   ./$B/app/weft ckpt export --format hf "$H/q3ft" "$H/q3ex"; echo "export rc=$?"
@@ -271,10 +271,10 @@ tbcheck)
        --global-batch-size 8 --num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 0.01
        --mtp-num-layers 1 --train-iters 20 --eval-interval 10 --eval-iters 2 --lr 1e-3
        --device cuda --bf16 --mock-data)
-  ./$B/app/weft train "${TBM[@]}" --tensorboard-dir "$T/np1" --log-jsonl "$T/np1.jsonl" > "$T/np1.log" 2>&1
+  ./$B/app/weft train --log-interval 1 "${TBM[@]}" --tensorboard-dir "$T/np1" --log-jsonl "$T/np1.jsonl" > "$T/np1.log" 2>&1
   echo "train np1 rc=$?"; grep "iteration  *20/" "$T/np1.log" | cut -c1-400; tail -2 "$T/np1.log" | cut -c1-300
   python3 tests/gpu/tb_check.py "$T/np1" "$T/np1.jsonl"; echo "tb_check np1 rc=$?"
-  mpirun -np 2 --bind-to none ./$B/app/weft train "${TBM[@]}" --pipeline-model-parallel-size 2 \
+  mpirun -np 2 --bind-to none ./$B/app/weft train --log-interval 1 "${TBM[@]}" --pipeline-model-parallel-size 2 \
     --tensorboard-dir "$T/pp2" --tensorboard-log-interval 3 --log-jsonl "$T/pp2.jsonl" > "$T/pp2.log" 2>&1
   echo "train pp2 rc=$?"; tail -2 "$T/pp2.log" | cut -c1-300
   python3 tests/gpu/tb_check.py "$T/pp2" "$T/pp2.jsonl" --interval 3; echo "tb_check pp2 rc=$?"
@@ -312,12 +312,12 @@ env)
 profile)
   S=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --num-query-groups 12
      --ffn-hidden-size 2048 --vocab-size 32000 --seq-length 1024)
-  ./$B/app/weft train --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 --global-batch-size 2 \
-    --train-iters 7 --profile --profile-step-start 5 --profile-step-end 6 --profile-dir "$OUT/prof1b" > "$OUT/prof1b.log" 2>&1
+  ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 --global-batch-size 2 \
+    --train-iters 7 --profile --use-pytorch-profiler --profile-step-start 5 --profile-step-end 6 --profile-dir "$OUT/prof1b" > "$OUT/prof1b.log" 2>&1
   echo "profile 1b rc=$?"; tail -3 "$OUT/prof1b.log" | cut -c1-300
   python3 bench/gpu/trace_summary.py "$OUT/prof1b/trace_rank0.json" --iters 2 --top 30
-  ./$B/app/weft train --device cuda --bf16 "${S[@]}" --micro-batch-size 8 --global-batch-size 8 \
-    --train-iters 12 --profile --profile-step-start 10 --profile-step-end 11 --profile-dir "$OUT/prof125m" > "$OUT/prof125m.log" 2>&1
+  ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${S[@]}" --micro-batch-size 8 --global-batch-size 8 \
+    --train-iters 12 --profile --use-pytorch-profiler --profile-step-start 10 --profile-step-end 11 --profile-dir "$OUT/prof125m" > "$OUT/prof125m.log" 2>&1
   echo "profile 125m rc=$?"; tail -2 "$OUT/prof125m.log" | cut -c1-300
   python3 bench/gpu/trace_summary.py "$OUT/prof125m/trace_rank0.json" --iters 2 --top 15
   gzip -f "$OUT"/prof*/trace_rank0.json
@@ -326,7 +326,7 @@ profcurve)
   # Profile summaries at the size curve's shapes (docs/performance.md "Where the time goes"):
   # iterations 5-6 of each size in PROF_SIZES (default: the curve's four, then 125m at
   # bench125m's micro-batch 8 x 1024 as "125m-s1024"; bench1b's 0.8B at micro-batch 2 is
-  # "0.8b-m2", not in the default list), traced by `weft train --profile` and summarised by
+  # "0.8b-m2", not in the default list), traced by `weft train --profile --use-pytorch-profiler` and summarised by
   # trace_summary.py (the PROF_TOP longest kernels, default 12) into $OUT/profcurve.txt; the
   # traces are not kept (size).
   P=/tmp/weft-profcurve; rm -rf $P; mkdir -p $P; : > "$OUT/profcurve.txt"
@@ -335,10 +335,10 @@ profcurve)
     if [ $tag = 125m-s1024 ]; then read -r L H NH NG F MBS <<< "12 768 12 12 2048 8"; SEQ=1024
     elif [ $tag = 0.8b-m2 ]; then read -r L H NH NG F MBS <<< "16 2048 16 8 5632 2"  # bench1b's
     else read -r L H NH NG F MBS <<< "$(curve_shape $tag)"; fi
-    timeout 200 ./$B/app/weft train --device cuda --bf16 --num-layers $L --hidden-size $H \
+    timeout 200 ./$B/app/weft train --log-interval 1 --device cuda --bf16 --num-layers $L --hidden-size $H \
       --num-attention-heads $NH --num-query-groups $NG --ffn-hidden-size $F --vocab-size 32000 \
       --seq-length $SEQ --micro-batch-size $MBS --global-batch-size $MBS --train-iters 7 \
-      ${PROF_EXTRA:-} --profile --profile-step-start 5 --profile-step-end 6 --profile-dir $P/$tag > $P/$tag.log 2>&1
+      ${PROF_EXTRA:-} --profile --use-pytorch-profiler --profile-step-start 5 --profile-step-end 6 --profile-dir $P/$tag > $P/$tag.log 2>&1
     rc=$?
     { echo "== $tag (layers $L hidden $H mbs $MBS seq $SEQ) rc=$rc"; grep -E "iteration +6/" $P/$tag.log | cut -c1-200
       python3 bench/gpu/trace_summary.py $P/$tag/trace_rank0.json --iters 2 --top ${PROF_TOP:-12}; } >> "$OUT/profcurve.txt" 2>&1
@@ -351,8 +351,8 @@ steady)
   # five (8-12) traced, every iteration's host-measured time printed, then the trace summary
   # over those five (span and busy per iteration, the idle gaps, host synchronisation).
   P=/tmp/weft-steady; rm -rf $P; mkdir -p $P
-  timeout 300 ./$B/app/weft train --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 \
-    --global-batch-size 2 --train-iters 16 ${PROF_EXTRA:-} --profile --profile-step-start 8 \
+  timeout 300 ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 \
+    --global-batch-size 2 --train-iters 16 ${PROF_EXTRA:-} --profile --use-pytorch-profiler --profile-step-start 8 \
     --profile-step-end 12 --profile-dir $P/t > $P/log 2>&1
   echo "steady rc=$?"; grep -oE "iteration +[0-9]+/|per iteration \(ms\): [0-9.]+" $P/log | paste -sd' ' | sed 's/ per iteration (ms)://g'
   python3 bench/gpu/trace_summary.py $P/t/trace_rank0.json --iters 5 --top ${PROF_TOP:-30} --gaps 12 | tee "$OUT/steady.txt" | cut -c1-160
@@ -364,11 +364,11 @@ gencheck)
   G=/tmp/weft-gencheck; rm -rf $G; mkdir -p $G
   GEN=(--num-layers 4 --hidden-size 64 --ffn-hidden-size 172 --num-attention-heads 4 --num-query-groups 2
        --seq-length 64 --vocab-size 128 --micro-batch-size 2 --global-batch-size 8 --train-iters 20 --lr 3e-3)
-  ./$B/app/weft train --device cuda "${GEN[@]}" --save $G/dense > $G/train_dense.log 2>&1; echo "train dense rc=$?"
+  ./$B/app/weft train --log-interval 1 --device cuda "${GEN[@]}" --save $G/dense > $G/train_dense.log 2>&1; echo "train dense rc=$?"
   HYBG=(--hybrid-layer-pattern "M*-M" --hidden-size 64 --ffn-hidden-size 172 --num-attention-heads 4
         --num-query-groups 2 --mamba-state-dim 16 --mamba-head-dim 16 --mamba-num-groups 2 --seq-length 64
         --vocab-size 128 --micro-batch-size 2 --global-batch-size 8 --train-iters 20 --lr 3e-3)
-  ./$B/app/weft train --device cuda "${HYBG[@]}" --save $G/hybrid > $G/train_hybrid.log 2>&1; echo "train hybrid rc=$?"
+  ./$B/app/weft train --log-interval 1 --device cuda "${HYBG[@]}" --save $G/hybrid > $G/train_hybrid.log 2>&1; echo "train hybrid rc=$?"
   for m in dense hybrid; do
     for d in cuda cpu; do
       ./$B/app/weft generate --load $G/$m --prompt-ids "1 2 3 4 5" --greedy --max-new-tokens 40 --device $d \
@@ -378,8 +378,8 @@ gencheck)
   done
   ;;
 profhyb)
-  ./$B/app/weft train --device cuda --bf16 "${HYB[@]}" --micro-batch-size 2 --global-batch-size 2 \
-    --train-iters 7 --profile --profile-step-start 5 --profile-step-end 6 --profile-dir "$OUT/profhyb" > "$OUT/profhyb.log" 2>&1
+  ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${HYB[@]}" --micro-batch-size 2 --global-batch-size 2 \
+    --train-iters 7 --profile --use-pytorch-profiler --profile-step-start 5 --profile-step-end 6 --profile-dir "$OUT/profhyb" > "$OUT/profhyb.log" 2>&1
   echo "profile hybrid rc=$?"; tail -2 "$OUT/profhyb.log" | cut -c1-300
   python3 bench/gpu/trace_summary.py "$OUT/profhyb/trace_rank0.json" --iters 2 --top 30
   gzip -f "$OUT"/profhyb/trace_rank0.json
@@ -401,7 +401,7 @@ bench125m)
   M=(--layers 12 --hidden 768 --heads 12 --groups 12 --ffn 2048 --vocab 32000 --seq 1024)
   R="$OUT/b125m"; rm -rf "$R"; mkdir -p "$R"
   for g in none local; do
-    ./$B/app/weft train --device cuda --bf16 "${S[@]}" --micro-batch-size 8 --global-batch-size 8 \
+    ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${S[@]}" --micro-batch-size 8 --global-batch-size 8 \
       --train-iters 30 --lr 3e-4 --lr-warmup-iters 2 --cuda-graph-impl $g \
       --log-jsonl "$R/weft_$g.jsonl" > "$R/weft_$g.log" 2>&1
     echo "weft 125m --cuda-graph-impl $g rc=$?"; tail -1 "$R/weft_$g.log" | cut -c1-300
@@ -462,7 +462,7 @@ curve)
       case $impl in
       weft)
         ./$B/app/weft plan --world-size 1 --device cuda --bf16 "${WS[@]}" --json > "$C/$tag.plan.json" 2>&1
-        curve_run $tag weft 150 ./$B/app/weft train --device cuda --bf16 "${WS[@]}" --train-iters 12 \
+        curve_run $tag weft 150 ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${WS[@]}" --train-iters 12 \
           --lr 3e-4 --lr-warmup-iters 2 --log-jsonl "$C/$tag.weft.jsonl" ;;
       eager) curve_run $tag eager 150 "$PY" bench/gpu/pytorch_llama.py "${PS[@]}" ;;
       compile) curve_run $tag compile 240 "$PY" bench/gpu/pytorch_llama.py "${PS[@]}" $CMODE ;;
@@ -476,7 +476,7 @@ weft1b)  # weft alone, with and without the fused kernels (ratio in the same run
   for v in fused unfused; do
     X=(); [ $v = unfused ] && X=(--no-fused-kernels)
     rm -f "$OUT/weft_1b_$v.jsonl"
-    ./$B/app/weft train --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 --global-batch-size 2 \
+    ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 --global-batch-size 2 \
       --train-iters 12 --lr 3e-4 --lr-warmup-iters 2 "${X[@]}" --log-jsonl "$OUT/weft_1b_$v.jsonl" > "$OUT/weft_1b_$v.log" 2>&1
     echo "weft $v rc=$?"; tail -1 "$OUT/weft_1b_$v.log" | cut -c1-400
     python3 bench/gpu/mfu.py --weft-jsonl "$OUT/weft_1b_$v.jsonl"

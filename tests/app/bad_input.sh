@@ -5,7 +5,7 @@ set -u
 weft=$1
 shift
 mpirun=("$@")
-base=(train --num-layers 4 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
+base=(train --log-interval 1 --num-layers 4 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
       --num-query-groups 2 --seq-length 16 --vocab-size 64 --micro-batch-size 2
       --global-batch-size 8 --train-iters 1 --num-experts 4)
 fails=0

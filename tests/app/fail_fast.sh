@@ -14,7 +14,7 @@ shift
 mpirun=("$@")
 tmp=$(mktemp -d /tmp/weft-failfast-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-base=(train --num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
+base=(train --log-interval 1 --num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
       --num-query-groups 2 --seq-length 16 --vocab-size 64 --micro-batch-size 2
       --global-batch-size 8 --train-iters 2 --eval-interval 0)
 fails=0 cases=0
@@ -94,6 +94,21 @@ if [ -n "$with" ] && [ "$with" = "$without" ]; then
 else
   echo "FAIL: Megatron recipe flags: '$with' vs '$without'"; fails=$((fails + 1))
 fi
+
+# Megatron's --distributed-backend gloo (its CPU collectives) runs as weft's MPI: same losses.
+cases=$((cases + 1))
+gloo=$(timeout 120 "$weft" "${base[@]}" --distributed-backend gloo 2>&1 | grep -o "lm loss: [0-9.E+-]*")
+if [ -n "$gloo" ] && [ "$gloo" = "$without" ]; then
+  echo "ok   --distributed-backend gloo runs as mpi, losses equal"
+else
+  echo "FAIL: --distributed-backend gloo: '$gloo' vs '$without'"; fails=$((fails + 1))
+fi
+expect 0 2 "--distributed-backend must be auto, mpi or nccl" --distributed-backend ucc
+
+# --- profiling on the CPU: the CPU build has neither Kineto nor the CUDA profiler API, and a CUDA
+# build's capture range (--profile alone, as Megatron's) needs --device cuda -----------------
+expect 0 2 "--profile" --profile
+expect 0 2 "--profile" --profile --use-pytorch-profiler --profile-ranks 0
 
 # --- path flags: checked by writing, before iteration 1 ----------------------------------------
 : > "$tmp/a_file"

@@ -15,7 +15,7 @@ WEFT=$1; shift
 MPIRUN=("$@")
 DIR=$(mktemp -d /tmp/weft-crash-XXXXXX)
 trap 'rm -rf "$DIR"' EXIT
-ARGS=(train --pipeline-model-parallel-size 2 --num-layers 2 --hidden-size 32 --ffn-hidden-size 48
+ARGS=(train --pipeline-model-parallel-size 2 --log-interval 1 --num-layers 2 --hidden-size 32 --ffn-hidden-size 48
       --seq-length 16 --global-batch-size 8 --train-iters 3 --save "$DIR/ck" --save-interval 1)
 fail() { echo "FAIL ($FAULT ${MODE[*]}): $*"; exit 1; }
 

@@ -11,7 +11,7 @@ WEFT=$1; shift
 MPIRUN=("$@")
 DIR=$(mktemp -d /tmp/weft-savefail-XXXXXX)
 trap 'rm -rf "$DIR"' EXIT
-ARGS=(train --num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --seq-length 16
+ARGS=(train --log-interval 1 --num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --seq-length 16
       --global-batch-size 8 --train-iters 3 --save "$DIR/ck" --save-interval 1 --async-save)
 fail() { echo "FAIL ($CASE): $*"; cat "$DIR/run.log"; exit 1; }
 export WEFT_FAULT=checkpoint.shard_write:1:2:enospc

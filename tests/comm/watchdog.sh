@@ -23,7 +23,7 @@ cleanup() { [ -n "$PIDS" ] && kill -9 $PIDS 2>/dev/null; rm -rf "$DIR"; }
 trap cleanup EXIT
 TIMEOUT_MIN=0.05  # 3 s
 BOUND=20          # seconds from the fault to the end of the job
-MODEL=(train --num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --seq-length 16)
+MODEL=(train --log-interval 1 --num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --seq-length 16)
 fail() { echo "FAIL ($CASE): $*"; [ -f "$DIR/run.log" ] && tail -20 "$DIR/run.log"; exit 1; }
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }

@@ -136,6 +136,51 @@ TEST(TrainLog, JsonlLineIsJsonWithNonFiniteValues) {
   EXPECT_EQ(jsonl_number(0.1), "0.10000000000000001");
 }
 
+// The console line at --log-interval 3, as Megatron's training_log: a line at the run's first
+// iteration (5, a resume) and at 6 and 9; the loss is the mean of the interval's iterations that
+// were not skipped, the time the mean of all of them, the skipped/nan counts the interval's, the
+// grad norm and learning rate the iteration's. The first line (5) does not start an interval:
+// 6's line covers 5 and 6.
+TEST(TrainLog, ConsoleLineAveragesTheInterval) {
+  TrainConfig cfg;
+  cfg.model = tiny();
+  cfg.train_iters = 9;
+  cfg.log_interval = 3;
+  cfg.global_batch_size = 4;
+  TrainLog log(cfg, 1, false);
+  auto line = [&](int it, double loss, double ms, bool skipped) {
+    IterationStats s;
+    s.iteration = it;
+    s.lm_loss = skipped ? std::numeric_limits<double>::quiet_NaN() : loss;
+    s.ms = ms;
+    s.grad_norm = it;
+    s.lr = it * 1e-4;
+    s.skipped = skipped;
+    log.record(s);
+    return log.console_line(s, it == 5, 1.0);
+  };
+  auto field = [](const std::string& l, const std::string& key) {
+    const size_t at = l.find(key);
+    return at == std::string::npos ? std::string("<none>") : l.substr(at, l.find(" |", at) - at);
+  };
+  const std::string l5 = line(5, 2.0, 10, false);
+  EXPECT_EQ(field(l5, "lm loss"), "lm loss: 2.000000E+00") << l5;
+  const std::string l6 = line(6, 4.0, 20, false);
+  EXPECT_EQ(field(l6, "lm loss"), "lm loss: 3.000000E+00") << l6;  // (2 + 4) / 2
+  EXPECT_EQ(field(l6, "elapsed time per iteration (ms)"), "elapsed time per iteration (ms): 15.0");
+  EXPECT_EQ(line(7, 1.0, 30, false), "");
+  EXPECT_EQ(line(8, 0.0, 40, true), "");
+  const std::string l9 = line(9, 5.0, 50, false);
+  EXPECT_EQ(field(l9, "lm loss"), "lm loss: 3.000000E+00") << l9;  // (1 + 5) / 2, 8 skipped
+  EXPECT_EQ(field(l9, "elapsed time per iteration (ms)"), "elapsed time per iteration (ms): 40.0");
+  EXPECT_EQ(field(l9, "throughput (tokens/s)"), "throughput (tokens/s): 3200.0");  // 4*32/0.04
+  EXPECT_EQ(field(l9, "number of skipped iterations"), "number of skipped iterations:   1");
+  EXPECT_EQ(field(l9, "number of nan iterations"), "number of nan iterations:   1");
+  EXPECT_EQ(field(l9, "grad norm"), "grad norm: 9.000");
+  EXPECT_EQ(field(l9, "learning rate"), "learning rate: 9.000000E-04");
+  EXPECT_EQ(l9.back(), '\n');
+}
+
 // TFRecord: uint64 LE length, masked crc32c of those 8 bytes, data, masked crc32c of the data,
 // with mask(c) = ((c >> 15) | (c << 17)) + 0xa282ead8.
 TEST(TfRecord, FrameLayout) {

@@ -14,6 +14,7 @@ namespace weft {
 #if defined(WEFT_WITH_CUDA)
 void kineto_start();
 void kineto_stop_and_save(const std::string& path);  // empty path: discard
+void cuda_profiler_range(bool start);                // cudaProfilerStart / cudaProfilerStop
 #endif
 
 bool profiler_available() {
@@ -27,8 +28,8 @@ bool profiler_available() {
 void validate_profile_config(const ProfileConfig& p) {
   if (!p.enabled) return;
   if (!profiler_available())
-    fail_usage("--profile needs the CUDA build of weft (the Kineto profiler is not part of this "
-               "CPU-only libtorch)");
+    fail_usage("--profile needs the CUDA build of weft (the Kineto profiler and the CUDA "
+               "profiler API are not part of this CPU-only libtorch)");
   if (p.step_start < 1) fail_usage("--profile-step-start must be >= 1 (got {})", p.step_start);
   if (p.step_end < p.step_start)
     fail_usage("--profile-step-end ({}) must be >= --profile-step-start ({})", p.step_end,
@@ -39,8 +40,9 @@ void validate_profile_config(const ProfileConfig& p) {
 }
 
 IterationProfiler::IterationProfiler(const ProfileConfig& cfg, int rank) : cfg_(cfg), rank_(rank) {
-  active_ = cfg.enabled && std::find(cfg.ranks.begin(), cfg.ranks.end(), rank) != cfg.ranks.end();
-  if (active_) {
+  active_ = cfg.enabled && (cfg.ranks.empty() ||
+                            std::find(cfg.ranks.begin(), cfg.ranks.end(), rank) != cfg.ranks.end());
+  if (active_ && cfg.pytorch) {
     std::error_code ec;
     std::filesystem::create_directories(cfg.dir, ec);
     if (ec) fail_usage("--profile-dir {}: {}", cfg.dir, ec.message());
@@ -51,7 +53,8 @@ IterationProfiler::~IterationProfiler() {
 #if defined(WEFT_WITH_CUDA)
   if (running_) {
     try {
-      kineto_stop_and_save("");
+      if (cfg_.pytorch) kineto_stop_and_save("");
+      else cuda_profiler_range(false);
     } catch (...) {
     }
   }
@@ -61,7 +64,8 @@ IterationProfiler::~IterationProfiler() {
 void IterationProfiler::before_iteration(int iteration) {
   if (!active_ || running_ || iteration != cfg_.step_start) return;
 #if defined(WEFT_WITH_CUDA)
-  kineto_start();
+  if (cfg_.pytorch) kineto_start();
+  else cuda_profiler_range(true);
   running_ = true;
 #endif
 }
@@ -71,10 +75,14 @@ std::string IterationProfiler::after_iteration(int iteration) {
   running_ = false;
   std::string path;
 #if defined(WEFT_WITH_CUDA)
-  path = (std::filesystem::path(cfg_.dir) / fmt::format("trace_rank{}.json", rank_)).string();
   // The last step's optimizer may still run (train_step does not wait for it): let it finish
   // inside the profiled window.
   if (cuda_device_count() > 0) device_synchronize(c10::Device(c10::kCUDA));
+  if (!cfg_.pytorch) {
+    cuda_profiler_range(false);
+    return {};
+  }
+  path = (std::filesystem::path(cfg_.dir) / fmt::format("trace_rank{}.json", rank_)).string();
   kineto_stop_and_save(path);
 #endif
   return path;

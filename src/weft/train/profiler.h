@@ -1,11 +1,16 @@
-// Traces of chosen iterations through PyTorch's Kineto profiler (`weft train --profile`): the
-// CPU-side ATen ops and every CUDA kernel, memcpy and memset of iterations
-// [--profile-step-start, --profile-step-end] on the ranks of --profile-ranks, written as
-// Chrome-trace JSON (chrome://tracing, ui.perfetto.dev) to <--profile-dir>/trace_rank<R>.json.
-// bench/gpu/trace_summary.py sums a trace's kernel time by kind.
+// Profiling of iterations [--profile-step-start, --profile-step-end] on the ranks of
+// --profile-ranks (default: every rank), with Megatron's flags and meanings:
+//   --profile --use-pytorch-profiler: PyTorch's Kineto profiler records the CPU-side ATen ops and
+//     every CUDA kernel, memcpy and memset, written as Chrome-trace JSON (chrome://tracing,
+//     ui.perfetto.dev) to <--profile-dir>/trace_rank<R>.json; bench/gpu/trace_summary.py sums a
+//     trace's kernel time by kind.
+//   --profile alone: an Nsight Systems capture range, cudaProfilerStart() before the first
+//     iteration and cudaProfilerStop() after the last, for a run under `nsys profile
+//     --capture-range=cudaProfilerApi`; weft writes nothing itself.
 //
-// Kineto is reached only in the CUDA build (profiler_cuda.cpp): Debian's CPU libtorch 1.13 is
-// built without it, so a CPU build refuses --profile with a clear message (profiler_available()).
+// Both are reached only in the CUDA build (profiler_cuda.cpp): Debian's CPU libtorch 1.13 is
+// built without Kineto, so a CPU build refuses --profile with a clear message
+// (profiler_available()); the capture range also needs --device cuda.
 #pragma once
 
 #include <memory>
@@ -18,7 +23,8 @@ struct ProfileConfig {
   bool enabled = false;        // --profile
   int step_start = 10;         // --profile-step-start: first traced iteration (1-based)
   int step_end = 12;           // --profile-step-end: last traced iteration
-  std::vector<int> ranks{0};   // --profile-ranks
+  bool pytorch = false;        // --use-pytorch-profiler: Kineto trace, else nsys range
+  std::vector<int> ranks;      // --profile-ranks (empty: every rank)
   std::string dir = "profile"; // --profile-dir
 };
 

@@ -1,6 +1,7 @@
-// The Kineto side of the iteration profiler (see profiler.h), CUDA build only: CPU ops and
-// CUDA activity (kernels, memcpy, memset) recorded between kineto_start() and
-// kineto_stop_and_save(), saved as Chrome-trace JSON.
+// The CUDA side of the iteration profiler (see profiler.h), CUDA build only: CPU ops and CUDA
+// activity (kernels, memcpy, memset) recorded between kineto_start() and
+// kineto_stop_and_save(), saved as Chrome-trace JSON; and the Nsight Systems capture range.
+#include <cuda_profiler_api.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <set>
@@ -32,6 +33,12 @@ void kineto_stop_and_save(const std::string& path) {
     WEFT_CHECK(result != nullptr, "profiler: no result to save to {}", path);
     result->save(path);
   }
+}
+
+void cuda_profiler_range(bool start) {
+  const cudaError_t e = start ? cudaProfilerStart() : cudaProfilerStop();
+  WEFT_CHECK(e == cudaSuccess, "--profile: {} failed: {}",
+             start ? "cudaProfilerStart" : "cudaProfilerStop", cudaGetErrorString(e));
 }
 
 }  // namespace weft

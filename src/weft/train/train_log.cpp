@@ -2,6 +2,7 @@
 #include "weft/train/train_log.h"
 
 #include <cmath>
+#include <ctime>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -13,6 +14,13 @@ namespace weft {
 namespace {
 
 constexpr size_t kEtaWindow = 10;  // recent step times averaged for the ETA
+
+std::string now_string() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+  return buf;
+}
 
 }  // namespace
 
@@ -55,6 +63,38 @@ std::string TrainLog::line_fields(const IterationStats& s) const {
   const double m = mfu(s);
   return fmt::format("{} ETA: {} |", m >= 0 ? fmt::format(" MFU: {:.1f}% |", 100 * m) : "",
                      format_eta(eta_seconds()));
+}
+
+std::string TrainLog::console_line(const IterationStats& s, bool first_of_run,
+                                   double peak_memory_mb) {
+  Interval& in = interval_;
+  if (s.skipped) {
+    ++in.skipped;  // every skipped iteration is a non-finite one (weft has no loss scaler)
+  } else {
+    ++in.advanced;
+    in.lm += s.lm_loss;
+    in.aux += s.aux_loss;
+    in.mtp += s.mtp_loss;
+  }
+  in.ms += s.ms;
+  if (s.iteration % cfg_.log_interval != 0 && !first_of_run) return {};
+  const double n = std::max(1, in.advanced);
+  IterationStats mean = s;  // the interval's time per iteration, for tokens/s and MFU
+  mean.ms = in.ms / (in.advanced + in.skipped);
+  mean.tokens_per_sec =
+      static_cast<double>(cfg_.global_batch_size) * cfg_.model.seq_length / (mean.ms / 1000.0);
+  const std::string line = fmt::format(
+      " [{}] iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration "
+      "(ms): {:.1f} | throughput (tokens/s): {:.1f} |{} learning rate: {:.6E} | global batch "
+      "size: {:>5} | lm loss: {:.6E} |{}{} grad norm: {:.3f} | number of skipped iterations: "
+      "{:>3} | number of nan iterations: {:>3} | peak memory (MB): {:.1f}\n",
+      now_string(), s.iteration, cfg_.train_iters, s.consumed_samples, mean.ms,
+      mean.tokens_per_sec, line_fields(mean), s.lr, cfg_.global_batch_size, in.lm / n,
+      cfg_.model.moe() ? fmt::format(" load_balancing_loss: {:.6E} |", in.aux / n) : "",
+      cfg_.model.mtp_num_layers > 0 ? fmt::format(" mtp_loss: {:.6E} |", in.mtp / n) : "",
+      s.grad_norm, in.skipped, in.skipped, peak_memory_mb);
+  if (s.iteration % cfg_.log_interval == 0) in = Interval{};
+  return line;
 }
 
 std::string jsonl_number(double v) {

@@ -7,7 +7,7 @@
 // "learning-rate", "grad-norm", "batch-size", "iteration-time", "throughput" in TFLOP/s per
 // device, "mem-max-allocated-bytes", "load_balancing_loss", "lm loss validation", the
 // " vs samples" twins); weft's own are "tokens-per-sec", "mfu", "mtp loss" (the mean over the
-// MTP depths), "skipped-iterations" and "nan-iterations" (the log line's counters).
+// MTP depths), "skipped-iterations" and "nan-iterations" (the run's counts so far).
 #pragma once
 
 #include <cstdint>
@@ -43,6 +43,17 @@ class TrainLog {
   double eta_seconds() const;
   // " MFU: 41.2% | ETA: 0h01m02s |" for the log line (MFU only with a peak).
   std::string line_fields(const IterationStats& s) const;
+  // The console line of a finished iteration (newline included), or "" where it prints none;
+  // call once per iteration, in order, on the rank that prints. As Megatron's training_log: a
+  // line at every --log-interval-th iteration and at the run's first (`first_of_run`); the
+  // losses are means over the interval's iterations that were not skipped, the time per
+  // iteration (so tokens/s and MFU) the mean over all of them, the skipped and nan counts the
+  // interval's; the learning rate and grad norm are this iteration's. A first line off the
+  // interval does not start a new one (as Megatron's). One difference: Megatron's first line
+  // never does, so at --log-interval 1 its second line averages iterations 1 and 2; weft's
+  // lines at interval 1 are each iteration's own, so that a resumed run's lines equal the
+  // uninterrupted run's.
+  std::string console_line(const IterationStats& s, bool first_of_run, double peak_memory_mb);
   // The --log-jsonl line of an iteration (newline included); mfu is null without a peak.
   std::string jsonl_line(const IterationStats& s) const;
   // The --log-jsonl line of a validation at `iteration` (newline included).
@@ -61,6 +72,10 @@ class TrainLog {
   double peak_flops_;  // per device; 0: unknown
   std::deque<double> recent_ms_;
   int last_iteration_ = 0;
+  struct Interval {  // console_line's sums since its last line
+    double lm = 0, aux = 0, mtp = 0, ms = 0;
+    int advanced = 0, skipped = 0;
+  } interval_;
   std::unique_ptr<TensorBoardWriter> tb_;
 };
 

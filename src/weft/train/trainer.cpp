@@ -39,13 +39,6 @@
 namespace weft {
 namespace {
 
-std::string now_string() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
-  return buf;
-}
-
 volatile std::sig_atomic_t g_exit_signal = 0;
 void on_exit_signal(int) { g_exit_signal = 1; }
 
@@ -212,6 +205,10 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   for (int r : c.profile.ranks)
     if (c.profile.enabled && r >= world_size)
       fail_usage("--profile-ranks: rank {} is outside the world of {} ranks", r, world_size);
+  if (c.profile.enabled && !c.profile.pytorch && c.device != "cuda")
+    fail_usage("--profile without --use-pytorch-profiler marks an Nsight Systems capture range "
+               "(cudaProfilerStart/Stop), which needs --device cuda; add --use-pytorch-profiler "
+               "for a Kineto trace");
   if (!c.tensorboard_dir.empty() && !tensorboard_available())
     fail_usage("--tensorboard-dir: weft was built without protobuf (install libprotobuf-dev "
                "protobuf-compiler and rebuild)");
@@ -785,6 +782,7 @@ std::vector<IterationStats> Trainer::train() {
   std::vector<IterationStats> all;
   IterationProfiler profiler(cfg_.profile, groups_.rank());
   bool exiting = false;
+  const int first_iteration = iteration_ + 1;  // of this run (a resumed one starts later)
   while (iteration_ < cfg_.train_iters && !exiting) {
     profiler.before_iteration(iteration_ + 1);
     IterationStats s = train_step();
@@ -794,18 +792,13 @@ std::vector<IterationStats> Trainer::train() {
     if (!trace.empty() && !cfg_.quiet)
       fmt::print("weft train: rank {} wrote the profile of iterations {}..{} to {}\n",
                  groups_.rank(), cfg_.profile.step_start, s.iteration, trace);
-    if (rank0 && !cfg_.quiet && (s.iteration % cfg_.log_interval == 0)) {
-      fmt::print(
-          " [{}] iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration "
-          "(ms): {:.1f} | throughput (tokens/s): {:.1f} |{} learning rate: {:.6E} | global batch "
-          "size: {:>5} | lm loss: {:.6E} |{}{} grad norm: {:.3f} | number of skipped iterations: "
-          "{:>3} | number of nan iterations: {:>3} | peak memory (MB): {:.1f}\n",
-          now_string(), s.iteration, cfg_.train_iters, s.consumed_samples, s.ms, s.tokens_per_sec,
-          log_->line_fields(s), s.lr, cfg_.global_batch_size, s.lm_loss,
-          cfg_.model.moe() ? fmt::format(" load_balancing_loss: {:.6E} |", s.aux_loss) : "",
-          cfg_.model.mtp_num_layers > 0 ? fmt::format(" mtp_loss: {:.6E} |", s.mtp_loss) : "",
-          s.grad_norm, skipped_iters_, nan_iters_, device_peak_memory_mb(stage_->options().device));
-      std::fflush(stdout);
+    if (rank0 && !cfg_.quiet) {
+      const std::string line = log_->console_line(s, s.iteration == first_iteration,
+                                                  device_peak_memory_mb(stage_->options().device));
+      if (!line.empty()) {
+        std::fputs(line.c_str(), stdout);
+        std::fflush(stdout);
+      }
     }
     if (jsonl) {
       std::fputs(log_->jsonl_line(s).c_str(), jsonl);
