@@ -2,6 +2,7 @@
 // activity (kernels, memcpy, memset) recorded between kineto_start() and
 // kineto_stop_and_save(), saved as Chrome-trace JSON; and the Nsight Systems capture range.
 #include <cuda_profiler_api.h>
+#include <cuda_runtime_api.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <set>
