@@ -228,8 +228,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
               "Kineto trace per rank in --profile-dir");
   c->add_flag("--use-pytorch-profiler", t.profile.pytorch,
               "with --profile: PyTorch's Kineto profiler, trace_rank<R>.json in --profile-dir");
-  opt("--profile-step-start", t.profile.step_start, "first traced iteration");
-  opt("--profile-step-end", t.profile.step_end, "last traced iteration");
+  opt("--profile-step-start", t.profile.step_start,
+      "profile from the iteration after this one (Megatron's: iterations start+1..end)");
+  opt("--profile-step-end", t.profile.step_end, "last profiled iteration");
   c->add_option("--profile-ranks", t.profile.ranks, "ranks that profile (default: every rank)");
   opt("--profile-dir", t.profile.dir, "where trace_rank<R>.json files go");
   opt("--cuda-graph-impl", t.cuda_graph_impl,
@@ -291,13 +292,20 @@ void resolve_tokenizer(TrainArgs* a) {
 
 // Megatron's --ffn-hidden-size default with --swiglu (weft's MLP is always SwiGLU): 8/3 of the
 // hidden size, rounded down to a multiple of 64. Below --hidden-size 96 that is 0: a model with
-// MLP layers (any but a hybrid pattern of Mamba and attention layers alone) then needs the
-// flag; one without keeps the unused value.
+// a layer that uses it (a dense MLP, or routed experts without --moe-ffn-hidden-size) then
+// needs the flag; one without keeps the unused value. The layout is the hybrid pattern's when
+// there is one, else --num-experts and --moe-layer-freq's.
 void default_ffn_hidden_size(ModelConfig* m, const std::string& pattern) {
+  if (m->hidden_size <= 0) return;  // validation names --hidden-size
   const int ffn = static_cast<int>((4.0 * m->hidden_size * 2 / 3) / 64) * 64;
+  const auto& freq = m->moe_layer_pattern;
+  const bool moe = pattern.empty() ? m->num_experts > 0 : pattern.find('E') != std::string::npos;
+  const bool dense = pattern.empty()
+                         ? m->num_experts == 0 || std::count(freq.begin(), freq.end(), 0) > 0
+                         : pattern.find('-') != std::string::npos;
   if (ffn > 0) {
     m->ffn_hidden_size = ffn;
-  } else if (pattern.empty() || pattern.find_first_of("-E") != std::string::npos) {
+  } else if (dense || (moe && m->moe_ffn_hidden_size <= 0)) {
     fail_usage("--ffn-hidden-size is needed with --hidden-size {}: its default, int(4 * hidden "
                "* 2 / 3 / 64) * 64 as Megatron's with --swiglu, is {}", m->hidden_size, ffn);
   }
@@ -513,12 +521,16 @@ Backend start_runtime(const TrainConfig& t, int threads, const std::string& back
   }
 }
 
-void default_global_batch_size(TrainConfig* t, int world_size) {
-  const LayoutConfig& l = t->layout;
+int data_parallel_size(const LayoutConfig& l, int world_size) {
   const int64_t per_replica = static_cast<int64_t>(l.tp) * l.cp * l.pp;
+  if (per_replica <= 0 || world_size <= 0 || world_size % per_replica != 0) return 0;
+  return static_cast<int>(world_size / per_replica);
+}
+
+void default_global_batch_size(TrainConfig* t, int world_size) {
   // A layout that does not divide the world keeps the value; validation names the flags.
-  if (per_replica > 0 && world_size > 0 && world_size % per_replica == 0)
-    t->global_batch_size = t->micro_batch_size * static_cast<int>(world_size / per_replica);
+  if (const int dp = data_parallel_size(t->layout, world_size); dp > 0)
+    t->global_batch_size = t->micro_batch_size * dp;
 }
 
 ParsedTrainFlags add_train_flags(CLI::App* c) {

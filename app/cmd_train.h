@@ -24,8 +24,10 @@ struct TrainFlags {
   bool fused_kernels = true;   // not --no-fused-kernels
   bool global_batch_given = false;  // else default_global_batch_size once the world is known
 };
-// Megatron's --global-batch-size default: --micro-batch-size x the data-parallel size of
-// t's layout on world_size ranks (world / (tp x cp x pp)).
+// The data-parallel size of layout l on world_size ranks, world / (tp x cp x pp); 0 where that
+// does not divide (validation then names the flags).
+int data_parallel_size(const LayoutConfig& l, int world_size);
+// Megatron's --global-batch-size default: --micro-batch-size x data_parallel_size.
 void default_global_batch_size(TrainConfig* t, int world_size);
 // Registers every `weft train` flag on `c`; the returned function, called in c's callback,
 // resolves them as `weft train` does before MPI starts (throws UsageError on bad input).

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <vector>
 
 #include "cmd_ckpt.h"
@@ -147,9 +148,6 @@ Runs check_runs(const TrainFlags& f, const VerifyArgs& v, int world) {
   refuse(f.cfg.exit_interval != 0, "--exit-interval", "the second run stops at --at");
   refuse(f.cfg.exit_duration_mins != 0, "--exit-duration-in-mins", "the second run stops at --at");
   TrainConfig base = f.cfg;
-  // Unset, the global batch is the first run's micro-batch x dp, and the restarted run keeps it
-  // on any layout (a resume never changes the batch).
-  if (!f.global_batch_given) default_global_batch_size(&base, world);
   base.train_iters = v.to;
   base.save_interval = 0;
   base.exit_interval = 0;
@@ -159,6 +157,15 @@ Runs check_runs(const TrainFlags& f, const VerifyArgs& v, int world) {
   TrainConfig after = base;
   after.layout.world_size = world;
   if (!v.load_layout.empty()) apply_load_layout(v.load_layout, &after);
+  // Unset, the global batch is Megatron's micro-batch x dp, of both layouts at once: the
+  // micro-batch x the least common multiple of their dp sizes, so that both runs take the
+  // same batch (a resume never changes it).
+  if (!f.global_batch_given) {
+    const int d1 = data_parallel_size(base.layout, world);
+    const int d2 = data_parallel_size(after.layout, world);
+    if (d1 > 0 && d2 > 0)
+      base.global_batch_size = after.global_batch_size = base.micro_batch_size * std::lcm(d1, d2);
+  }
   // Every run saves into the work directory (verify_resume sets the paths once it exists); a
   // placeholder until then, so that the flags that need a --save (--async-save) are validated
   // as they will run.

@@ -313,11 +313,11 @@ profile)
   S=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --num-query-groups 12
      --ffn-hidden-size 2048 --vocab-size 32000 --seq-length 1024)
   ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 --global-batch-size 2 \
-    --train-iters 7 --profile --use-pytorch-profiler --profile-step-start 5 --profile-step-end 6 --profile-dir "$OUT/prof1b" > "$OUT/prof1b.log" 2>&1
+    --train-iters 7 --profile --use-pytorch-profiler --profile-step-start 4 --profile-step-end 6 --profile-dir "$OUT/prof1b" > "$OUT/prof1b.log" 2>&1
   echo "profile 1b rc=$?"; tail -3 "$OUT/prof1b.log" | cut -c1-300
   python3 bench/gpu/trace_summary.py "$OUT/prof1b/trace_rank0.json" --iters 2 --top 30
   ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${S[@]}" --micro-batch-size 8 --global-batch-size 8 \
-    --train-iters 12 --profile --use-pytorch-profiler --profile-step-start 10 --profile-step-end 11 --profile-dir "$OUT/prof125m" > "$OUT/prof125m.log" 2>&1
+    --train-iters 12 --profile --use-pytorch-profiler --profile-step-start 9 --profile-step-end 11 --profile-dir "$OUT/prof125m" > "$OUT/prof125m.log" 2>&1
   echo "profile 125m rc=$?"; tail -2 "$OUT/prof125m.log" | cut -c1-300
   python3 bench/gpu/trace_summary.py "$OUT/prof125m/trace_rank0.json" --iters 2 --top 15
   gzip -f "$OUT"/prof*/trace_rank0.json
@@ -338,7 +338,7 @@ profcurve)
     timeout 200 ./$B/app/weft train --log-interval 1 --device cuda --bf16 --num-layers $L --hidden-size $H \
       --num-attention-heads $NH --num-query-groups $NG --ffn-hidden-size $F --vocab-size 32000 \
       --seq-length $SEQ --micro-batch-size $MBS --global-batch-size $MBS --train-iters 7 \
-      ${PROF_EXTRA:-} --profile --use-pytorch-profiler --profile-step-start 5 --profile-step-end 6 --profile-dir $P/$tag > $P/$tag.log 2>&1
+      ${PROF_EXTRA:-} --profile --use-pytorch-profiler --profile-step-start 4 --profile-step-end 6 --profile-dir $P/$tag > $P/$tag.log 2>&1
     rc=$?
     { echo "== $tag (layers $L hidden $H mbs $MBS seq $SEQ) rc=$rc"; grep -E "iteration +6/" $P/$tag.log | cut -c1-200
       python3 bench/gpu/trace_summary.py $P/$tag/trace_rank0.json --iters 2 --top ${PROF_TOP:-12}; } >> "$OUT/profcurve.txt" 2>&1
@@ -352,7 +352,7 @@ steady)
   # over those five (span and busy per iteration, the idle gaps, host synchronisation).
   P=/tmp/weft-steady; rm -rf $P; mkdir -p $P
   timeout 300 ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 \
-    --global-batch-size 2 --train-iters 16 ${PROF_EXTRA:-} --profile --use-pytorch-profiler --profile-step-start 8 \
+    --global-batch-size 2 --train-iters 16 ${PROF_EXTRA:-} --profile --use-pytorch-profiler --profile-step-start 7 \
     --profile-step-end 12 --profile-dir $P/t > $P/log 2>&1
   echo "steady rc=$?"; grep -oE "iteration +[0-9]+/|per iteration \(ms\): [0-9.]+" $P/log | paste -sd' ' | sed 's/ per iteration (ms)://g'
   python3 bench/gpu/trace_summary.py $P/t/trace_rank0.json --iters 5 --top ${PROF_TOP:-30} --gaps 12 | tee "$OUT/steady.txt" | cut -c1-160
@@ -379,7 +379,7 @@ gencheck)
   ;;
 profhyb)
   ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${HYB[@]}" --micro-batch-size 2 --global-batch-size 2 \
-    --train-iters 7 --profile --use-pytorch-profiler --profile-step-start 5 --profile-step-end 6 --profile-dir "$OUT/profhyb" > "$OUT/profhyb.log" 2>&1
+    --train-iters 7 --profile --use-pytorch-profiler --profile-step-start 4 --profile-step-end 6 --profile-dir "$OUT/profhyb" > "$OUT/profhyb.log" 2>&1
   echo "profile hybrid rc=$?"; tail -2 "$OUT/profhyb.log" | cut -c1-300
   python3 bench/gpu/trace_summary.py "$OUT/profhyb/trace_rank0.json" --iters 2 --top 30
   gzip -f "$OUT"/profhyb/trace_rank0.json

@@ -108,7 +108,8 @@ expect 0 2 "--distributed-backend must be auto, mpi or nccl" --distributed-backe
 # --- profiling on the CPU: the CPU build has neither Kineto nor the CUDA profiler API, and a CUDA
 # build's capture range (--profile alone, as Megatron's) needs --device cuda -----------------
 expect 0 2 "--profile" --profile
-expect 0 2 "--profile" --profile --use-pytorch-profiler --profile-ranks 0
+# Megatron's window is iterations start+1..end: an empty one is refused.
+expect 0 2 "--profile-step-end" --profile --profile-step-start 3 --profile-step-end 3
 
 # --- path flags: checked by writing, before iteration 1 ----------------------------------------
 : > "$tmp/a_file"

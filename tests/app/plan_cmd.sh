@@ -72,5 +72,10 @@ bad "--peak-tflops" --world-size 1 "${model[@]}" --peak-tflops -2
 bad "--pipeline-model-parallel-size" --world-size 3 --pipeline-model-parallel-size 2 "${model[@]}"
 bad "--global-batch-size" --world-size 4 "${model[@]}" --global-batch-size 6
 bad "--ffn-hidden-size" --world-size 1 --hidden-size 32 --num-attention-heads 4 --hidden-size 16
+bad "--ffn-hidden-size" --world-size 1 --hidden-size 16 --num-attention-heads 4 --num-experts 4
+# ... but a model whose layers are all routed experts of their own size does not use it.
+"$weft" plan --world-size 1 --hidden-size 16 --num-attention-heads 4 --num-experts 4 \
+  --moe-ffn-hidden-size 48 > /dev/null && echo "ok   MoE-only model needs no --ffn-hidden-size" ||
+  failed "MoE-only model refused without --ffn-hidden-size"
 
 [ "$fails" -eq 0 ] && echo "plan_cmd: all passed" || { echo "plan_cmd: $fails failed"; exit 1; }

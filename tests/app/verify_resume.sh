@@ -50,6 +50,20 @@ run 0 "across layouts" --pipeline-model-parallel-size 2 --at 2 --to 4 \
   --load-layout "--pipeline-model-parallel-size 1 --expert-model-parallel-size 2 --data-parallel-size 4" &&
   has "restart on --pipeline-model-parallel-size 1" "PASS line names the new layout"
 
+# Without --global-batch-size, Megatron's default (micro-batch x dp) is taken for both layouts
+# at once: pp 2 has dp 2, pp 1 dp 4, so both runs take micro-batch x lcm(2, 4) = 4 samples (dp
+# 2's own default, 2, would not divide over dp 4).
+given=("${model[@]}")
+model=()
+for ((i = 0; i < ${#given[@]}; i++)); do
+  [ "${given[$i]}" = --global-batch-size ] && { i=$((i + 1)); continue; }
+  model+=("${given[$i]}")
+done
+run 0 "across layouts, default global batch" --pipeline-model-parallel-size 2 --at 2 --to 3 \
+  --load-layout "--pipeline-model-parallel-size 1 --expert-model-parallel-size 2" &&
+  has "verify-resume: PASS iterations 3..3" "PASS with the default global batch"
+model=("${given[@]}")
+
 WEFT_FAULT=checkpoint.skip_exp_avg_sq:1:2:error run 1 "broken restore" \
   --pipeline-model-parallel-size 2 --at 2 --to 4 --workdir "$dir/broken" &&
   has "verify-resume: FAIL: iteration 4" "FAIL names the first differing iteration"

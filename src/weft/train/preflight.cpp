@@ -135,7 +135,8 @@ void check_train_paths(const TrainConfig& c, int rank) {
   if (!c.save.empty()) check_writable_dir(c.save, "--save");
   if (!c.data_cache_path.empty() && !c.data_path.empty())
     check_writable_dir(c.data_cache_path, "--data-cache-path");
-  if (c.profile.enabled && !c.profile.dir.empty()) check_writable_dir(c.profile.dir, "--profile-dir");
+  if (c.profile.enabled && c.profile.pytorch && !c.profile.dir.empty())
+    check_writable_dir(c.profile.dir, "--profile-dir");
   if (!c.log_jsonl.empty()) check_appendable_file(c.log_jsonl, "--log-jsonl");
   if (!c.dump_first_batch.empty()) check_appendable_file(c.dump_first_batch, "--dump-first-batch");
 }

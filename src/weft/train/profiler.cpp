@@ -30,11 +30,11 @@ void validate_profile_config(const ProfileConfig& p) {
   if (!profiler_available())
     fail_usage("--profile needs the CUDA build of weft (the Kineto profiler and the CUDA "
                "profiler API are not part of this CPU-only libtorch)");
-  if (p.step_start < 1) fail_usage("--profile-step-start must be >= 1 (got {})", p.step_start);
-  if (p.step_end < p.step_start)
-    fail_usage("--profile-step-end ({}) must be >= --profile-step-start ({})", p.step_end,
-               p.step_start);
-  if (p.dir.empty()) fail_usage("--profile-dir must not be empty");
+  if (p.step_start < 0) fail_usage("--profile-step-start must be >= 0 (got {})", p.step_start);
+  if (p.step_end <= p.step_start)
+    fail_usage("--profile-step-end ({}) must be > --profile-step-start ({}): the profiled "
+               "iterations are start+1..end, as Megatron's", p.step_end, p.step_start);
+  if (p.pytorch && p.dir.empty()) fail_usage("--profile-dir must not be empty");
   for (int r : p.ranks)
     if (r < 0) fail_usage("--profile-ranks: rank {} is negative", r);
 }
@@ -62,7 +62,7 @@ IterationProfiler::~IterationProfiler() {
 }
 
 void IterationProfiler::before_iteration(int iteration) {
-  if (!active_ || running_ || iteration != cfg_.step_start) return;
+  if (!active_ || running_ || iteration != cfg_.step_start + 1) return;
 #if defined(WEFT_WITH_CUDA)
   if (cfg_.pytorch) kineto_start();
   else cuda_profiler_range(true);

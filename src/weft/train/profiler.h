@@ -1,4 +1,5 @@
-// Profiling of iterations [--profile-step-start, --profile-step-end] on the ranks of
+// Profiling of iterations --profile-step-start + 1 .. --profile-step-end (1-based; Megatron
+// starts when `start` iterations are done and stops after iteration `end`) on the ranks of
 // --profile-ranks (default: every rank), with Megatron's flags and meanings:
 //   --profile --use-pytorch-profiler: PyTorch's Kineto profiler records the CPU-side ATen ops and
 //     every CUDA kernel, memcpy and memset, written as Chrome-trace JSON (chrome://tracing,
@@ -21,8 +22,8 @@ namespace weft {
 
 struct ProfileConfig {
   bool enabled = false;        // --profile
-  int step_start = 10;         // --profile-step-start: first traced iteration (1-based)
-  int step_end = 12;           // --profile-step-end: last traced iteration
+  int step_start = 10;         // --profile-step-start: iterations done before the window
+  int step_end = 12;           // --profile-step-end: last profiled iteration (1-based)
   bool pytorch = false;        // --use-pytorch-profiler: Kineto trace, else nsys range
   std::vector<int> ranks;      // --profile-ranks (empty: every rank)
   std::string dir = "profile"; // --profile-dir
@@ -40,7 +41,7 @@ class IterationProfiler {
   IterationProfiler(const IterationProfiler&) = delete;
   IterationProfiler& operator=(const IterationProfiler&) = delete;
 
-  void before_iteration(int iteration);  // starts tracing at step_start
+  void before_iteration(int iteration);  // starts at iteration step_start + 1
   // Stops at step_end, writes the trace and returns its path (empty otherwise).
   std::string after_iteration(int iteration);
 

@@ -50,9 +50,10 @@ class TrainLog {
   // iteration (so tokens/s and MFU) the mean over all of them, the skipped and nan counts the
   // interval's; the learning rate and grad norm are this iteration's. A first line off the
   // interval does not start a new one (as Megatron's). One difference: Megatron's first line
-  // never does, so at --log-interval 1 its second line averages iterations 1 and 2; weft's
-  // lines at interval 1 are each iteration's own, so that a resumed run's lines equal the
-  // uninterrupted run's.
+  // never does, also on the interval, so at --log-interval 1 its second line averages
+  // iterations 1 and 2; weft's first line on the interval (iteration N x interval, e.g. any at
+  // interval 1) starts a new one, so that a resumed run's lines equal the uninterrupted run's.
+  // An interval whose iterations were all skipped shows lm loss 0, as Megatron's.
   std::string console_line(const IterationStats& s, bool first_of_run, double peak_memory_mb);
   // The --log-jsonl line of an iteration (newline included); mfu is null without a peak.
   std::string jsonl_line(const IterationStats& s) const;

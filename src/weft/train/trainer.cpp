@@ -791,7 +791,7 @@ std::vector<IterationStats> Trainer::train() {
     const std::string trace = profiler.after_iteration(s.iteration);
     if (!trace.empty() && !cfg_.quiet)
       fmt::print("weft train: rank {} wrote the profile of iterations {}..{} to {}\n",
-                 groups_.rank(), cfg_.profile.step_start, s.iteration, trace);
+                 groups_.rank(), cfg_.profile.step_start + 1, s.iteration, trace);
     if (rank0 && !cfg_.quiet) {
       const std::string line = log_->console_line(s, s.iteration == first_iteration,
                                                   device_peak_memory_mb(stage_->options().device));

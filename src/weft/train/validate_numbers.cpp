@@ -92,9 +92,9 @@ void validate_numeric_flags(const TrainConfig& c) {
   check_int("--eval-interval", c.eval_interval, 0);
   check_int("--eval-iters", c.eval_iters, 0);
   if (c.profile.enabled) {
-    check_int("--profile-step-start", c.profile.step_start, 1);
-    check_int("--profile-step-end", c.profile.step_end, c.profile.step_start,
-              "--profile-step-start");
+    check_int("--profile-step-start", c.profile.step_start, 0);
+    check_int("--profile-step-end", c.profile.step_end, c.profile.step_start + 1,
+              "--profile-step-start + 1: the profiled iterations are start+1..end");
   }
   check_int("--max-skipped-iterations", c.max_skipped_iterations, 0, "0: unlimited");
 }
