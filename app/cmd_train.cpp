@@ -424,16 +424,21 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
   });
 }
 
-void prepare_training(TrainConfig& t, const std::string& backend_flag, MpiRuntime& mpi) {
-  validate_train_config(t, mpi.world_size());
+// The train config for this world and --distributed-backend (gloo was mapped to mpi when the
+// flags were resolved). Local: no collective.
+static void validate_train_and_backend(const TrainConfig& t, const std::string& backend_flag,
+                                       int world_size) {
+  validate_train_config(t, world_size);
   if (backend_flag != "auto" && backend_flag != "mpi" && backend_flag != "nccl")
     fail_usage("--distributed-backend must be auto, mpi or nccl (or gloo, which runs as mpi; "
                "got '{}')", backend_flag);
-  if (t.device == "cuda") {
-    set_cuda_device(mpi.local_rank());  // fails with a clear message without CUDA
-  } else if (backend_flag == "nccl") {
+  if (backend_flag == "nccl" && t.device != "cuda")
     fail_usage("--distributed-backend nccl needs --device cuda");
-  }
+}
+
+void prepare_training(TrainConfig& t, const std::string& backend_flag, MpiRuntime& mpi) {
+  validate_train_and_backend(t, backend_flag, mpi.world_size());
+  if (t.device == "cuda") set_cuda_device(mpi.local_rank());  // clear message without CUDA
   check_train_paths(t, mpi.world_rank());
 }
 
@@ -495,12 +500,7 @@ Backend start_runtime(const TrainConfig& t, int threads, const std::string& back
                       bool deterministic, MpiRuntime& mpi) {
   {
     // Every rank validates the same flags before the first collective.
-    validate_train_config(t, mpi.world_size());
-    if (backend_flag != "auto" && backend_flag != "mpi" && backend_flag != "nccl")
-      fail_usage("--distributed-backend must be auto, mpi or nccl (or gloo, which runs as "
-                 "mpi; got '{}')", backend_flag);
-    if (backend_flag == "nccl" && t.device != "cuda")
-      fail_usage("--distributed-backend nccl needs --device cuda");
+    validate_train_and_backend(t, backend_flag, mpi.world_size());
     if (deterministic) set_deterministic_mode();
     Backend backend = Backend::kMpi;
     if (t.device == "cuda") {

@@ -15,18 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-
-def time_ms(f, reps):
-    for _ in range(3):
-        f()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(reps):
-        f()
-    e.record()
-    torch.cuda.synchronize()
-    return s.elapsed_time(e) / reps
+from gemm_probe import time_ms  # bench/gpu/gemm_probe.py: ms per call after 3 warm-up calls
 
 
 def tensors(a, layout, expand):
