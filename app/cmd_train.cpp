@@ -23,6 +23,7 @@
 #include "weft/comm/device.h"
 #include "weft/comm/mpi_runtime.h"
 #include "weft/comm/process_groups.h"
+#include "weft/core/compat.h"
 #include "weft/core/error.h"
 #include "weft/core/hash.h"
 #include "weft/data/tokenizer.h"
@@ -387,6 +388,35 @@ void resolve_train_args(TrainArgs* a) {
   fused::set_enabled(!a->no_fused);
 }
 
+// Flags that were given but change nothing in this run, one line each (rank 0 prints them):
+// a run that looks configured one way and trains another is worse than a refusal, but these
+// are Megatron-valid combinations, so weft says so instead of refusing them.
+std::vector<std::string> ignored_flag_warnings(const TrainConfig& t) {
+  const ModelConfig& m = t.model;
+  bool any_moe = false;
+  for (int i = 0; i < m.num_layers && m.moe(); ++i) any_moe = any_moe || m.is_moe_layer(i);
+  if (m.mtp_num_layers > 0 && m.moe())
+    for (size_t j = 0; j < m.mtp_symbols().size(); ++j) any_moe = any_moe || m.mtp_layer_is_moe(j);
+  std::vector<std::string> out;
+  if (m.moe() && !any_moe)
+    out.push_back(fmt::format("--num-experts {} is given, but --hybrid-layer-pattern '{}' has no "
+                              "'E' layer: the model has no experts", m.num_experts,
+                              m.layer_symbols));
+  if (!any_moe && m.moe_shared_expert_intermediate_size > 0)
+    out.push_back("--moe-shared-expert-intermediate-size has no effect: the model has no MoE "
+                  "layer (--num-experts)");
+  if (m.moe_grouped_gemm && any_moe &&
+      (!WEFT_HAS_GROUPED_MM || t.device != "cuda" || !m.bf16))
+    out.push_back("--moe-grouped-gemm has no effect here: it needs --device cuda, --bf16 and a "
+                  "libtorch with torch._grouped_mm (>= 2.8); the experts run one GEMM chain each");
+  if (m.hybrid() && m.mtp_num_layers > 0 && m.mtp_layer_symbols.empty())
+    out.push_back(fmt::format("--mtp-num-layers {} with --hybrid-layer-pattern '{}', which has no "
+                              "MTP pattern: each MTP depth has its projection and norms but no "
+                              "layer (as in Megatron); give the layers after '/', e.g. '{}/*-'",
+                              m.mtp_num_layers, m.layer_symbols, m.layer_symbols));
+  return out;
+}
+
 }  // namespace
 
 void add_train_command(CLI::App* app, int* argc, char*** argv) {
@@ -403,6 +433,9 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
       if (!a->global_batch_given) default_global_batch_size(&a->cfg, mpi.world_size());
       prepare_training(a->cfg, a->backend, mpi);
     });
+    if (mpi.world_rank() == 0)
+      for (const std::string& w : ignored_flag_warnings(a->cfg))
+        std::fprintf(stderr, "weft train: warning: %s\n", w.c_str());
     // Phase 2, collective: an error here may be raised by every rank (agreed through a
     // collective, e.g. a bad checkpoint, or found from the same state, e.g. a NaN gradient
     // with --check-for-nan-in-loss-and-grad) or by some ranks only (their peers then wait in

@@ -20,6 +20,13 @@ model=(train --log-interval 1 --num-layers 2 --hidden-size 32 --ffn-hidden-size 
 "${mpirun[@]}" -np 1 "$weft" "${model[@]}" --lr 0.0002 --untie-embeddings-and-output-weights \
   --save "$dir/c" > "$dir/c.log" 2>&1 || { cat "$dir/c.log"; echo "FAIL: training C"; exit 1; }
 cp -r "$dir/a" "$dir/b"
+# The same command twice saves byte-identical checkpoints, metadata.json (with every rank's
+# generator state) included: the generator is seeded from --seed, not left to the process.
+"${mpirun[@]}" -np 2 "$weft" "${model[@]}" --save "$dir/a2" > "$dir/a2.log" 2>&1 ||
+  { cat "$dir/a2.log"; echo "FAIL: training A again"; exit 1; }
+if diff -r "$dir/a" "$dir/a2" > /dev/null; then echo "ok   (the same run twice: identical files)"
+else echo "FAIL (the same run twice: the checkpoints' files differ)"; diff -r "$dir/a" "$dir/a2" | head -3; fails=$((fails + 1)); fi
+rm -rf "$dir/a2"
 
 out=""
 # run WANT_RC DESCRIPTION ARGS...: runs `weft ARGS`, keeps stdout+stderr in $out, checks the code.

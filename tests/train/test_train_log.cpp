@@ -140,11 +140,11 @@ TEST(TrainLog, JsonlLineIsJsonWithNonFiniteValues) {
 // iteration (5, a resume) and at 6 and 9; the loss is the mean of the interval's iterations that
 // were not skipped, the time the mean of all of them, the skipped/nan counts the interval's, the
 // grad norm and learning rate the iteration's. The first line (5) does not start an interval:
-// 6's line covers 5 and 6.
+// 6's line covers 5 and 6. An interval with every iteration skipped (10..12) prints no loss.
 TEST(TrainLog, ConsoleLineAveragesTheInterval) {
   TrainConfig cfg;
   cfg.model = tiny();
-  cfg.train_iters = 9;
+  cfg.train_iters = 12;
   cfg.log_interval = 3;
   cfg.global_batch_size = 4;
   TrainLog log(cfg, 1, false);
@@ -179,6 +179,14 @@ TEST(TrainLog, ConsoleLineAveragesTheInterval) {
   EXPECT_EQ(field(l9, "grad norm"), "grad norm: 9.000");
   EXPECT_EQ(field(l9, "learning rate"), "learning rate: 9.000000E-04");
   EXPECT_EQ(l9.back(), '\n');
+  // An interval of skipped iterations only: no loss to average, so none is printed (Megatron's
+  // line prints a loss only where its mean is > 0), and the interval's three are counted.
+  EXPECT_EQ(line(10, 0.0, 10, true), "");
+  EXPECT_EQ(line(11, 0.0, 10, true), "");
+  const std::string l12 = line(12, 0.0, 10, true);
+  EXPECT_EQ(field(l12, "lm loss"), "<none>") << l12;
+  EXPECT_EQ(field(l12, "number of skipped iterations"), "number of skipped iterations:   3");
+  EXPECT_EQ(field(l12, "grad norm"), "grad norm: 12.000");
 }
 
 // TFRecord: uint64 LE length, masked crc32c of those 8 bytes, data, masked crc32c of the data,

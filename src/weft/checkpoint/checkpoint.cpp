@@ -34,6 +34,11 @@ const char* const kStateKinds[] = {"fp32_param", "exp_avg", "exp_avg_sq"};
 
 }  // namespace
 
+void ckpt_seed_rng(uint64_t seed) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  gen.set_current_seed(seed);
+}
+
 std::string ckpt_dtype_name(c10::ScalarType t) {
   switch (t) {
     case at::kFloat: return "F32";

@@ -127,6 +127,10 @@ nlohmann::json ckpt_load(const LoadRequest& req, PipelineStage& stage, ShardedAd
 
 // Safetensors dtype names ("F32", "BF16", ...) of ATen dtypes and back; throw for dtypes a
 // checkpoint cannot hold.
+// Seeds the process's CPU generator, the one whose state every checkpoint saves and restores
+// per rank, as Megatron's _set_random_seed: --seed + 100 x the pipeline stage. Unseeded, its
+// state (hence metadata.json) would differ between two runs of the same command.
+void ckpt_seed_rng(uint64_t seed);
 std::string ckpt_dtype_name(c10::ScalarType t);
 c10::ScalarType ckpt_torch_dtype(const std::string& name);
 

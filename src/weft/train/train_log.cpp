@@ -83,16 +83,22 @@ std::string TrainLog::console_line(const IterationStats& s, bool first_of_run,
   mean.ms = in.ms / (in.advanced + in.skipped);
   mean.tokens_per_sec =
       static_cast<double>(cfg_.global_batch_size) * cfg_.model.seq_length / (mean.ms / 1000.0);
+  // An interval of skipped iterations only has no loss to average: its line leaves the losses
+  // out, as Megatron's does (it prints a loss only where its interval mean is > 0).
+  std::string losses;
+  if (in.advanced > 0) {
+    losses = fmt::format(" lm loss: {:.6E} |", in.lm / n);
+    if (cfg_.model.moe()) losses += fmt::format(" load_balancing_loss: {:.6E} |", in.aux / n);
+    if (cfg_.model.mtp_num_layers > 0) losses += fmt::format(" mtp_loss: {:.6E} |", in.mtp / n);
+  }
   const std::string line = fmt::format(
       " [{}] iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration "
       "(ms): {:.1f} | throughput (tokens/s): {:.1f} |{} learning rate: {:.6E} | global batch "
-      "size: {:>5} | lm loss: {:.6E} |{}{} grad norm: {:.3f} | number of skipped iterations: "
-      "{:>3} | number of nan iterations: {:>3} | peak memory (MB): {:.1f}\n",
+      "size: {:>5} |{} grad norm: {:.3f} | number of skipped iterations: {:>3} | number of nan "
+      "iterations: {:>3} | peak memory (MB): {:.1f}\n",
       now_string(), s.iteration, cfg_.train_iters, s.consumed_samples, mean.ms,
-      mean.tokens_per_sec, line_fields(mean), s.lr, cfg_.global_batch_size, in.lm / n,
-      cfg_.model.moe() ? fmt::format(" load_balancing_loss: {:.6E} |", in.aux / n) : "",
-      cfg_.model.mtp_num_layers > 0 ? fmt::format(" mtp_loss: {:.6E} |", in.mtp / n) : "",
-      s.grad_norm, in.skipped, in.skipped, peak_memory_mb);
+      mean.tokens_per_sec, line_fields(mean), s.lr, cfg_.global_batch_size, losses, s.grad_norm,
+      in.skipped, in.skipped, peak_memory_mb);
   if (s.iteration % cfg_.log_interval == 0) in = Interval{};
   return line;
 }

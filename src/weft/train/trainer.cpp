@@ -178,6 +178,11 @@ void validate_train_config(const TrainConfig& c, int world_size) {
       fail_usage("--hybrid-layer-pattern has {} pipeline stage(s) between '|', but "
                  "--pipeline-model-parallel-size is {}", m.hybrid_stage_layers.size(), mesh.pp());
   } else {
+    if (m.hybrid() && c.first_stage_layers < 0 && c.last_stage_layers < 0 &&
+        m.num_layers % mesh.pp() != 0)
+      fail_usage("--hybrid-layer-pattern has {} layers, not divisible by "
+                 "--pipeline-model-parallel-size {}; mark the stages with '|' in the pattern (or "
+                 "use --decoder-first/last-pipeline-num-layers)", m.num_layers, mesh.pp());
     split_layers(m.num_layers, mesh.pp(), c.first_stage_layers, c.last_stage_layers);
   }
   if (c.micro_batch_size < 1) fail_usage("--micro-batch-size must be >= 1");
@@ -266,6 +271,7 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
     : cfg_(cfg), groups_(groups) {
   check_same_config_on_every_rank(cfg_, groups.control());
   validate_train_config(cfg_, groups.mesh().world_size());
+  ckpt_seed_rng(cfg_.seed + 100 * static_cast<uint64_t>(groups.mesh().coord(groups.rank(), "pp")));
   data_ = std::make_unique<TrainData>(cfg_, groups.control(), groups.rank());
   if (cfg_.lr.decay_iters < 0) cfg_.lr.decay_iters = cfg_.train_iters;
   const Mesh& mesh = groups.mesh();
