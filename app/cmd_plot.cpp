@@ -6,7 +6,7 @@
 //
 // Input: the lines `weft train --log-jsonl` writes (train/trainer.cpp): iteration lines with
 // "iteration", "lm_loss", "grad_norm", "lr", "tokens_per_sec", and validation lines with
-// "iteration" and "valid_lm_loss". Every line must be a JSON object with "iteration"; a file
+// "iteration" and "valid_lm_loss" (a test line, "test_lm_loss", is skipped). Every line must be a JSON object with "iteration"; a file
 // must hold at least one iteration line. Non-finite or null values (a skipped iteration) are
 // gaps; a panel where no run has a value says so instead of failing.
 #include "cmd_plot.h"
@@ -75,6 +75,7 @@ Run read_run(const std::string& path) {
       fail_usage("{}: line {} has no integer \"iteration\" (not a weft train "
                  "--log-jsonl file?)", path, n);
     const std::string it = std::to_string(j["iteration"].get<int64_t>());
+    if (j.contains("test_lm_loss")) continue;  // the one test-split loss at the end: not drawn
     if (j.contains("valid_lm_loss")) {
       const std::string v = num(j, "valid_lm_loss");
       run.has_valid = run.has_valid || v != "?";

@@ -70,4 +70,28 @@ expect 1 "--cuda-graph-impl must be none or local (got 'full')" --num-experts 0 
   --cuda-graph-impl full
 expect 1 "--enable-cuda-graph (the older name of --cuda-graph-impl local) and --cuda-graph-impl" \
   --num-experts 0 --enable-cuda-graph --cuda-graph-impl none
+expect 2 "--hybrid-layer-pattern has 3 layers, not divisible by --pipeline-model-parallel-size 2" \
+  --num-layers 3 --hybrid-layer-pattern "M*E" --pipeline-model-parallel-size 2 "${mamba[@]}"
+# Megatron-valid flags that change nothing here: the run goes on, with one warning line each.
+# warns NEEDLE FLAGS...: one rank, one iteration; exit 0 and NEEDLE in a warning line.
+warns() {
+  local needle=$1
+  shift
+  local err rc
+  err=$("$weft" "${base[@]}" "$@" 2>&1 >/dev/null)
+  rc=$?
+  if [ "$rc" -ne 0 ] || ! printf '%s\n' "$err" | grep '^weft train: warning' | grep -qF -- "$needle"; then
+    echo "FAIL ($*): exit $rc, wanted a warning '$needle'; stderr:"
+    printf '%s\n' "$err" | head -5
+    fails=$((fails + 1))
+  else
+    echo "ok   ($*): $(printf '%s\n' "$err" | grep -F -- "$needle")"
+  fi
+}
+warns "--moe-grouped-gemm has no effect here" --moe-grouped-gemm
+warns "--moe-shared-expert-intermediate-size has no effect" --num-experts 0 \
+  --moe-shared-expert-intermediate-size 16
+warns "has no 'E' layer: the model has no experts" --num-layers 2 --hybrid-layer-pattern "M*" "${mamba[@]}"
+warns "which has no MTP pattern" --num-experts 0 --num-layers 2 --hybrid-layer-pattern "M*" \
+  --mtp-num-layers 1 "${mamba[@]}"
 [ "$fails" -eq 0 ] || { echo "$fails case(s) failed"; exit 1; }

@@ -125,5 +125,22 @@ rm "$dir/b/iter_0000002/shard_00000.safetensors"
 run 1 "verify B (missing shard)" ckpt verify "$dir/b" &&
   has "57 corrupted chunk(s)" "verify B missing shard"
 
+# A key's recorded shape or dtype that is not its chunks': a damaged index (exit 2, as any
+# metadata.json that does not read; the key named), even where every chunk and checksum is intact.
+for field in shape dtype; do
+  rm -rf "$dir/d"; cp -r "$dir/a" "$dir/d"
+  python3 - "$dir/d/iter_0000002/metadata.json" "$field" <<'PY'
+import json, sys
+path, field = sys.argv[1], sys.argv[2]
+m = json.load(open(path))
+t = m["tensors"]["decoder.layers.0.mlp.linear_fc2.weight"]
+if field == "shape": t["shape"][1] += 1
+else: t["dtype"] = "BF16"
+json.dump(m, open(path, "w"))
+PY
+  run 2 "verify a damaged $field record" ckpt verify "$dir/d" &&
+    has "key 'decoder.layers.0.mlp.linear_fc2.weight' records $field" "verify damaged $field"
+done
+
 [ "$fails" -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
 echo "all ckpt command checks passed"

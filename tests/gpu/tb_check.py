@@ -63,6 +63,8 @@ def main():
     train_steps = set()
     for r in rows:
         it = r["iteration"]
+        if "test_lm_loss" in r:  # console and JSONL only
+            continue
         if "valid_lm_loss" in r:
             check("lm loss validation", it, r["valid_lm_loss"])
             continue

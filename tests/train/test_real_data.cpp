@@ -166,7 +166,7 @@ void expect_close(const std::vector<IterationStats>& got, const std::vector<Iter
 // A checksum of samples [first, first + count) of a stream, position-weighted.
 int64_t checksum(const TrainData& d, bool valid, int64_t first, int count) {
   at::Tensor t, l;
-  d.fetch(valid, first, count, c10::Device(c10::DeviceType::CPU), &t, &l);
+  d.fetch(valid ? DataSplit::kValid : DataSplit::kTrain, first, count, c10::Device(c10::DeviceType::CPU), &t, &l);
   const at::Tensor w = at::arange(1, t.numel() + 1, at::kLong).reshape(t.sizes());
   return at::mul(t, w).sum().item<int64_t>() + 7 * at::mul(l, w).sum().item<int64_t>();
 }
@@ -196,8 +196,8 @@ TEST(RealData, EveryRankReadsTheSameSamplesAndSplitsDoNotMix) {
   for (bool valid : {false, true}) {
     const int n = valid ? 16 : 48;
     at::Tensor t, l, t1, l1;
-    shared.fetch(valid, 0, n, cpu, &t, &l);
-    alone.fetch(valid, 0, n, cpu, &t1, &l1);
+    shared.fetch(valid ? DataSplit::kValid : DataSplit::kTrain, 0, n, cpu, &t, &l);
+    alone.fetch(valid ? DataSplit::kValid : DataSplit::kTrain, 0, n, cpu, &t1, &l1);
     ASSERT_EQ(t.sizes(), (at::IntArrayRef{n, kSeq}));
     EXPECT_TRUE(at::equal(t, t1) && at::equal(l, l1))
         << (valid ? "valid" : "train") << " samples differ between shared and own caches";
@@ -211,7 +211,7 @@ TEST(RealData, EveryRankReadsTheSameSamplesAndSplitsDoNotMix) {
     // Sample i is the same whatever the count fetched with it (what a microbatch asks for).
     for (int i = 0; i < n; i += 5) {
       at::Tensor ti, li;
-      shared.fetch(valid, i, 1, cpu, &ti, &li);
+      shared.fetch(valid ? DataSplit::kValid : DataSplit::kTrain, i, 1, cpu, &ti, &li);
       EXPECT_TRUE(at::equal(ti[0], t[i])) << "sample " << i;
     }
   }
@@ -342,12 +342,14 @@ TEST(RealData, ValidationLoss) {
     ASSERT_EQ(evals.size(), 3u);
     EXPECT_NE(evals[0], evals[2]) << "the valid loss does not follow training";
   }
-  // train() evaluates at --eval-interval and at the end: its last value is the final model's.
+  // train() evaluates at --eval-interval and at the end: its last value is the final model's,
+  // on the valid samples after the first evaluation's (Megatron's consumed_valid_samples).
   t.train_iters = 4;
   double reported = -1, again = -2;
   run_job(t, 4, false, nullptr, nullptr, [&](Trainer& tr, const ProcessGroups&) {
     reported = tr.last_validation_loss();
-    again = tr.evaluate();
+    EXPECT_EQ(tr.valid_first_sample(tr.iteration()), t.eval_iters * t.global_batch_size);
+    again = tr.evaluate(DataSplit::kValid, tr.valid_first_sample(tr.iteration()));
   });
   if (test::world_rank() < 4) {
     EXPECT_EQ(reported, again);

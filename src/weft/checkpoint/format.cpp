@@ -148,6 +148,25 @@ Status ckpt_read_metadata(const std::string& dir, nlohmann::json* meta, CkptInde
     }
   }
   if (Status s = ckpt_build_index(chunks, index); !s) return Status::error(path + ": " + s.message());
+  // Each key's own shape and dtype must be its chunks' (the load compares the model's shapes
+  // with the chunks'; a key whose recorded shape says otherwise is a damaged index).
+  for (const auto& [key, t] : (*meta)["tensors"].items()) {
+    auto it = index->find(key);
+    if (it == index->end())
+      return Status::error(fmt::format("{}: key '{}' has no chunk", path, key));
+    try {
+      if (t.contains("shape") && t.at("shape").get<std::vector<int64_t>>() != it->second.shape)
+        return Status::error(fmt::format("{}: key '{}' records shape {} but its chunks are of "
+                                         "shape [{}]", path, key, t.at("shape").dump(),
+                                         fmt::join(it->second.shape, ",")));
+      if (t.contains("dtype") && t.at("dtype").get<std::string>() != it->second.dtype)
+        return Status::error(fmt::format("{}: key '{}' records dtype {} but its chunks are {}",
+                                         path, key, t.at("dtype").dump(), it->second.dtype));
+    } catch (const nlohmann::json::exception& e) {
+      return Status::error(fmt::format("{}: key '{}': malformed shape or dtype ({})", path, key,
+                                       e.what()));
+    }
+  }
   return Status::ok();
 }
 

@@ -19,6 +19,7 @@ namespace {
 
 // Mock data's valid stream: another seed, so it never repeats a training sample's rule.
 constexpr uint64_t kMockValidSeedOffset = 0x5EED5EEDull;
+constexpr uint64_t kMockTestSeedOffset = 0x7E575EEDull;
 
 GptDataConfig gpt_config(const TrainConfig& c) {
   GptDataConfig g;
@@ -59,13 +60,21 @@ void validate_data_config(const TrainConfig& c) {
 TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank)
     : vocab_(c.model.vocab_size) {
   const int64_t train_samples = static_cast<int64_t>(c.train_iters) * c.global_batch_size;
+  // Megatron's get_train_valid_test_num_samples: one evaluation per --eval-interval plus the
+  // one at the end of training on the valid split; one on the test split.
+  const int64_t eval_batches = wants_eval(c) ? static_cast<int64_t>(c.eval_iters) : 0;
   const int64_t valid_samples =
-      wants_eval(c) ? static_cast<int64_t>(c.eval_iters) * c.global_batch_size : 0;
+      eval_batches * (c.eval_interval > 0 ? c.train_iters / c.eval_interval + 1 : 0) *
+      c.global_batch_size;
+  const int64_t test_samples = eval_batches * c.global_batch_size;
   if (c.data_path.empty()) {
     train_ = std::make_unique<MockDataset>(c.seed, c.model.vocab_size, c.model.seq_length);
     if (valid_samples > 0)
       valid_ = std::make_unique<MockDataset>(c.seed + kMockValidSeedOffset, c.model.vocab_size,
                                              c.model.seq_length);
+    if (test_samples > 0)
+      test_ = std::make_unique<MockDataset>(c.seed + kMockTestSeedOffset, c.model.vocab_size,
+                                            c.model.seq_length);
     identity_ = {{"kind", "mock"}, {"seed", c.seed}};
     return;
   }
@@ -74,6 +83,19 @@ TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank)
   auto build = [&] {
     train_ = make_gpt_dataset(g, DataSplit::kTrain, train_samples);
     if (valid_samples > 0) valid_ = make_gpt_dataset(g, DataSplit::kValid, valid_samples);
+    // The test split is evaluated where --split gives it a share that holds the samples, as
+    // Megatron builds it only for a non-zero share; a share too small (a few documents of a
+    // small corpus) skips the test evaluation with its reason instead of failing the run. The
+    // outcome is the same on every rank (the same files).
+    test_.reset();
+    no_test_reason_.clear();
+    if (test_samples > 0 && g.split[2] > 0) {
+      try {
+        test_ = make_gpt_dataset(g, DataSplit::kTest, test_samples);
+      } catch (const UsageError& e) {
+        no_test_reason_ = e.what();
+      }
+    }
   };
   // Rank 0 builds the caches; one all-reduce tells the others whether it succeeded.
   std::exception_ptr error;  // rank 0's UsageError, rethrown as it is after the all-reduce
@@ -96,9 +118,11 @@ TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank)
   identity_["kind"] = "gpt";
 }
 
-void TrainData::fetch(bool valid, int64_t first, int count, c10::Device device,
+void TrainData::fetch(DataSplit split, int64_t first, int count, c10::Device device,
                       at::Tensor* tokens, at::Tensor* labels) const {
-  const TokenDataset& d = valid ? *valid_ : *train_;
+  const TokenDataset& d = split == DataSplit::kTrain   ? *train_
+                          : split == DataSplit::kValid ? *valid_
+                                                       : *test_;
   d.batch(first, count, tokens, labels);
   if (check_ids_) {
     const int64_t lo = std::min(tokens->min().item<int64_t>(), labels->min().item<int64_t>());
@@ -106,7 +130,10 @@ void TrainData::fetch(bool valid, int64_t first, int count, c10::Device device,
     if (lo < 0 || hi >= vocab_)
       fail_usage("--data-path: {} sample {} holds token id {}, outside the model's vocabulary "
                  "of {} (--vocab-size); the data was tokenized with another tokenizer",
-                 valid ? "valid" : "train", first, lo < 0 ? lo : hi, vocab_);
+                 split == DataSplit::kTrain   ? "train"
+                 : split == DataSplit::kValid ? "valid"
+                                              : "test",
+                 first, lo < 0 ? lo : hi, vocab_);
   }
   if (device.is_cuda()) {
     // From pinned memory the copies are queued without waiting; from pageable memory CUDA

@@ -3,10 +3,12 @@
 // layout and continues exactly after a resume on any layout.
 //
 // Sources: Megatron indexed datasets through GPTDataset sampling (--data-path, --split,
-// --data-cache-path) or mock data (--mock-data, or no --data-path). The train split is asked
-// for train_iters x global_batch samples; the valid split for eval_iters x global_batch, and
-// every evaluation reads those same samples, so validation losses are comparable across
-// evaluations and a resumed run evaluates exactly what the uninterrupted one did.
+// --data-cache-path) or mock data (--mock-data, or no --data-path). As in Megatron, the train
+// split is asked for train_iters x global_batch samples, the valid split for
+// (train_iters / eval_interval + 1) x eval_iters x global_batch (each evaluation reads the next
+// eval_iters global batches: Trainer::valid_first_sample) and the test split for eval_iters x
+// global_batch (read once, at the end of training). Which samples an evaluation reads depends
+// only on its iteration, so a resumed run evaluates exactly what the uninterrupted one did.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,10 +16,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "weft/comm/communicator.h"
+#include "weft/data/gpt_dataset.h"
 #include "weft/data/token_dataset.h"
 
 namespace weft {
@@ -36,16 +40,21 @@ class TrainData {
   // building the same dataset, so each one throws the same UsageError).
   TrainData(const TrainConfig& cfg, Communicator& control, int rank);
 
-  // Samples [first, first + count) of the train (or valid) stream, moved to `device`; tokens
-  // outside [0, vocab) are an error naming --data-path.
-  void fetch(bool valid, int64_t first, int count, c10::Device device, at::Tensor* tokens,
+  // Samples [first, first + count) of one split's stream, moved to `device`; tokens outside
+  // [0, vocab) are an error naming --data-path.
+  void fetch(DataSplit split, int64_t first, int count, c10::Device device, at::Tensor* tokens,
              at::Tensor* labels) const;
   bool has_valid() const { return valid_ != nullptr; }
+  bool has_test() const { return test_ != nullptr; }
+  // Why a run that evaluates, with a test share in --split, has no test split: the share is
+  // too small to hold the samples ("" otherwise).
+  const std::string& no_test_reason() const { return no_test_reason_; }
   // What the checkpoint records under "data" (besides the consumed samples).
   const nlohmann::json& identity() const { return identity_; }
 
  private:
-  std::unique_ptr<TokenDataset> train_, valid_;
+  std::unique_ptr<TokenDataset> train_, valid_, test_;
+  std::string no_test_reason_;
   nlohmann::json identity_;
   int64_t vocab_ = 0;
   bool check_ids_ = false;

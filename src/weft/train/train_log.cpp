@@ -107,9 +107,10 @@ std::string jsonl_number(double v) {
   return std::isfinite(v) ? fmt::format("{:.17g}", v) : "null";
 }
 
-std::string TrainLog::jsonl_validation_line(int iteration, double loss, double ppl) {
-  return fmt::format("{{\"iteration\": {}, \"valid_lm_loss\": {}, \"valid_lm_loss_ppl\": {}}}\n",
-                     iteration, jsonl_number(loss), jsonl_number(ppl));
+std::string TrainLog::jsonl_validation_line(int iteration, double loss, double ppl, bool test) {
+  const char* split = test ? "test" : "valid";
+  return fmt::format("{{\"iteration\": {}, \"{}_lm_loss\": {}, \"{}_lm_loss_ppl\": {}}}\n",
+                     iteration, split, jsonl_number(loss), split, jsonl_number(ppl));
 }
 
 std::string TrainLog::jsonl_line(const IterationStats& s) const {

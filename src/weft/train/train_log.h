@@ -53,12 +53,13 @@ class TrainLog {
   // never does, also on the interval, so at --log-interval 1 its second line averages
   // iterations 1 and 2; weft's first line on the interval (iteration N x interval, e.g. any at
   // interval 1) starts a new one, so that a resumed run's lines equal the uninterrupted run's.
-  // An interval whose iterations were all skipped shows lm loss 0, as Megatron's.
+  // An interval whose iterations were all skipped shows no loss, as Megatron's.
   std::string console_line(const IterationStats& s, bool first_of_run, double peak_memory_mb);
   // The --log-jsonl line of an iteration (newline included); mfu is null without a peak.
   std::string jsonl_line(const IterationStats& s) const;
   // The --log-jsonl line of a validation at `iteration` (newline included).
-  static std::string jsonl_validation_line(int iteration, double loss, double ppl);
+  static std::string jsonl_validation_line(int iteration, double loss, double ppl,
+                                           bool test = false);
   // TensorBoard scalars of one iteration (every --tensorboard-log-interval) and of one
   // validation; no-ops without a writer. `skipped`/`nan`: the run's counters so far.
   void tensorboard_iteration(const IterationStats& s, int skipped, int nan, double peak_memory_mb);

@@ -273,6 +273,9 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   validate_train_config(cfg_, groups.mesh().world_size());
   ckpt_seed_rng(cfg_.seed + 100 * static_cast<uint64_t>(groups.mesh().coord(groups.rank(), "pp")));
   data_ = std::make_unique<TrainData>(cfg_, groups.control(), groups.rank());
+  if (groups.rank() == 0 && !cfg_.quiet && !data_->no_test_reason().empty())
+    fmt::print(stderr, "weft train: warning: no evaluation on the test split at the end: {}\n",
+               data_->no_test_reason());
   if (cfg_.lr.decay_iters < 0) cfg_.lr.decay_iters = cfg_.train_iters;
   const Mesh& mesh = groups.mesh();
   StageOptions so;
@@ -460,7 +463,7 @@ Microbatch Trainer::fetch_microbatch(int64_t consumed, int m) const {
   const int64_t per_rank = static_cast<int64_t>(cfg_.micro_batch_size) * num_microbatches_;
   const int64_t first = consumed + dp_rank_ * per_rank + static_cast<int64_t>(m) * cfg_.micro_batch_size;
   Microbatch b;
-  data_->fetch(false, first, cfg_.micro_batch_size, stage_->options().device, &b.tokens,
+  data_->fetch(DataSplit::kTrain, first, cfg_.micro_batch_size, stage_->options().device, &b.tokens,
                &b.labels);
   return b;
 }
@@ -486,7 +489,7 @@ void Trainer::dump_first_batch() const {
   // Samples [consumed, consumed + global batch): the batch the next train_step reads, in
   // sample order (the dp ranks' microbatches are consecutive ranges of it).
   at::Tensor tokens, labels;
-  data_->fetch(false, consumed_samples_, cfg_.global_batch_size, c10::Device(c10::kCPU), &tokens,
+  data_->fetch(DataSplit::kTrain, consumed_samples_, cfg_.global_batch_size, c10::Device(c10::kCPU), &tokens,
                &labels);
   const at::Tensor both = at::stack({tokens, labels}).to(at::kLong).contiguous();
   std::string header = fmt::format("{{'descr': '<i8', 'fortran_order': False, 'shape': ({}, {}, {}), }}",
@@ -542,8 +545,16 @@ void Trainer::check_tokenizer(const nlohmann::json& meta) const {
              mine.dump(), cfg_.load, saved.dump());
 }
 
-double Trainer::evaluate() {
-  WEFT_CHECK(data_->has_valid(), "evaluate() without a valid split (--eval-iters/--eval-interval)");
+int64_t Trainer::valid_first_sample(int iteration) const {
+  if (cfg_.eval_interval <= 0) return 0;
+  const int64_t done = iteration / cfg_.eval_interval;
+  const int64_t before = iteration % cfg_.eval_interval == 0 && done > 0 ? done - 1 : done;
+  return before * cfg_.eval_iters * cfg_.global_batch_size;
+}
+
+double Trainer::evaluate(DataSplit split, int64_t first_sample) {
+  WEFT_CHECK(split == DataSplit::kTest ? data_->has_test() : data_->has_valid(),
+             "evaluate() without that split (--eval-iters/--eval-interval, --split)");
   at::NoGradGuard no_grad;
   const int64_t per_rank = static_cast<int64_t>(cfg_.micro_batch_size) * num_microbatches_;
   const double loss_scale = 1.0 / (static_cast<double>(cfg_.global_batch_size) *
@@ -552,10 +563,10 @@ double Trainer::evaluate() {
   at::Tensor sum = at::zeros({3}, at::TensorOptions().dtype(at::kDouble).device(dev));
   for (int k = 0; k < cfg_.eval_iters; ++k) {
     auto batch = [&](int m) {
-      const int64_t first = static_cast<int64_t>(k) * cfg_.global_batch_size +
+      const int64_t first = first_sample + static_cast<int64_t>(k) * cfg_.global_batch_size +
                             dp_rank_ * per_rank + static_cast<int64_t>(m) * cfg_.micro_batch_size;
       Microbatch b;
-      data_->fetch(true, first, cfg_.micro_batch_size, dev, &b.tokens, &b.labels);
+      data_->fetch(split, first, cfg_.micro_batch_size, dev, &b.tokens, &b.labels);
       return b;
     };
     sum.add_(run_forward_only(*stage_, *groups_.get("pp"), num_microbatches_,
@@ -716,12 +727,16 @@ Trainer::StateBytes Trainer::state_bytes(bool experts) const {
   return b;
 }
 
-void Trainer::report_validation(const std::string& when, FILE* jsonl) {
-  const double loss = evaluate();
+// Megatron's evaluate_and_print_results. The test split's loss goes to the console and the
+// JSONL (test_lm_loss) but not to TensorBoard, where Megatron writes it under the validation
+// tags at the same step as the last validation loss.
+void Trainer::report_validation(const std::string& when, FILE* jsonl, DataSplit split) {
+  const bool test = split == DataSplit::kTest;
+  const double loss = evaluate(split, test ? 0 : valid_first_sample(iteration_));
   const double ppl = std::exp(std::min(20.0, loss));  // as Megatron: capped at exp(20)
-  last_valid_loss_ = loss;
+  if (!test) last_valid_loss_ = loss;
   if (groups_.rank() != 0) return;
-  if (log_) log_->tensorboard_validation(iteration_, consumed_samples_, loss, ppl);
+  if (log_ && !test) log_->tensorboard_validation(iteration_, consumed_samples_, loss, ppl);
   if (!cfg_.quiet) {
     const std::string line = fmt::format(" validation loss at {} | lm loss value: {:.6E} | lm "
                                          "loss PPL: {:.6E} | ", when, loss, ppl);
@@ -730,7 +745,7 @@ void Trainer::report_validation(const std::string& when, FILE* jsonl) {
     std::fflush(stdout);
   }
   if (jsonl) {
-    std::fputs(TrainLog::jsonl_validation_line(iteration_, loss, ppl).c_str(), jsonl);
+    std::fputs(TrainLog::jsonl_validation_line(iteration_, loss, ppl, test).c_str(), jsonl);
     std::fflush(jsonl);
   }
 }
@@ -848,7 +863,9 @@ std::vector<IterationStats> Trainer::train() {
   if (!cfg_.save.empty() && last_saved_ != iteration_ && iteration_ > 0) save();
   wait_for_save();  // every exit path finishes the pending --async-save
   if (!exiting && data_->has_valid() && iteration_ > 0 && iteration_ % cfg_.eval_interval != 0)
-    report_validation("the end of training", jsonl);
+    report_validation(fmt::format("iteration {} on validation set", iteration_), jsonl);
+  if (!exiting && data_->has_test() && iteration_ > 0)
+    report_validation(fmt::format("iteration {} on test set", iteration_), jsonl, DataSplit::kTest);
   return all;
 }
 

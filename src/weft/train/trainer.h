@@ -140,9 +140,14 @@ class Trainer {
   // Runs until cfg.train_iters (or an exit condition: SIGTERM/SIGINT, --exit-interval,
   // --exit-duration-in-mins), printing, logging and saving; returns every iteration's stats.
   std::vector<IterationStats> train();
-  // The mean lm loss over --eval-iters global batches of the valid split (collective; no
-  // training state changes). Requires has_validation().
-  double evaluate();
+  // The mean lm loss over --eval-iters global batches of the valid (or test) split from sample
+  // `first_sample` on (collective; no training state changes). Requires has_validation().
+  double evaluate(DataSplit split = DataSplit::kValid, int64_t first_sample = 0);
+  // Where the evaluation at `iteration` starts in the valid split, as Megatron's
+  // consumed_valid_samples: each evaluation every --eval-interval reads the next --eval-iters
+  // global batches, and the one at the end of training (iteration not a multiple) the batches
+  // after the last of those.
+  int64_t valid_first_sample(int iteration) const;
   bool has_validation() const { return data_->has_valid(); }
   double last_validation_loss() const { return last_valid_loss_; }  // 0 before the first
   // Saves the current state to cfg.save as this iteration (collective). With --async-save it
@@ -187,7 +192,8 @@ class Trainer {
   // Refuses a checkpoint trained with another tokenizer (unless --override-tokenizer).
   void check_tokenizer(const nlohmann::json& meta) const;
   // Evaluates, prints Megatron's validation block on rank 0 and appends it to the JSONL.
-  void report_validation(const std::string& when, FILE* jsonl);
+  void report_validation(const std::string& when, FILE* jsonl,
+                         DataSplit split = DataSplit::kValid);
   // Commits a pending asynchronous save: when every rank's writer is done, or after waiting
   // (`wait`). Collective.
   void finish_save(bool wait);
