@@ -206,6 +206,12 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   c->add_flag("--finetune", t.finetune,
               "with --load: model weights only (any layout); iteration 0, fresh optimizer, no "
               "data position (e.g. a checkpoint from `weft ckpt import`)");
+  c->add_flag("--no-load-optim", t.no_load_optim,
+              "with --load: do not load the optimizer state (moments, step count, hence the "
+              "learning-rate schedule restarts); the weights (the float32 master where stored), "
+              "iteration and data position are loaded");
+  c->add_flag("--no-load-rng", t.no_load_rng,
+              "with --load: do not restore the saved generator states");
   c->add_option("--dump-first-batch", t.dump_first_batch,
                 "write the first global batch's tokens and labels as .npy int64 [2, batch, seq]")
       ->group("");  // hidden: for reference checks (tests/gpu/hf_llama_check.py)

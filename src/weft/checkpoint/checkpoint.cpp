@@ -579,14 +579,15 @@ nlohmann::json ckpt_load(const LoadRequest& req, PipelineStage& stage, ShardedAd
     fail_usage("--load {} (iteration {}): {}", req.dir, iteration, s.message());
   if (req.check_metadata) req.check_metadata(meta);
   const ModelConfig& cfg = stage.model_config();
-  if (!req.finetune) {
+  const bool weights_only = req.finetune || req.no_load_optim;
+  if (!weights_only) {
     bool has_optimizer_state = false;
     for (const auto& [k, t] : index) has_optimizer_state |= k.rfind("optimizer.", 0) == 0;
     if (!has_optimizer_state)
       fail_usage("--load {}: checkpoint {} holds model weights only (no optimizer state, e.g. "
-                 "written by `weft ckpt import`); load it with --finetune", req.dir, dir);
+                 "written by `weft ckpt import`); load it with --finetune (or --no-load-optim)", req.dir, dir);
   }
-  check_keys(dir, index, cfg, req.strictness, rank0, req.finetune);
+  check_keys(dir, index, cfg, req.strictness, rank0, weights_only);
 
   // Shapes of every key this model expects and the checkpoint has.
   auto check_shape = [&](const std::string& key, const std::vector<int64_t>& shape) {
@@ -665,7 +666,7 @@ nlohmann::json ckpt_load(const LoadRequest& req, PipelineStage& stage, ShardedAd
             load_device_serial(it->second, dst);
           return true;
         };
-        if (req.finetune) {
+        if (weights_only) {
           // Weights only: the master from the stored master, else from the model tensor (any
           // dtype, converted); the compute copy follows it as after an optimizer step.
           if (!load(state_key("fp32_param", name), state.master) && st) load(name, state.master);
@@ -699,11 +700,11 @@ nlohmann::json ckpt_load(const LoadRequest& req, PipelineStage& stage, ShardedAd
       !s)
     fail("--load {} failed: {}", req.dir, s.message());
 
-  if (req.finetune) return meta;  // fresh optimizer (step 0) and RNG streams
-  if (meta.contains("optimizer")) opt.set_steps(meta["optimizer"].value("steps", int64_t{0}));
+  if (!weights_only && meta.contains("optimizer"))  // else a fresh optimizer at step 0
+    opt.set_steps(meta["optimizer"].value("steps", int64_t{0}));
   // RNG streams belong to ranks; restore them only on the layout that saved them.
-  if (!req.layout.is_null() && meta.value("layout", nlohmann::json()) == req.layout &&
-      meta.contains("rng")) {
+  if (!req.finetune && !req.no_load_rng && !req.layout.is_null() &&
+      meta.value("layout", nlohmann::json()) == req.layout && meta.contains("rng")) {
     for (const auto& r : meta["rng"])
       if (r.value("rank", -1) == world.rank()) restore_rng_state(r.value("cpu_state", ""));
   }

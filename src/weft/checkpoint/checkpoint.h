@@ -109,6 +109,10 @@ struct LoadRequest {
   // moments and step count stay fresh, no RNG stream is restored. Without it, a checkpoint
   // holding no optimizer state (`weft ckpt import`) is refused naming --finetune.
   bool finetune = false;
+  // --no-load-optim: the weights as --finetune reads them, the moments and step count fresh
+  // (the caller keeps the iteration and data position); --no-load-rng: no RNG stream restored.
+  bool no_load_optim = false;
+  bool no_load_rng = false;
   // Called on every rank with the checkpoint's metadata.json once it is read, before any tensor
   // is: the caller refuses a checkpoint of another model there (throwing on every rank alike).
   std::function<void(const nlohmann::json& meta)> check_metadata;

@@ -309,6 +309,8 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
     req.strictness = ckpt_parse_strictness(cfg_.strictness);
     req.layout = layout_to_json(mesh, cfg_);
     req.finetune = cfg_.finetune;
+    req.no_load_optim = cfg_.no_load_optim;
+    req.no_load_rng = cfg_.no_load_rng;
     req.check_metadata = [this](const nlohmann::json& meta) { check_checkpoint_model(meta); };
     nlohmann::json meta = ckpt_load(req, *stage_, *optimizer_, groups);
     if (meta.is_null() && cfg_.finetune)
@@ -327,8 +329,9 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
       nan_iters_ = meta.value("nan_iterations", 0);
       last_saved_ = iteration_;
       if (groups.rank() == 0 && !cfg_.quiet)
-        fmt::print("weft train: loaded {} at iteration {} ({} consumed samples)\n", cfg_.load,
-                   iteration_, consumed_samples_);
+        fmt::print("weft train: loaded {} at iteration {} ({} consumed samples){}\n", cfg_.load,
+                   iteration_, consumed_samples_,
+                   cfg_.no_load_optim ? "; --no-load-optim: a fresh optimizer" : "");
     }
   }
 }

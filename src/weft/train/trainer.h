@@ -66,6 +66,8 @@ struct TrainConfig {
   int ckpt_step = -1;           // --ckpt-step N (-1: the tracker's latest)
   std::string strictness = "assume_ok_unexpected";  // --dist-ckpt-strictness (Megatron's default)
   bool finetune = false;        // --finetune: load model weights only; iteration 0, fresh optimizer
+  bool no_load_optim = false;   // --no-load-optim: weights, iteration and data position; fresh optimizer
+  bool no_load_rng = false;     // --no-load-rng: leave the CPU generator as --seed seeded it
   // --dump-first-batch FILE (hidden, for reference checks): rank 0 writes the tokens and labels
   // of this run's first global batch as an .npy of int64 [2, global batch, seq].
   std::string dump_first_batch;
