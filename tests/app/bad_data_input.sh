@@ -143,5 +143,19 @@ else
   bad "--override-tokenizer did not load and train:"
   tail -5 "$tmp/over.log"
 fi
+# Other data on --load (here another --split) trains on, with one warning naming the change;
+# the same data gives none.
+"${mpirun[@]}" -np 1 "$weft" train "${model[@]}" "${tokA[@]}" --data-path "$P" --load "$good" \
+  --train-iters 5 --split 80,20,0 >"$tmp/other.log" 2>&1
+"${mpirun[@]}" -np 1 "$weft" train "${model[@]}" "${tokA[@]}" --data-path "$P" --load "$good" \
+  --train-iters 5 >"$tmp/same.log" 2>&1
+if grep -q "iteration        5/" "$tmp/other.log" &&
+   grep -q "warning: --load .*trained on other data" "$tmp/other.log" &&
+   grep -q "iteration        5/" "$tmp/same.log" && ! grep -q "trained on other data" "$tmp/same.log"; then
+  echo "ok   other data on --load: $(grep -m1 -o 'warning: --load [^(]*' "$tmp/other.log")"
+else
+  bad "other data on --load: no warning, or one for the same data:"
+  grep -h "warning\|error" "$tmp/other.log" "$tmp/same.log" | head -4
+fi
 [ "$fails" -eq 0 ] || { echo "$fails case(s) failed"; exit 1; }
-echo "all $n refusals and both good runs behave"
+echo "all $n refusals and the good runs behave"

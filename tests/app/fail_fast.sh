@@ -65,7 +65,7 @@ bad_numbers=(
   "--decoder-last-pipeline-num-layers -2" "--log-interval 0" "--save-interval -1"
   "--ckpt-step -2" "--exit-interval -1" "--eval-interval -1" "--eval-iters -1"
   "--max-skipped-iterations -1" "--threads -1" "--lr abc" "--seed -1"
-  "--tensor-model-parallel-size 0" "--pipeline-model-parallel-size 0"
+  "--tensor-model-parallel-size 0" "--pipeline-model-parallel-size 0" "--lr-warmup-iters 100000"
 )
 for b in "${bad_numbers[@]}"; do
   read -r -a words <<<"$b"

@@ -369,6 +369,7 @@ TEST(HfInterop, ShardedExportHoldsTheSameTensors) {
   EXPECT_EQ(hf_parse_shard_size("2GiB"), int64_t{2} << 30);
   EXPECT_EQ(hf_parse_shard_size("1000"), 1000);
   EXPECT_THROW(hf_parse_shard_size("5 parsecs"), UsageError);
+  EXPECT_THROW(hf_parse_shard_size("99999999999999999999GB"), UsageError);  // no overflow
   const std::string ck = trained(tiny(true), 1, "hfshard");
   if (rank0()) [&] {
     HfExportOptions o;

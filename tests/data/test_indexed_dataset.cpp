@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 
 #include "weft/core/error.h"
 #include "weft/data/indexed_dataset.h"
@@ -145,6 +147,33 @@ TEST_F(IndexedDatasetTest, RoundTripEveryDtype) {
     for (int i = 0; i < 4; ++i) {
       std::vector<int64_t> want(seqs[i].begin(), seqs[i].end());
       EXPECT_EQ(ds.sequence(i), want);
+    }
+  }
+}
+
+// A float dataset (codes 6, 7) holding a value that is not a whole number, or NaN, is refused
+// naming the .bin, instead of truncating 3.5 to 3 (or converting NaN, which is undefined).
+TEST_F(IndexedDatasetTest, FloatThatIsNoTokenIdIsRefused) {
+  for (const float bad : {3.5f, std::numeric_limits<float>::quiet_NaN()}) {
+    const std::string p = prefix(std::isnan(bad) ? "fnan" : "ffrac");
+    {
+      IndexedDatasetBuilder b(p, IndexedDtype::kFloat32);
+      b.add_item(std::vector<int32_t>{1, 2, 3});
+      b.end_document();
+      b.finalize();
+    }
+    {
+      std::fstream f(bin_path(p), std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(4);  // token 1 of sequence 0
+      f.write(reinterpret_cast<const char*>(&bad), sizeof bad);
+    }
+    IndexedDataset ds(p);
+    try {
+      (void)ds.sequence(0);
+      ADD_FAILURE() << "no error for " << bad;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("not a token id"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(bin_path(p)), std::string::npos) << e.what();
     }
   }
 }

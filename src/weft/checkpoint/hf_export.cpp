@@ -44,6 +44,9 @@ int64_t hf_parse_shard_size(const std::string& text) {
   else fail_usage("--max-shard-size '{}': unknown unit '{}' (B, KB, MB, GB, KiB, MiB, GiB)", text, unit);
   const double bytes = n * mult;
   if (!(bytes >= 1)) fail_usage("--max-shard-size '{}' must be at least 1 byte", text);
+  if (!(bytes <= 0x1p62))
+    fail_usage("--max-shard-size '{}' is too large (at most 4 EiB; a size larger than the "
+               "checkpoint gives one file)", text);
   return static_cast<int64_t>(bytes);
 }
 

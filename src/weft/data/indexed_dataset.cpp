@@ -14,7 +14,9 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <limits>
 
 #include "weft/core/error.h"
@@ -410,7 +412,18 @@ void IndexedDataset::read(int64_t i, int64_t offset, int64_t length, int64_t* ou
   const uint8_t* p = m.bin + m.ix.pointers[i] + offset * item;
   auto get = [&](auto cast) {
     using T = decltype(cast);
-    for (int64_t k = 0; k < length; ++k) out[k] = static_cast<int64_t>(load<T>(p + k * sizeof(T)));
+    for (int64_t k = 0; k < length; ++k) {
+      const T v = load<T>(p + k * sizeof(T));
+      if constexpr (std::is_floating_point_v<T>) {
+        // Token ids stored as floats (dtype codes 6, 7) must be whole numbers: 3.7 or NaN is
+        // not an id (and converting NaN to an integer is undefined).
+        if (!(v >= T(-9.2e18) && v <= T(9.2e18)) || v != std::trunc(v))
+          fail_usage("{}: sequence {} holds {} at token {}, not a token id (a float dataset "
+                     "must hold whole numbers)", bin_path(m.prefix), i, static_cast<double>(v),
+                     offset + k);
+      }
+      out[k] = static_cast<int64_t>(v);
+    }
   };
   switch (m.ix.dtype) {
     case IndexedDtype::kUInt8: get(uint8_t{}); break;

@@ -195,6 +195,13 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   if (c.device != "cpu" && c.device != "cuda")
     fail_usage("--device must be cpu or cuda (got '{}')", c.device);
   validate_lr_schedule(c.lr);
+  // Megatron asserts warmup < decay steps, the decay defaulting to --train-iters: a warmup
+  // longer than the run never reaches --lr. (weft allows warmup == decay: the schedule is
+  // defined there, and one-iteration runs with one warmup iteration are common in tests.)
+  if (c.lr.decay_iters < 0 && c.train_iters > 0 && c.lr.warmup_iters > c.train_iters)
+    fail_usage("--lr-warmup-iters {} is larger than --train-iters {} (the decay's default "
+               "length): the learning rate would never reach --lr; shorten the warmup or give "
+               "--lr-decay-iters", c.lr.warmup_iters, c.train_iters);
   ckpt_parse_strictness(c.strictness);
   if (c.save_interval < 0) fail_usage("--save-interval must be >= 0");
   if (c.save_interval > 0 && c.save.empty()) fail_usage("--save-interval needs --save DIR");
@@ -323,6 +330,16 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
                    meta.value("iteration", 0));
     } else if (!meta.is_null()) {
       check_tokenizer(meta);
+      // Another --data-path/--split/--seq-length/--seed than the checkpoint's is allowed (a
+      // change of data mid-training), but said: the data position continues in other data.
+      nlohmann::json saved_data = meta.value("data", nlohmann::json::object());
+      saved_data.erase("consumed_samples");
+      if (groups.rank() == 0 && !cfg_.quiet && !saved_data.empty() &&
+          saved_data != data_->identity())
+        fmt::print(stderr, "weft train: warning: --load {}: the checkpoint was trained on other "
+                   "data ({}); this run reads {} from sample {} on\n", cfg_.load,
+                   saved_data.dump(), data_->identity().dump(),
+                   meta.value("consumed_samples", int64_t{0}));
       iteration_ = meta.value("iteration", 0);
       consumed_samples_ = meta.value("consumed_samples", int64_t{0});
       skipped_iters_ = meta.value("skipped_iterations", 0);

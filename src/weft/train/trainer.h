@@ -77,7 +77,7 @@ struct TrainConfig {
   bool async_save = false;      // --async-save: write checkpoints on a background thread
   bool exit_on_save_failure = true;  // --exit-on-save-failure / --no-exit-on-save-failure
   ProfileConfig profile;        // --profile, --profile-step-start/-end, --profile-ranks, --profile-dir
-  std::string moe_token_dispatcher_type = "alltoall";  // --moe-token-dispatcher-type
+  std::string moe_token_dispatcher_type = "allgather";  // --moe-token-dispatcher-type (Megatron's default)
   // Data (docs/data-format.md, docs/data-sampling.md): Megatron indexed datasets through
   // GPTDataset sampling when --data-path is given, else mock data.
   bool mock_data = false;              // --mock-data
