@@ -208,8 +208,8 @@ void add_flags(CLI::App* c, TrainArgs* a) {
               "data position (e.g. a checkpoint from `weft ckpt import`)");
   c->add_flag("--no-load-optim", t.no_load_optim,
               "with --load: do not load the optimizer state (moments, step count, hence the "
-              "learning-rate schedule restarts); the weights (the float32 master where stored), "
-              "iteration and data position are loaded");
+              "learning-rate schedule restarts); the model weights (the float32 masters rebuilt "
+              "from them, as Megatron), iteration and data position are loaded");
   c->add_flag("--no-load-rng", t.no_load_rng,
               "with --load: do not restore the saved generator states");
   c->add_option("--dump-first-batch", t.dump_first_batch,
@@ -405,9 +405,12 @@ std::vector<std::string> ignored_flag_warnings(const TrainConfig& t) {
     for (size_t j = 0; j < m.mtp_symbols().size(); ++j) any_moe = any_moe || m.mtp_layer_is_moe(j);
   std::vector<std::string> out;
   if (m.moe() && !any_moe)
-    out.push_back(fmt::format("--num-experts {} is given, but --hybrid-layer-pattern '{}' has no "
-                              "'E' layer: the model has no experts", m.num_experts,
-                              m.layer_symbols));
+    out.push_back(m.hybrid() ? fmt::format("--num-experts {} is given, but --hybrid-layer-pattern "
+                                           "'{}' has no 'E' layer: the model has no experts",
+                                           m.num_experts, m.layer_symbols)
+                             : fmt::format("--num-experts {} is given, but --moe-layer-freq "
+                                           "makes no layer MoE: the model has no experts",
+                                           m.num_experts));
   if (!any_moe && m.moe_shared_expert_intermediate_size > 0)
     out.push_back("--moe-shared-expert-intermediate-size has no effect: the model has no MoE "
                   "layer (--num-experts)");
@@ -415,6 +418,9 @@ std::vector<std::string> ignored_flag_warnings(const TrainConfig& t) {
       (!WEFT_HAS_GROUPED_MM || t.device != "cuda" || !m.bf16))
     out.push_back("--moe-grouped-gemm has no effect here: it needs --device cuda, --bf16 and a "
                   "libtorch with torch._grouped_mm (>= 2.8); the experts run one GEMM chain each");
+  if (t.load.empty() && (t.no_load_optim || t.no_load_rng))
+    out.push_back(fmt::format("{} has no effect without --load",
+                              t.no_load_optim ? "--no-load-optim" : "--no-load-rng"));
   if (m.hybrid() && m.mtp_num_layers > 0 && m.mtp_layer_symbols.empty())
     out.push_back(fmt::format("--mtp-num-layers {} with --hybrid-layer-pattern '{}', which has no "
                               "MTP pattern: each MTP depth has its projection and norms but no "

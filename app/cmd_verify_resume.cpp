@@ -115,8 +115,9 @@ std::string compare_stats(const std::vector<IterationStats>& straight,
   return "";
 }
 
-// Runs `cfg` from a fresh Trainer with the CPU generator as the command started (so that each
-// run sees the same process state); returns every iteration's stats.
+// Runs `cfg` from a fresh Trainer with the CPU generator reset to its state as the command
+// started (the Trainer seeds it from --seed in any case; nothing of an earlier run carries
+// over); returns every iteration's stats.
 std::vector<IterationStats> run(const TrainConfig& cfg, const ProcessGroups& groups,
                                 const at::Tensor& rng_at_start, const char* what) {
   if (groups.rank() == 0) {
@@ -214,7 +215,9 @@ int verify_resume(const TrainFlags& f, const VerifyArgs& v, Runs runs, MpiRuntim
   after.save = stop.save;
   after.load = stop.save;
   after.ckpt_step = -1;
-  after.finetune = false;
+  after.finetune = false;  // the restart loads everything: that is what is verified
+  after.no_load_optim = false;
+  after.no_load_rng = false;
 
   const auto a = run(straight, *groups1, rng, fmt::format("iterations 1..{} straight", v.to).c_str());
   const auto b1 = run(stop, *groups1, rng, fmt::format("iterations 1..{}, save, stop", v.at).c_str());

@@ -100,8 +100,8 @@ fi
 # --no-load-optim (Megatron's): the weights, iteration and data position load, the optimizer
 # starts fresh. Iteration 3 (computed on the loaded weights, before any update) matches the
 # straight run bit for bit; iteration 4 follows a fresh optimizer, so it differs from the
-# straight run, and a plain resume (or --no-load-rng, whose generator weft never draws from
-# during training) matches it.
+# straight run, and a resume with --no-load-rng matches it (weft's training never draws from the
+# generator that flag leaves unrestored, so this leg shows only that the flag loads the rest).
 nl=(--num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4 --seq-length 16
     --vocab-size 64 --lr 1e-2 --lr-warmup-iters 0 --train-iters 4 --log-interval 1 "${batch[@]}")
 at() { printf '%s\n' "$1" | grep -o "iteration *$2/.*lm loss: [0-9.E+-]*" | grep -o "lm loss: .*"; }

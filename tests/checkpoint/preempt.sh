@@ -67,6 +67,7 @@ preempt() {
   "$WEFT" ckpt verify "$DIR/ck" > /dev/null || fail "checkpoint does not verify"
   # A signal saves and ends without the final evaluation (it would eat the grace period first).
   ! grep -q valid_lm_loss "$DIR/log.jsonl" || fail "evaluated at the end of a signal exit"
+  ! grep -q test_lm_loss "$DIR/log.jsonl" || fail "evaluated the test split at a signal exit"
 }
 
 for sig in TERM INT; do preempt $sig; done

@@ -343,12 +343,13 @@ TEST(RealData, ValidationLoss) {
     EXPECT_NE(evals[0], evals[2]) << "the valid loss does not follow training";
   }
   // train() evaluates at --eval-interval and at the end: its last value is the final model's,
-  // on the valid samples after the first evaluation's (Megatron's consumed_valid_samples).
-  t.train_iters = 4;
+  // on the valid samples after the two evaluations' (Megatron's consumed_valid_samples), the
+  // third batch of a split sized (5 / 2 + 1) x eval_iters x global batch.
+  t.train_iters = 5;
   double reported = -1, again = -2;
   run_job(t, 4, false, nullptr, nullptr, [&](Trainer& tr, const ProcessGroups&) {
     reported = tr.last_validation_loss();
-    EXPECT_EQ(tr.valid_first_sample(tr.iteration()), t.eval_iters * t.global_batch_size);
+    EXPECT_EQ(tr.valid_first_sample(tr.iteration()), 2 * t.eval_iters * t.global_batch_size);
     again = tr.evaluate(DataSplit::kValid, tr.valid_first_sample(tr.iteration()));
   });
   if (test::world_rank() < 4) {

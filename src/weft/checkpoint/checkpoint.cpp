@@ -667,9 +667,13 @@ nlohmann::json ckpt_load(const LoadRequest& req, PipelineStage& stage, ShardedAd
           return true;
         };
         if (weights_only) {
-          // Weights only: the master from the stored master, else from the model tensor (any
-          // dtype, converted); the compute copy follows it as after an optimizer step.
-          if (!load(state_key("fp32_param", name), state.master) && st) load(name, state.master);
+          // Weights only: with --finetune the master from the stored master, else from the
+          // model tensor (any dtype, converted); with --no-load-optim from the model tensor, as
+          // Megatron's reload_model_params rebuilds its main params from the (bf16) model. The
+          // compute copy follows the master as after an optimizer step.
+          const bool from_master = req.finetune || !index.count(name);
+          if (!(from_master && load(state_key("fp32_param", name), state.master)) && st)
+            load(name, state.master);
           flush();
           if (st && !u.param_shard().is_same(state.master))
             view(u.param_shard()).copy_(view(state.master));

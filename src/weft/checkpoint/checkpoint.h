@@ -109,8 +109,9 @@ struct LoadRequest {
   // moments and step count stay fresh, no RNG stream is restored. Without it, a checkpoint
   // holding no optimizer state (`weft ckpt import`) is refused naming --finetune.
   bool finetune = false;
-  // --no-load-optim: the weights as --finetune reads them, the moments and step count fresh
-  // (the caller keeps the iteration and data position); --no-load-rng: no RNG stream restored.
+  // --no-load-optim: the model tensors (not the float32 masters, as Megatron) into weights and
+  // masters, the moments and step count fresh (the caller keeps the iteration and data
+  // position); --no-load-rng: no RNG stream restored.
   bool no_load_optim = false;
   bool no_load_rng = false;
   // Called on every rank with the checkpoint's metadata.json once it is read, before any tensor
@@ -129,12 +130,13 @@ int ckpt_load_iteration(const std::string& dir, int step);
 nlohmann::json ckpt_load(const LoadRequest& req, PipelineStage& stage, ShardedAdamW& opt,
                          const ProcessGroups& groups);
 
-// Safetensors dtype names ("F32", "BF16", ...) of ATen dtypes and back; throw for dtypes a
-// checkpoint cannot hold.
 // Seeds the process's CPU generator, the one whose state every checkpoint saves and restores
 // per rank, as Megatron's _set_random_seed: --seed + 100 x the pipeline stage. Unseeded, its
 // state (hence metadata.json) would differ between two runs of the same command.
 void ckpt_seed_rng(uint64_t seed);
+
+// Safetensors dtype names ("F32", "BF16", ...) of ATen dtypes and back; throw for dtypes a
+// checkpoint cannot hold.
 std::string ckpt_dtype_name(c10::ScalarType t);
 c10::ScalarType ckpt_torch_dtype(const std::string& name);
 

@@ -234,11 +234,11 @@ std::unique_ptr<GptSplitDataset> make_split_dataset(const GptDataConfig& cfg,
   const int seq = cfg.seq_length;
   if (num_samples == 0) return std::make_unique<GptSplitDataset>(data, nullptr, seq, 0, 0, 0);
   if (begin == end) {
-    fail_usage(
+    throw EmptySplitError(fmt::format(
         "--split {},{},{}: the {} split of {} ({} documents) is empty, yet {} samples are "
         "asked of it; give the split a larger share",
         split_weights[0], split_weights[1], split_weights[2], split_name(split), prefix, all_docs,
-        num_samples);
+        num_samples));
   }
   std::vector<int64_t> doc_lengths(static_cast<size_t>(end - begin));
   int64_t tokens = 0;
@@ -249,11 +249,11 @@ std::unique_ptr<GptSplitDataset> make_split_dataset(const GptDataConfig& cfg,
     tokens += n;
   }
   if (tokens < seq + 1) {
-    fail_usage(
+    throw EmptySplitError(fmt::format(
         "--seq-length {}: the {} split of {} holds {} tokens, fewer than one sample "
         "(seq_length + 1 = {}); use more data, a larger --split share or a shorter "
         "--seq-length",
-        seq, split_name(split), prefix, tokens, seq + 1);
+        seq, split_name(split), prefix, tokens, seq + 1));
   }
 
   GptSamplingSpec spec;

@@ -29,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "weft/core/error.h"
 #include "weft/data/token_dataset.h"
 
 namespace weft {
@@ -43,6 +44,14 @@ std::vector<std::pair<double, std::string>> parse_data_path(const std::vector<st
 std::array<double, 3> parse_split(const std::string& value);
 
 enum class DataSplit { kTrain = 0, kValid = 1, kTest = 2 };
+
+// A split that holds no document, or fewer tokens than one sample, while samples are asked of
+// it (a UsageError naming --split or --seq-length). The trainer skips a test split that is too
+// small on this error alone; every other error ends the run.
+class EmptySplitError : public UsageError {
+ public:
+  using UsageError::UsageError;
+};
 
 struct GptDataConfig {
   std::vector<std::pair<double, std::string>> blend;  // --data-path

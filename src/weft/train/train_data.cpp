@@ -92,7 +92,7 @@ TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank)
     if (test_samples > 0 && g.split[2] > 0) {
       try {
         test_ = make_gpt_dataset(g, DataSplit::kTest, test_samples);
-      } catch (const UsageError& e) {
+      } catch (const EmptySplitError& e) {
         no_test_reason_ = e.what();
       }
     }

@@ -279,7 +279,15 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   check_same_config_on_every_rank(cfg_, groups.control());
   validate_train_config(cfg_, groups.mesh().world_size());
   ckpt_seed_rng(cfg_.seed + 100 * static_cast<uint64_t>(groups.mesh().coord(groups.rank(), "pp")));
-  data_ = std::make_unique<TrainData>(cfg_, groups.control(), groups.rank());
+  {
+    // The splits are sized for --train-iters, or for the checkpoint's iteration when --load
+    // resumes past it (its end-of-training evaluation reads the valid samples after that
+    // iteration's evaluations).
+    TrainConfig sized = cfg_;
+    if (!cfg_.load.empty() && !cfg_.finetune)
+      sized.train_iters = std::max(sized.train_iters, ckpt_load_iteration(cfg_.load, cfg_.ckpt_step));
+    data_ = std::make_unique<TrainData>(sized, groups.control(), groups.rank());
+  }
   if (groups.rank() == 0 && !cfg_.quiet && !data_->no_test_reason().empty())
     fmt::print(stderr, "weft train: warning: no evaluation on the test split at the end: {}\n",
                data_->no_test_reason());
@@ -332,10 +340,17 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
       check_tokenizer(meta);
       // Another --data-path/--split/--seq-length/--seed than the checkpoint's is allowed (a
       // change of data mid-training), but said: the data position continues in other data.
-      nlohmann::json saved_data = meta.value("data", nlohmann::json::object());
-      saved_data.erase("consumed_samples");
+      // The files are compared by size and hash, not by path (data moved or named relative).
+      auto without_paths = [](nlohmann::json d) {
+        d.erase("consumed_samples");
+        if (d.contains("blend") && d["blend"].is_array())
+          for (auto& b : d["blend"]) b.erase("prefix");
+        return d;
+      };
+      const nlohmann::json saved_data =
+          without_paths(meta.value("data", nlohmann::json::object()));
       if (groups.rank() == 0 && !cfg_.quiet && !saved_data.empty() &&
-          saved_data != data_->identity())
+          saved_data != without_paths(data_->identity()))
         fmt::print(stderr, "weft train: warning: --load {}: the checkpoint was trained on other "
                    "data ({}); this run reads {} from sample {} on\n", cfg_.load,
                    saved_data.dump(), data_->identity().dump(),
