@@ -6,8 +6,8 @@
 //
 // Input: the lines `weft train --log-jsonl` writes (train/trainer.cpp): iteration lines with
 // "iteration", "lm_loss", "grad_norm", "lr", "tokens_per_sec", and validation lines with
-// "iteration" and "valid_lm_loss" (a test line, "test_lm_loss", is skipped). Every line must be a JSON object with "iteration"; a file
-// must hold at least one iteration line. Non-finite or null values (a skipped iteration) are
+// "iteration" and "valid_lm_loss" (a test line, "test_lm_loss", is skipped). Every line must be
+// a JSON object with "iteration"; a file must hold at least one iteration line. Non-finite or null values (a skipped iteration) are
 // gaps; a panel where no run has a value says so instead of failing.
 #include "cmd_plot.h"
 

@@ -399,10 +399,7 @@ void resolve_train_args(TrainArgs* a) {
 // are Megatron-valid combinations, so weft says so instead of refusing them.
 std::vector<std::string> ignored_flag_warnings(const TrainConfig& t) {
   const ModelConfig& m = t.model;
-  bool any_moe = false;
-  for (int i = 0; i < m.num_layers && m.moe(); ++i) any_moe = any_moe || m.is_moe_layer(i);
-  if (m.mtp_num_layers > 0 && m.moe())
-    for (size_t j = 0; j < m.mtp_symbols().size(); ++j) any_moe = any_moe || m.mtp_layer_is_moe(j);
+  const bool any_moe = m.num_moe_layers() > 0;
   std::vector<std::string> out;
   if (m.moe() && !any_moe)
     out.push_back(m.hybrid() ? fmt::format("--num-experts {} is given, but --hybrid-layer-pattern "

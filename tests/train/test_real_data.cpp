@@ -166,7 +166,8 @@ void expect_close(const std::vector<IterationStats>& got, const std::vector<Iter
 // A checksum of samples [first, first + count) of a stream, position-weighted.
 int64_t checksum(const TrainData& d, bool valid, int64_t first, int count) {
   at::Tensor t, l;
-  d.fetch(valid ? DataSplit::kValid : DataSplit::kTrain, first, count, c10::Device(c10::DeviceType::CPU), &t, &l);
+  d.fetch(valid ? DataSplit::kValid : DataSplit::kTrain, first, count,
+          c10::Device(c10::DeviceType::CPU), &t, &l);
   const at::Tensor w = at::arange(1, t.numel() + 1, at::kLong).reshape(t.sizes());
   return at::mul(t, w).sum().item<int64_t>() + 7 * at::mul(l, w).sum().item<int64_t>();
 }

@@ -585,7 +585,8 @@ nlohmann::json ckpt_load(const LoadRequest& req, PipelineStage& stage, ShardedAd
     for (const auto& [k, t] : index) has_optimizer_state |= k.rfind("optimizer.", 0) == 0;
     if (!has_optimizer_state)
       fail_usage("--load {}: checkpoint {} holds model weights only (no optimizer state, e.g. "
-                 "written by `weft ckpt import`); load it with --finetune (or --no-load-optim)", req.dir, dir);
+                 "written by `weft ckpt import`); load it with --finetune (or --no-load-optim)",
+                 req.dir, dir);
   }
   check_keys(dir, index, cfg, req.strictness, rank0, weights_only);
 

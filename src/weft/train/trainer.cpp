@@ -285,7 +285,8 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
     // iteration's evaluations).
     TrainConfig sized = cfg_;
     if (!cfg_.load.empty() && !cfg_.finetune)
-      sized.train_iters = std::max(sized.train_iters, ckpt_load_iteration(cfg_.load, cfg_.ckpt_step));
+      sized.train_iters =
+          std::max(sized.train_iters, ckpt_load_iteration(cfg_.load, cfg_.ckpt_step));
     data_ = std::make_unique<TrainData>(sized, groups.control(), groups.rank());
   }
   if (groups.rank() == 0 && !cfg_.quiet && !data_->no_test_reason().empty())
@@ -338,23 +339,7 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
                    meta.value("iteration", 0));
     } else if (!meta.is_null()) {
       check_tokenizer(meta);
-      // Another --data-path/--split/--seq-length/--seed than the checkpoint's is allowed (a
-      // change of data mid-training), but said: the data position continues in other data.
-      // The files are compared by size and hash, not by path (data moved or named relative).
-      auto without_paths = [](nlohmann::json d) {
-        d.erase("consumed_samples");
-        if (d.contains("blend") && d["blend"].is_array())
-          for (auto& b : d["blend"]) b.erase("prefix");
-        return d;
-      };
-      const nlohmann::json saved_data =
-          without_paths(meta.value("data", nlohmann::json::object()));
-      if (groups.rank() == 0 && !cfg_.quiet && !saved_data.empty() &&
-          saved_data != without_paths(data_->identity()))
-        fmt::print(stderr, "weft train: warning: --load {}: the checkpoint was trained on other "
-                   "data ({}); this run reads {} from sample {} on\n", cfg_.load,
-                   saved_data.dump(), data_->identity().dump(),
-                   meta.value("consumed_samples", int64_t{0}));
+      warn_if_other_data(meta);
       iteration_ = meta.value("iteration", 0);
       consumed_samples_ = meta.value("consumed_samples", int64_t{0});
       skipped_iters_ = meta.value("skipped_iterations", 0);
@@ -498,8 +483,8 @@ Microbatch Trainer::fetch_microbatch(int64_t consumed, int m) const {
   const int64_t per_rank = static_cast<int64_t>(cfg_.micro_batch_size) * num_microbatches_;
   const int64_t first = consumed + dp_rank_ * per_rank + static_cast<int64_t>(m) * cfg_.micro_batch_size;
   Microbatch b;
-  data_->fetch(DataSplit::kTrain, first, cfg_.micro_batch_size, stage_->options().device, &b.tokens,
-               &b.labels);
+  data_->fetch(DataSplit::kTrain, first, cfg_.micro_batch_size, stage_->options().device,
+               &b.tokens, &b.labels);
   return b;
 }
 
@@ -524,8 +509,8 @@ void Trainer::dump_first_batch() const {
   // Samples [consumed, consumed + global batch): the batch the next train_step reads, in
   // sample order (the dp ranks' microbatches are consecutive ranges of it).
   at::Tensor tokens, labels;
-  data_->fetch(DataSplit::kTrain, consumed_samples_, cfg_.global_batch_size, c10::Device(c10::kCPU), &tokens,
-               &labels);
+  data_->fetch(DataSplit::kTrain, consumed_samples_, cfg_.global_batch_size,
+               c10::Device(c10::kCPU), &tokens, &labels);
   const at::Tensor both = at::stack({tokens, labels}).to(at::kLong).contiguous();
   std::string header = fmt::format("{{'descr': '<i8', 'fortran_order': False, 'shape': ({}, {}, {}), }}",
                                    both.size(0), both.size(1), both.size(2));
@@ -581,10 +566,26 @@ void Trainer::check_tokenizer(const nlohmann::json& meta) const {
 }
 
 int64_t Trainer::valid_first_sample(int iteration) const {
-  if (cfg_.eval_interval <= 0) return 0;
-  const int64_t done = iteration / cfg_.eval_interval;
-  const int64_t before = iteration % cfg_.eval_interval == 0 && done > 0 ? done - 1 : done;
+  // The evaluations before this one: those at the multiples of --eval-interval below it.
+  if (cfg_.eval_interval <= 0 || iteration < 1) return 0;
+  const int64_t before = (iteration - 1) / cfg_.eval_interval;
   return before * cfg_.eval_iters * cfg_.global_batch_size;
+}
+
+void Trainer::warn_if_other_data(const nlohmann::json& meta) const {
+  // The files are compared by size and hash, not by path (data moved or named relative).
+  auto without_paths = [](nlohmann::json d) {
+    d.erase("consumed_samples");
+    if (d.contains("blend") && d["blend"].is_array())
+      for (auto& b : d["blend"]) b.erase("prefix");
+    return d;
+  };
+  const nlohmann::json saved = without_paths(meta.value("data", nlohmann::json::object()));
+  if (groups_.rank() == 0 && !cfg_.quiet && !saved.empty() &&
+      saved != without_paths(data_->identity()))
+    fmt::print(stderr, "weft train: warning: --load {}: the checkpoint was trained on other data "
+               "({}); this run reads {} from sample {} on\n", cfg_.load, saved.dump(),
+               data_->identity().dump(), meta.value("consumed_samples", int64_t{0}));
 }
 
 double Trainer::evaluate(DataSplit split, int64_t first_sample) {

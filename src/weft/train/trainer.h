@@ -66,7 +66,7 @@ struct TrainConfig {
   int ckpt_step = -1;           // --ckpt-step N (-1: the tracker's latest)
   std::string strictness = "assume_ok_unexpected";  // --dist-ckpt-strictness (Megatron's default)
   bool finetune = false;        // --finetune: load model weights only; iteration 0, fresh optimizer
-  bool no_load_optim = false;   // --no-load-optim: weights, iteration and data position; fresh optimizer
+  bool no_load_optim = false;   // --no-load-optim: weights, iteration, data; a fresh optimizer
   bool no_load_rng = false;     // --no-load-rng: leave the CPU generator as --seed seeded it
   // --dump-first-batch FILE (hidden, for reference checks): rank 0 writes the tokens and labels
   // of this run's first global batch as an .npy of int64 [2, global batch, seq].
@@ -77,7 +77,7 @@ struct TrainConfig {
   bool async_save = false;      // --async-save: write checkpoints on a background thread
   bool exit_on_save_failure = true;  // --exit-on-save-failure / --no-exit-on-save-failure
   ProfileConfig profile;        // --profile, --profile-step-start/-end, --profile-ranks, --profile-dir
-  std::string moe_token_dispatcher_type = "allgather";  // --moe-token-dispatcher-type (Megatron's default)
+  std::string moe_token_dispatcher_type = "allgather";  // --moe-token-dispatcher-type (Megatron)
   // Data (docs/data-format.md, docs/data-sampling.md): Megatron indexed datasets through
   // GPTDataset sampling when --data-path is given, else mock data.
   bool mock_data = false;              // --mock-data
@@ -193,6 +193,10 @@ class Trainer {
   void check_checkpoint_model(const nlohmann::json& meta) const;
   // Refuses a checkpoint trained with another tokenizer (unless --override-tokenizer).
   void check_tokenizer(const nlohmann::json& meta) const;
+  // Warns (rank 0) when the checkpoint was trained on other data than this run's (another
+  // --data-path, --split, --seq-length or --seed): allowed, as a change of data mid-training,
+  // but the data position then continues in other data.
+  void warn_if_other_data(const nlohmann::json& meta) const;
   // Evaluates, prints Megatron's validation block on rank 0 and appends it to the JSONL.
   void report_validation(const std::string& when, FILE* jsonl,
                          DataSplit split = DataSplit::kValid);
