@@ -198,10 +198,14 @@ void add_generate_command(CLI::App* app) {
   opt("--tokenizer-model", a->tokenizer_model, "tokenizer model file (needed for --prompt)");
   a->prompt_opt = opt("--prompt", a->prompt, "prompt text (encoded with the tokenizer)");
   a->prompt_ids_opt = opt("--prompt-ids", a->prompt_ids, "prompt as token ids, e.g. \"1 2 3\"");
-  opt("--max-new-tokens", a->max_new_tokens, "tokens to generate");
+  opt("--max-new-tokens,--num-tokens-to-generate", a->max_new_tokens,
+      "tokens to generate (--num-tokens-to-generate: Megatron's inference name)");
   opt("--temperature", a->sampling.temperature, "sampling temperature (0: greedy)");
-  opt("--top-k", a->sampling.top_k, "sample from the k most likely tokens (0: all)");
-  opt("--top-p", a->sampling.top_p, "then from the fewest tokens holding probability p (1: all)");
+  opt("--top-k,--top_k", a->sampling.top_k,
+      "sample from the k most likely tokens (0: all; 1: greedy; --top_k: Megatron's name)");
+  opt("--top-p,--top_p", a->sampling.top_p,
+      "then from the fewest tokens holding probability p (0 or 1: all; --top_p: Megatron's "
+      "name)");
   opt("--seed", a->seed, "seed of the sampling generator");
   opt("--device", a->device, "cpu | cuda");
   opt("--threads", a->threads, "intra-op CPU threads (0: libtorch's default)");

@@ -141,9 +141,10 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--mtp-loss-scaling-factor", m.mtp_loss_scaling_factor,
       "weight of the MTP loss (averaged over depths) in the objective");
   c->add_flag("--overlap-param-gather,!--no-overlap-param-gather", t.overlap_param_gather,
-              "prefetch the next FSDP unit's all-gather (default on)");
+              "prefetch the next FSDP unit's all-gather (default off, as Megatron; same results)");
   c->add_flag("--overlap-grad-reduce,!--no-overlap-grad-reduce", t.overlap_grad_reduce,
-              "keep up to two FSDP reduce-scatters in flight during backward (default on)");
+              "keep up to two FSDP reduce-scatters in flight during backward (default off, as "
+              "Megatron; same results)");
   c->add_flag("--bf16", m.bf16, "bf16 compute and weights (fp32 master weights)");
   opt("--micro-batch-size", t.micro_batch_size, "samples per microbatch");
   c->add_option("--global-batch-size", t.global_batch_size,

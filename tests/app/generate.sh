@@ -46,6 +46,13 @@ other=$(gen --load "$tmp/dense1" --prompt-ids "1 2 3 4" --max-new-tokens 16 --to
 early=$(gen --load "$tmp/dense4" --ckpt-step 20 --prompt-ids "1 2 3 4" --max-new-tokens 16 --top-p 0.9 --seed 3)
 [ "$early" != "$sample1" ] && echo "ok   --ckpt-step 20 samples another continuation: $early" ||
   { echo "FAIL: iteration 20 and 40 give the same continuation"; fails=$((fails + 1)); }
+# Megatron's inference names: --top_k 1 is greedy, --top_p 0 is "off" (every token, as --top-p 1).
+mgreedy=$(gen --load "$tmp/dense1" --prompt-ids "1 2 3 4" --top_k 1 --num-tokens-to-generate 16)
+check "Megatron's --top_k 1 --num-tokens-to-generate 16 is greedy" "$mgreedy" "$greedy1"
+all1=$(gen --load "$tmp/dense1" --prompt-ids "1 2 3 4" --max-new-tokens 16 --top-p 1 --seed 3)
+off0=$(gen --load "$tmp/dense1" --prompt-ids "1 2 3 4" --max-new-tokens 16 --top_p 0 --seed 3)
+check "Megatron's --top_p 0 keeps every token as --top-p 1" "$off0" "$all1"
+[ "$all1" != "$sample1" ] || { echo "FAIL: --top-p 1 and 0.9 sampled the same"; fails=$((fails + 1)); }
 grep -q "prompt 4 tokens | generated 16 tokens" "$tmp/gen.err" ||
   { echo "FAIL: no counts line"; cat "$tmp/gen.err"; fails=$((fails + 1)); }
 
@@ -119,7 +126,8 @@ expect "--prompt-ids gives 20 tokens; with --max-new-tokens 16 that is 36 positi
 expect "--max-new-tokens must be >= 1" --load "$d" --prompt-ids 1 --max-new-tokens 0
 expect "--temperature must be a finite number >= 0" --load "$d" --prompt-ids 1 --temperature -1
 expect "--top-k must be >= 0" --load "$d" --prompt-ids 1 --top-k -3
-expect "--top-p must be in (0, 1]" --load "$d" --prompt-ids 1 --top-p 1.5
+expect "--top-p must be in [0, 1]" --load "$d" --prompt-ids 1 --top-p 1.5
+expect "--top-p must be in [0, 1]" --load "$d" --prompt-ids 1 --top_p -0.1
 expect "--device must be cpu or cuda" --load "$d" --prompt-ids 1 --device tpu
 expect "--tokenizer-model $tmp/tokB.model differs from the tokenizer the checkpoint was trained with" \
   --load "$tmp/tok" --tokenizer-model "$tmp/tokB.model" --prompt "the cat"

@@ -291,7 +291,11 @@ TEST(Sampling, TemperatureThenTopKThenTopP) {
   EXPECT_EQ(sample_token(torch::tensor({1.0, 5.0, 5.0, 2.0}), {0.0, 0, 1.0}, g), 1);
   EXPECT_THROW(check_sampling_options({-1.0, 0, 1.0}), UsageError);
   EXPECT_THROW(check_sampling_options({1.0, -2, 1.0}), UsageError);
-  EXPECT_THROW(check_sampling_options({1.0, 0, 0.0}), UsageError);
+  EXPECT_THROW(check_sampling_options({1.0, 0, -0.1}), UsageError);
+  EXPECT_THROW(check_sampling_options({1.0, 0, 1.5}), UsageError);
+  // top-p 0 is Megatron's "off" (--top_p 0.0, its default): every token, as top-p 1.
+  EXPECT_EQ(drawn(l, {1.0, 0, 0.0}), (std::set<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(drawn(l, {1.0, 2, 0.0}), (std::set<int64_t>{2, 3}));
 }
 
 TEST(Generate, MissingOrMisshapenWeightIsNamed) {

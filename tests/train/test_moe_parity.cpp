@@ -45,6 +45,9 @@ TrainConfig with_layout(TrainConfig c, const Layout& l) {
   c.layout.pp = l.pp;
   c.layout.ep = l.ep;
   c.layout.dp_outer = l.outer;
+  // --overlap-grad-reduce and --overlap-param-gather (off by default, as Megatron) on the pp-2
+  // layouts, so that the parity covers both paths.
+  c.overlap_grad_reduce = c.overlap_param_gather = l.pp == 2;
   return c;
 }
 

@@ -44,17 +44,19 @@ TrainConfig base_config(bool tiny) {
   return c;
 }
 
+// `overlap`: --overlap-grad-reduce and --overlap-param-gather (off by default, as Megatron), on
+// in half of the layouts so that the parity covers both paths.
 struct Layout {
   const char* name;
   int world, pp, outer, first, last;
-  bool tiny;
+  bool tiny, overlap;
 };
 
 const Layout kLayouts[] = {
-    {"pp2_dp4", 8, 2, 1, -1, -1, false},
-    {"pp4_dp2_uneven", 8, 4, 1, 1, 1, false},
-    {"pp2_hsdp2x2", 8, 2, 2, -1, -1, false},
-    {"dp8_empty_shards", 8, 1, 1, -1, -1, true},
+    {"pp2_dp4_overlap", 8, 2, 1, -1, -1, false, true},
+    {"pp4_dp2_uneven", 8, 4, 1, 1, 1, false, false},
+    {"pp2_hsdp2x2_overlap", 8, 2, 2, -1, -1, false, true},
+    {"dp8_empty_shards", 8, 1, 1, -1, -1, true, false},
 };
 
 TrainConfig with_layout(TrainConfig c, const Layout& l) {
@@ -62,6 +64,8 @@ TrainConfig with_layout(TrainConfig c, const Layout& l) {
   c.layout.dp_outer = l.outer;
   c.first_stage_layers = l.first;
   c.last_stage_layers = l.last;
+  c.overlap_grad_reduce = l.overlap;
+  c.overlap_param_gather = l.overlap;
   return c;
 }
 
@@ -348,6 +352,7 @@ TEST(OverlapParamGather, ChangesNothingButTiming) {
   if (test::world_size() < 8) GTEST_SKIP() << "needs 8 ranks";
   TrainConfig c = base_config(false);
   c.layout.pp = 2;
+  c.overlap_param_gather = true;
   auto on = test::run_job(c, 8);
   c.overlap_param_gather = false;
   auto off = test::run_job(c, 8);
@@ -369,6 +374,7 @@ TEST(Overlap, GradReduceChangesNothingButTiming) {
   if (test::world_size() < 8) GTEST_SKIP() << "needs 8 ranks";
   TrainConfig c = base_config(false);
   c.layout.pp = 2;  // dp 4: every unit reduce-scatters over 4 ranks
+  c.overlap_grad_reduce = true;
   auto on = test::run_job(c, 8);
   c.overlap_grad_reduce = false;
   auto off = test::run_job(c, 8);

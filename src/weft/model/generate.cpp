@@ -239,8 +239,9 @@ void check_sampling_options(const SamplingOptions& o) {
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature))
     fail_usage("--temperature must be a finite number >= 0 (got {})", o.temperature);
   if (o.top_k < 0) fail_usage("--top-k must be >= 0 (got {}; 0 keeps every token)", o.top_k);
-  if (!(o.top_p > 0 && o.top_p <= 1))
-    fail_usage("--top-p must be in (0, 1] (got {}; 1 keeps every token)", o.top_p);
+  if (!(o.top_p >= 0 && o.top_p <= 1))
+    fail_usage("--top-p must be in [0, 1] (got {}; 0, Megatron's off, and 1 keep every token)",
+               o.top_p);
 }
 
 int64_t sample_token(const at::Tensor& logits, const SamplingOptions& o, at::Generator& gen) {
@@ -254,7 +255,7 @@ int64_t sample_token(const at::Tensor& logits, const SamplingOptions& o, at::Gen
   int64_t keep = o.top_k > 0 ? std::min(o.top_k, V) : V;
   at::Tensor probs = at::softmax(sorted.narrow(0, 0, keep), 0).contiguous();
   const double* p = probs.data_ptr<double>();
-  if (o.top_p < 1) {
+  if (o.top_p > 0 && o.top_p < 1) {
     double cum = 0;
     int64_t m = 0;
     while (m < keep) {

@@ -113,7 +113,8 @@ struct SamplingOptions {
   double temperature = 1.0;  // logits / T; 0: greedy (argmax, no draw)
   int64_t top_k = 0;         // keep the k most likely tokens (0: all)
   double top_p = 1.0;        // then keep the fewest most likely tokens whose probability
-                             // (renormalised after top-k) reaches p (1: all)
+                             // (renormalised after top-k) reaches p (0 or 1: all; 0 is
+                             // Megatron's --top_p default, "off")
   int64_t vocab_limit = -1;  // before everything else, draw only ids below this: a tokenizer's
                              // vocabulary inside the model's padded one (-1: every id)
 };

@@ -50,8 +50,8 @@ struct StageOptions {
   // Gather the next unit's weights before computing the current one (forward), and the
   // previous layer's when a layer's backward starts. With NCCL the gathers run on the
   // communicator's stream and overlap compute; with MPI they are only issued earlier.
-  bool overlap_param_gather = true;  // --overlap-param-gather / --no-overlap-param-gather
-  bool overlap_grad_reduce = true;  // --overlap-grad-reduce / --no-overlap-grad-reduce
+  bool overlap_param_gather = false;  // --overlap-param-gather (Megatron's default: off)
+  bool overlap_grad_reduce = false;  // --overlap-grad-reduce (Megatron's default: off)
 };
 
 class PipelineStage {

@@ -51,8 +51,8 @@ struct TrainConfig {
   int first_stage_layers = -1;  // --decoder-first-pipeline-num-layers
   int last_stage_layers = -1;   // --decoder-last-pipeline-num-layers
   std::string device = "cpu";   // --device cpu|cuda
-  bool overlap_param_gather = true;  // --overlap-param-gather / --no-overlap-param-gather
-  bool overlap_grad_reduce = true;   // --overlap-grad-reduce / --no-overlap-grad-reduce
+  bool overlap_param_gather = false;  // --overlap-param-gather (Megatron's default: off)
+  bool overlap_grad_reduce = false;   // --overlap-grad-reduce (Megatron's default: off)
   std::string log_jsonl;        // --log-jsonl FILE
   int log_interval = 1;         // --log-interval
   std::string tensorboard_dir;       // --tensorboard-dir DIR (rank 0 writes event files)
