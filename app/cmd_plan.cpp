@@ -35,6 +35,7 @@ void add_plan_command(CLI::App* app) {
   c->callback([a, train] {
     TrainFlags f = train();
     if (!f.global_batch_given) default_global_batch_size(&f.cfg, a->world_size);
+    resolve_train_samples(&f.cfg);
     // --peak-tflops is the train flag (MFU in the log line); unset, plan assumes an H200's
     // dense bf16 peak whatever --device says, since it plans GPU runs.
     if (f.cfg.peak_tflops != -1 && !(f.cfg.peak_tflops > 0 && std::isfinite(f.cfg.peak_tflops)))

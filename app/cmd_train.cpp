@@ -12,12 +12,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "layout_flags.h"
+#include "megatron_flags.h"
 #include "recipe_flags.h"
 #include "weft/comm/communicator.h"
 #include "weft/comm/device.h"
@@ -59,6 +61,9 @@ struct TrainArgs {
   CLI::Option* num_layers_opt = nullptr;
   CLI::Option* rope_scaling_factor_opt = nullptr;
   RecipeFlags recipe;  // Megatron's architecture flags (recipe_flags.h)
+  MegatronFlags megatron;  // Megatron's other flags (megatron_flags.h)
+  std::vector<std::string> megatron_warnings;  // from check_megatron_flags
+  bool account_for_embedding = false, account_for_loss = false;  // --account-for-*-in-pipeline-split
   CLI::App* app = nullptr;  // the command's flags, to ask which were given
   bool use_checkpoint_args = false;
   bool vocab_from_checkpoint = false;
@@ -118,6 +123,11 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       "SwiGLU hidden size of the shared expert run on every token (0: none)");
   opt("--moe-aux-loss-coeff", m.moe_aux_loss_coeff, "weight of the load-balancing loss");
   opt("--moe-router-score-function", m.moe_router_score_function, "softmax | sigmoid");
+  c->add_flag("--moe-router-pre-softmax", m.moe_router_pre_softmax,
+              "softmax router: weight each chosen expert by its softmax over all experts (not "
+              "renormalised over the top k)");
+  opt("--moe-router-topk-scaling-factor", m.moe_router_topk_scaling_factor,
+      "multiply the chosen experts' weights by this (0: not scaled)");
   opt("--moe-router-load-balancing-type", m.moe_router_load_balancing_type, "aux_loss | none");
   opt("--moe-layer-freq", a->moe_layer_freq,
       "MoE layer pattern: an int N (layer i is MoE when i % N == 0) or a list like [0,1,1,1]");
@@ -162,6 +172,17 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--lr-warmup-init", t.lr.warmup_init, "learning rate the warmup starts from");
   opt("--lr-decay-iters", t.lr.decay_iters, "decay iterations (-1: --train-iters)");
   opt("--lr-decay-style", t.lr.style, "cosine | linear | constant");
+  c->add_option("--lr-warmup-fraction", t.lr.warmup_fraction,
+                "warmup as a fraction of the decay (instead of --lr-warmup-iters/-samples)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  c->add_option("--train-samples", t.train_samples,
+                "train this many samples instead of --train-iters: --train-samples / "
+                "--global-batch-size iterations, the schedule counted in samples (Megatron's)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  opt("--lr-warmup-samples", t.lr.warmup_samples, "warmup samples (with --train-samples)");
+  c->add_option("--lr-decay-samples", t.lr.decay_samples,
+                "decay samples (with --train-samples; default: --train-samples)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   opt("--weight-decay", t.adam.weight_decay, "AdamW weight decay (not on norms)");
   opt("--adam-beta1", t.adam.beta1, "AdamW beta1");
   opt("--adam-beta2", t.adam.beta2, "AdamW beta2");
@@ -183,6 +204,11 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       "layers on the first stage (-1: even split)");
   opt("--decoder-last-pipeline-num-layers", t.last_stage_layers,
       "layers on the last stage (-1: even split)");
+  c->add_flag("--account-for-embedding-in-pipeline-split", a->account_for_embedding,
+              "count the embedding as a layer when splitting layers into stages: the first "
+              "stage holds one layer fewer");
+  c->add_flag("--account-for-loss-in-pipeline-split", a->account_for_loss,
+              "count the output layer and loss as a layer: the last stage holds one fewer");
   opt("--device", t.device, "cpu | cuda");
   opt("--log-jsonl", t.log_jsonl, "append one JSON object per iteration to FILE");
   t.log_interval = 100;  // Megatron's default (TrainConfig's own is 1, for library users)
@@ -213,6 +239,12 @@ void add_flags(CLI::App* c, TrainArgs* a) {
               "from them, as Megatron), iteration and data position are loaded");
   c->add_flag("--no-load-rng", t.no_load_rng,
               "with --load: do not restore the saved generator states");
+  c->add_flag("--override-opt_param-scheduler", t.override_opt_param_scheduler,
+              "with --load: train with the flags' learning-rate schedule where it differs from "
+              "the checkpoint's (refused by default, as Megatron)");
+  c->add_flag("--use-checkpoint-opt_param-scheduler", t.use_checkpoint_opt_param_scheduler,
+              "with --load: take the checkpoint's learning-rate schedule (rates, style, warmup "
+              "and decay lengths) instead of the flags'");
   c->add_option("--dump-first-batch", t.dump_first_batch,
                 "write the first global batch's tokens and labels as .npy int64 [2, batch, seq]")
       ->group("");  // hidden: for reference checks (tests/gpu/hf_llama_check.py)
@@ -272,6 +304,7 @@ void add_flags(CLI::App* c, TrainArgs* a) {
               "load a checkpoint trained with another tokenizer");
   add_layout_flags(c, &t.layout);
   add_recipe_flags(c, &a->recipe);
+  add_megatron_flags(c, &a->megatron);
 }
 
 // --tokenizer-type/--tokenizer-model: loads the tokenizer, records its identity, and sizes the
@@ -319,6 +352,69 @@ void default_ffn_hidden_size(ModelConfig* m, const std::string& pattern) {
   }
 }
 
+// Megatron's iteration-based and sample-based lengths exclude each other (its validate_args
+// asserts the same): --train-iters with --lr-decay-iters and --lr-warmup-iters, or
+// --train-samples with --lr-decay-samples and --lr-warmup-samples; --lr-warmup-fraction
+// replaces either warmup.
+void resolve_schedule_lengths(TrainArgs* a) {
+  TrainConfig& t = a->cfg;
+  const auto given = [&](const char* flag) { return a->app->get_option(flag)->count() > 0; };
+  const bool samples = given("--train-samples");
+  if (samples) {
+    if (given("--train-iters"))
+      fail_usage("--train-iters and --train-samples both give the run's length; give one");
+    for (const char* f : {"--lr-decay-iters", "--lr-warmup-iters"})
+      if (given(f))
+        fail_usage("{} with --train-samples: the schedule counts samples there; give {}", f,
+                   std::string(f) == "--lr-decay-iters" ? "--lr-decay-samples"
+                                                        : "--lr-warmup-samples");
+    if (t.train_samples < 1) fail_usage("--train-samples must be >= 1 (got {})", t.train_samples);
+  } else {
+    for (const char* f : {"--lr-decay-samples", "--lr-warmup-samples"})
+      if (given(f))
+        fail_usage("{} needs --train-samples (sample-based training); with --train-iters give "
+                   "{}", f, std::string(f) == "--lr-decay-samples" ? "--lr-decay-iters"
+                                                                   : "--lr-warmup-iters");
+  }
+  if (given("--lr-warmup-fraction")) {
+    const char* other = samples ? "--lr-warmup-samples" : "--lr-warmup-iters";
+    if (given(other)) fail_usage("--lr-warmup-fraction and {} both give the warmup; give one", other);
+    if (!(t.lr.warmup_fraction >= 0 && t.lr.warmup_fraction <= 1))  // -1 means "not given"
+      fail_usage("--lr-warmup-fraction must be in [0, 1] (got {})", t.lr.warmup_fraction);
+  }
+  t.lr.sample_based = samples;
+}
+
+// --account-for-embedding/loss-in-pipeline-split as Megatron splits: the embedding and the
+// loss count as one layer each, (layers + those) / pp per stage, the first and last stages
+// holding the embedding and the loss in place of a layer. weft's split is then the uneven one
+// of --decoder-first/last-pipeline-num-layers.
+void resolve_pipeline_split(TrainArgs* a, bool hybrid_pattern) {
+  TrainConfig& t = a->cfg;
+  if (!a->account_for_embedding && !a->account_for_loss) return;
+  const char* flag = a->account_for_embedding ? "--account-for-embedding-in-pipeline-split"
+                                              : "--account-for-loss-in-pipeline-split";
+  if (hybrid_pattern)
+    fail_usage("{} with --hybrid-layer-pattern: the stages are the pattern's ('|'), as Megatron "
+               "requires", flag);
+  if (t.first_stage_layers >= 0 || t.last_stage_layers >= 0)
+    fail_usage("{} and --decoder-first/last-pipeline-num-layers both split the stages; give one",
+               flag);
+  const int pp = t.layout.pp;
+  if (pp <= 1) return;  // one stage holds everything (Megatron: no effect either)
+  const int units = t.model.num_layers + a->account_for_embedding + a->account_for_loss;
+  if (units % pp != 0)
+    fail_usage("{}: --num-layers {} plus {} is not divisible by --pipeline-model-parallel-size "
+               "{}", flag, t.model.num_layers, units - t.model.num_layers, pp);
+  const int per = units / pp;
+  const int first = per - a->account_for_embedding, last = per - a->account_for_loss;
+  if (first < 1 || last < 1)
+    fail_usage("{}: {} layers per stage leave a stage without a layer, which weft does not "
+               "build; use fewer stages", flag, per);
+  t.first_stage_layers = first;
+  t.last_stage_layers = last;
+}
+
 // Everything the callback of a command taking the train flags does before MPI starts: moment
 // dtypes, the hybrid or MoE layer pattern, the tokenizer, the fused-kernel switch.
 void resolve_train_args(TrainArgs* a) {
@@ -339,6 +435,7 @@ void resolve_train_args(TrainArgs* a) {
   // replaces this below.
   if (a->app->get_option("--num-query-groups")->count() == 0)
     t.model.num_query_groups = t.model.num_attention_heads;
+  t.model.position_embedding_type = a->recipe.position_embedding_type;  // checked below
   // --use-checkpoint-args first: the layer patterns below resolve against its layer count.
   bool moe_layers_from_checkpoint = false, model_from_checkpoint = false;
   if (a->use_checkpoint_args) {
@@ -391,6 +488,9 @@ void resolve_train_args(TrainArgs* a) {
     default_ffn_hidden_size(&t.model, pattern);
   a->global_batch_given = a->app->get_option("--global-batch-size")->count() > 0;
   check_recipe_flags(a->recipe, t.model.seq_length);
+  a->megatron_warnings = check_megatron_flags(a->megatron);
+  resolve_schedule_lengths(a);
+  resolve_pipeline_split(a, !pattern.empty());
   resolve_tokenizer(a);
   fused::set_enabled(!a->no_fused);
 }
@@ -419,6 +519,12 @@ std::vector<std::string> ignored_flag_warnings(const TrainConfig& t) {
   if (t.load.empty() && (t.no_load_optim || t.no_load_rng))
     out.push_back(fmt::format("{} has no effect without --load",
                               t.no_load_optim ? "--no-load-optim" : "--no-load-rng"));
+  if (!m.rotary() && m.use_rope_scaling)
+    out.push_back("--use-rope-scaling has no effect with --position-embedding-type none");
+  if (any_moe && m.moe_router_pre_softmax && m.moe_router_score_function != "softmax")
+    out.push_back(fmt::format("--moe-router-pre-softmax has no effect with "
+                              "--moe-router-score-function {} (as in Megatron)",
+                              m.moe_router_score_function));
   if (m.hybrid() && m.mtp_num_layers > 0 && m.mtp_layer_symbols.empty())
     out.push_back(fmt::format("--mtp-num-layers {} with --hybrid-layer-pattern '{}', which has no "
                               "MTP pattern: each MTP depth has its projection and norms but no "
@@ -441,11 +547,15 @@ void add_train_command(CLI::App* app, int* argc, char*** argv) {
     check_on_every_rank(mpi, [&] {
       resolve_train_args(a.get());
       if (!a->global_batch_given) default_global_batch_size(&a->cfg, mpi.world_size());
+      resolve_train_samples(&a->cfg);
       prepare_training(a->cfg, a->backend, mpi);
     });
-    if (mpi.world_rank() == 0)
+    if (mpi.world_rank() == 0) {
+      for (const std::string& w : a->megatron_warnings)
+        std::fprintf(stderr, "weft train: warning: %s\n", w.c_str());
       for (const std::string& w : ignored_flag_warnings(a->cfg))
         std::fprintf(stderr, "weft train: warning: %s\n", w.c_str());
+    }
     // Phase 2, collective: an error here may be raised by every rank (agreed through a
     // collective, e.g. a bad checkpoint, or found from the same state, e.g. a NaN gradient
     // with --check-for-nan-in-loss-and-grad) or by some ranks only (their peers then wait in
@@ -574,6 +684,18 @@ void default_global_batch_size(TrainConfig* t, int world_size) {
   // A layout that does not divide the world keeps the value; validation names the flags.
   if (const int dp = data_parallel_size(t->layout, world_size); dp > 0)
     t->global_batch_size = t->micro_batch_size * dp;
+}
+
+void resolve_train_samples(TrainConfig* t) {
+  if (t->train_samples < 0 || t->global_batch_size < 1) return;  // validation names the batch
+  if (t->train_samples < t->global_batch_size)
+    fail_usage("--train-samples {} is less than one global batch (--global-batch-size {})",
+               t->train_samples, t->global_batch_size);
+  const int64_t iters = t->train_samples / t->global_batch_size;
+  if (iters > std::numeric_limits<int>::max())
+    fail_usage("--train-samples {} gives {} iterations, more than weft counts", t->train_samples,
+               iters);
+  t->train_iters = static_cast<int>(iters);
 }
 
 ParsedTrainFlags add_train_flags(CLI::App* c) {

@@ -29,6 +29,10 @@ struct TrainFlags {
 int data_parallel_size(const LayoutConfig& l, int world_size);
 // Megatron's --global-batch-size default: --micro-batch-size x data_parallel_size.
 void default_global_batch_size(TrainConfig* t, int world_size);
+// Megatron's sample-based training, once --global-batch-size is known: --train-iters is
+// --train-samples / --global-batch-size (rounded down, as Megatron). No-op without
+// --train-samples; throws UsageError when that is not one global batch.
+void resolve_train_samples(TrainConfig* t);
 // Registers every `weft train` flag on `c`; the returned function, called in c's callback,
 // resolves them as `weft train` does before MPI starts (throws UsageError on bad input).
 using ParsedTrainFlags = std::function<TrainFlags()>;

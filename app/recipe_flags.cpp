@@ -17,7 +17,8 @@ void add_recipe_flags(CLI::App* c, RecipeFlags* r) {
         ->group(group);
   };
   opt("--normalization", r->normalization, "RMSNorm (weft's only normalization)");
-  opt("--position-embedding-type", r->position_embedding_type, "rope (weft's only positions)");
+  opt("--position-embedding-type", r->position_embedding_type,
+      "rope | none (none: attention without positions, as Megatron's hybrid Mamba models)");
   opt("--attention-dropout", r->attention_dropout, "0 (weft trains without dropout)");
   opt("--hidden-dropout", r->hidden_dropout, "0 (weft trains without dropout)");
   opt("--max-position-embeddings", r->max_position_embeddings,
@@ -45,9 +46,10 @@ void check_recipe_flags(const RecipeFlags& r, int seq_length) {
     fail_usage("--normalization {}: weft builds RMSNorm models only (Megatron's default is "
                "LayerNorm; give --normalization RMSNorm or leave the flag out)",
                r.normalization);
-  if (r.position_embedding_type != "rope")
-    fail_usage("--position-embedding-type {}: weft builds rotary (rope) positions only "
-               "(Megatron's default is learned_absolute; give rope or leave the flag out)",
+  if (r.position_embedding_type != "rope" && r.position_embedding_type != "none")
+    fail_usage("--position-embedding-type {}: weft builds rotary positions (rope) or attention "
+               "without positions (none, as Megatron's hybrid Mamba models); Megatron's default "
+               "is learned_absolute: give rope or none, or leave the flag out for rope",
                r.position_embedding_type);
   if (r.attention_dropout != 0.0)
     fail_usage("--attention-dropout {}: weft trains without dropout; give 0 (Megatron's "

@@ -145,8 +145,10 @@ struct Reference {
     return (1 - smooth) * f / factor + smooth * f;
   }
 
-  // x [b, s, heads, hd]: pairs (i, i + hd/2) rotated by pos * frequency(i).
+  // x [b, s, heads, hd]: pairs (i, i + hd/2) rotated by pos * frequency(i); unchanged with
+  // --position-embedding-type none.
   torch::Tensor rope(const torch::Tensor& x) const {
+    if (cfg.position_embedding_type == "none") return x;
     const int64_t s = x.size(1), hd = x.size(3), half = hd / 2;
     std::vector<double> c, sn;
     for (int64_t p = 0; p < s; ++p) {
@@ -335,6 +337,30 @@ TEST(ModelReference, Float64Llama3RopeScaling) {
   const RotaryTables b = make_rotary_tables(plain, torch::kCPU, torch::kDouble);
   EXPECT_TRUE(torch::equal(a.cos[0], b.cos[0]));
   EXPECT_GT((a.sin - b.sin).abs().max().item<double>(), 1e-3);
+}
+
+// --position-embedding-type none (the attention of Megatron's hybrid Mamba models): q and k
+// as projected, with and without --qk-layernorm; the loss differs from the rotary model's.
+TEST(ModelReference, Float64NoPositionEmbedding) {
+  ModelConfig cfg = small_config(false, 4, 2);
+  cfg.position_embedding_type = "none";
+  check_against_reference(cfg, torch::kDouble, 1e-10);
+  check_against_reference(cfg, torch::kFloat, 1e-5);
+  cfg.qk_layernorm = true;
+  check_against_reference(cfg, torch::kDouble, 1e-10);
+  ModelConfig rotary = cfg;
+  rotary.position_embedding_type = "rope";
+  const Batch batch = make_batch(cfg, 2, 7);
+  double losses[2];
+  for (int i = 0; i < 2; ++i) {
+    const ModelConfig& c = i == 0 ? cfg : rotary;
+    FullParams params;
+    const Handles h = register_model(params, c, /*seed=*/1234, torch::kDouble);
+    torch::NoGradGuard no_grad;
+    losses[i] = lm_loss_sum(model_logits(h, c, batch.tokens, torch::kDouble), batch.labels)
+                    .item<double>();
+  }
+  EXPECT_GT(std::abs(losses[0] - losses[1]), 1e-6 * std::abs(losses[1]));
 }
 
 // --- parameter specs and initialisation --------------------------------------------------------

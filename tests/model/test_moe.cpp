@@ -23,7 +23,8 @@
 namespace weft {
 namespace {
 
-ModelConfig moe_config(int experts, int topk, int shared, const std::string& score) {
+ModelConfig moe_config(int experts, int topk, int shared, const std::string& score,
+                       bool pre_softmax = false, double scaling = 0) {
   ModelConfig c;
   c.num_layers = 1;
   c.hidden_size = 8;
@@ -37,6 +38,8 @@ ModelConfig moe_config(int experts, int topk, int shared, const std::string& sco
   c.moe_ffn_hidden_size = 5;
   c.moe_shared_expert_intermediate_size = shared;
   c.moe_router_score_function = score;
+  c.moe_router_pre_softmax = pre_softmax;
+  c.moe_router_topk_scaling_factor = scaling;
   return c;
 }
 
@@ -75,11 +78,18 @@ RefResult reference_moe(const torch::Tensor& x, const torch::Tensor& router,
     for (int64_t j = 0; j < k; ++j) top.push_back(score[order[j]]);
     torch::Tensor topv = torch::stack(top);
     torch::Tensor p;
-    if (softmax) {
+    if (softmax && cfg.moe_router_pre_softmax) {  // the softmax over all E, not the k
+      const torch::Tensor ex = torch::exp(logits - logits.max());
+      const torch::Tensor all = ex / ex.sum();
+      std::vector<torch::Tensor> chosen_p;
+      for (int64_t j = 0; j < k; ++j) chosen_p.push_back(all[order[j]]);
+      p = torch::stack(chosen_p);
+    } else if (softmax) {
       p = torch::exp(topv - topv.max()) / torch::exp(topv - topv.max()).sum();
     } else {
       p = k > 1 ? topv / (topv.sum() + 1e-20) : topv;
     }
+    if (cfg.moe_router_topk_scaling_factor > 0) p = p * cfg.moe_router_topk_scaling_factor;
     torch::Tensor y = torch::zeros({x.size(1)}, x.options());
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = order[j];
@@ -101,14 +111,20 @@ RefResult reference_moe(const torch::Tensor& x, const torch::Tensor& router,
 struct Case {
   int experts, topk, shared;
   const char* score;
+  bool pre_softmax = false;  // --moe-router-pre-softmax
+  double scaling = 0;        // --moe-router-topk-scaling-factor
 };
 
 TEST(Moe, MatchesPerTokenReference) {
   for (const Case& cs : {Case{4, 2, 0, "softmax"}, Case{4, 2, 6, "softmax"}, Case{5, 1, 0, "softmax"},
-                         Case{4, 2, 6, "sigmoid"}, Case{6, 3, 0, "sigmoid"}, Case{3, 1, 4, "sigmoid"}}) {
+                         Case{4, 2, 6, "sigmoid"}, Case{6, 3, 0, "sigmoid"}, Case{3, 1, 4, "sigmoid"},
+                         Case{4, 2, 0, "softmax", true}, Case{6, 3, 4, "softmax", true, 2.5},
+                         Case{5, 1, 0, "softmax", true}, Case{6, 3, 0, "sigmoid", false, 2.5}}) {
     SCOPED_TRACE(::testing::Message() << cs.experts << " experts top-" << cs.topk << " shared "
-                                      << cs.shared << " " << cs.score);
-    const ModelConfig cfg = moe_config(cs.experts, cs.topk, cs.shared, cs.score);
+                                      << cs.shared << " " << cs.score << " pre-softmax "
+                                      << cs.pre_softmax << " scaling " << cs.scaling);
+    const ModelConfig cfg =
+        moe_config(cs.experts, cs.topk, cs.shared, cs.score, cs.pre_softmax, cs.scaling);
     const auto opt = torch::TensorOptions().dtype(torch::kDouble);
     torch::manual_seed(3);
     const int64_t b = 2, s = 5, h = cfg.hidden_size;

@@ -32,6 +32,9 @@ std::string hf_model_type(const ModelConfig& c) {
   if (c.hybrid())
     fail_usage("hf export: hybrid Mamba models (--hybrid-layer-pattern) have no standard Hugging "
                "Face layout; export is refused");
+  if (!c.rotary())
+    fail_usage("hf export: --position-embedding-type {}: Llama, Qwen3 and Mixtral rotate q and k",
+               c.position_embedding_type);
   if (!c.moe()) return c.qk_layernorm ? "qwen3" : "llama";  // Qwen3: Llama with q/k norms
   if (c.qk_layernorm)
     fail_usage("hf export: --qk-layernorm in an MoE model has no Mixtral equivalent (Mixtral "
@@ -42,6 +45,12 @@ std::string hf_model_type(const ModelConfig& c) {
   if (c.moe_router_score_function != "softmax")
     fail_usage("hf export: --moe-router-score-function {} has no Mixtral equivalent (Mixtral's "
                "router is a softmax)", c.moe_router_score_function);
+  if (c.moe_router_pre_softmax)
+    fail_usage("hf export: --moe-router-pre-softmax has no Mixtral equivalent (Mixtral "
+               "renormalises the top-k probabilities)");
+  if (c.moe_router_topk_scaling_factor > 0)
+    fail_usage("hf export: --moe-router-topk-scaling-factor {} has no Mixtral equivalent",
+               c.moe_router_topk_scaling_factor);
   for (int l = 0; l < c.num_layers; ++l)
     if (!c.is_moe_layer(l))
       fail_usage("hf export: --moe-layer-freq makes layer {} dense; Mixtral has experts in every "

@@ -29,6 +29,10 @@ struct ModelConfig {
   static constexpr double kRopeHighFreqFactor = 4.0;
   static constexpr double kRopeOriginalContext = 8192.0;
   double norm_epsilon = 1e-5;    // --norm-epsilon
+  // --position-embedding-type: rope (rotary q and k) or none (attention without positions, as
+  // the attention layers of Megatron's hybrid Mamba models, whose Mamba layers carry the order).
+  std::string position_embedding_type = "rope";
+  bool rotary() const { return position_embedding_type == "rope"; }
   bool untie_embeddings_and_output_weights = false;  // --untie-embeddings-and-output-weights
   bool bf16 = false;             // --bf16: bf16 compute and weights; fp32 otherwise
 
@@ -39,6 +43,9 @@ struct ModelConfig {
   int moe_shared_expert_intermediate_size = 0;  // --moe-shared-expert-intermediate-size (0: none)
   double moe_aux_loss_coeff = 0.0;         // --moe-aux-loss-coeff
   std::string moe_router_score_function = "softmax";      // --moe-router-score-function
+  bool moe_router_pre_softmax = false;     // --moe-router-pre-softmax: top-k of the softmax
+                                           // over all experts, not renormalised over the k
+  double moe_router_topk_scaling_factor = 0;  // --moe-router-topk-scaling-factor (0: none)
   std::string moe_router_load_balancing_type = "aux_loss";  // --moe-router-load-balancing-type
   // --moe-layer-freq resolved to one entry per decoder layer (1: MoE, 0: dense); empty means
   // every layer is MoE when num_experts > 0 (Megatron's default frequency 1).

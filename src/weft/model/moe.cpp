@@ -191,7 +191,13 @@ MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg) {
   const at::Tensor z = logits.to(ops::accum_dtype(logits.scalar_type()));  // fp64 in references
   MoeRouting r;
   at::Tensor scores;  // over all experts, for the aux loss
-  if (cfg.moe_router_score_function == "softmax") {
+  if (cfg.moe_router_score_function == "softmax" && cfg.moe_router_pre_softmax) {
+    // --moe-router-pre-softmax: the top k of the softmax over all experts, kept as they are.
+    scores = at::softmax(z, -1);
+    auto [top, idx] = at::topk(scores, k, -1, /*largest=*/true, /*sorted=*/true);
+    r.experts = idx;
+    r.probs = top;
+  } else if (cfg.moe_router_score_function == "softmax") {
     auto [top, idx] = at::topk(z, k, -1, /*largest=*/true, /*sorted=*/true);
     r.experts = idx;
     r.probs = at::softmax(top, -1);
@@ -205,6 +211,8 @@ MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg) {
     r.probs = k > 1 ? top / (top.sum(-1, /*keepdim=*/true) + 1e-20) : top;
     scores = s / (s.sum(-1, /*keepdim=*/true) + 1e-20);
   }
+  if (cfg.moe_router_topk_scaling_factor > 0)
+    r.probs = r.probs * cfg.moe_router_topk_scaling_factor;
   const at::Tensor per_expert = pairs_per_expert(r.experts, E).to(z.scalar_type());
   const double c = static_cast<double>(E) / (static_cast<double>(k) * T * T);
   r.aux_loss = (scores.sum(0) * per_expert).sum() * c;

@@ -94,6 +94,9 @@ void check_model_config(const ModelConfig& cfg) {
   }
   if (!(cfg.init_method_std > 0)) fail_usage("--init-method-std must be positive");
   if (!(cfg.rotary_base > 0)) fail_usage("--rotary-base must be positive");
+  if (cfg.position_embedding_type != "rope" && cfg.position_embedding_type != "none")
+    fail_usage("--position-embedding-type must be rope or none (got '{}')",
+               cfg.position_embedding_type);
   if (cfg.use_rope_scaling && !(cfg.rope_scaling_factor >= 1 && std::isfinite(cfg.rope_scaling_factor)))
     fail_usage("--rope-scaling-factor must be a finite number >= 1 (got {})", cfg.rope_scaling_factor);
   if (!(cfg.norm_epsilon >= 0)) fail_usage("--norm-epsilon must not be negative");
@@ -158,6 +161,10 @@ void check_moe_config(const ModelConfig& cfg) {
   if (cfg.moe_router_score_function != "softmax" && cfg.moe_router_score_function != "sigmoid")
     fail_usage("--moe-router-score-function must be softmax or sigmoid (got '{}')",
                cfg.moe_router_score_function);
+  if (!(cfg.moe_router_topk_scaling_factor >= 0) ||
+      !std::isfinite(cfg.moe_router_topk_scaling_factor))
+    fail_usage("--moe-router-topk-scaling-factor must be a finite number >= 0 (got {}; 0: none)",
+               cfg.moe_router_topk_scaling_factor);
   if (cfg.moe_router_load_balancing_type != "aux_loss" &&
       cfg.moe_router_load_balancing_type != "none")
     fail_usage("--moe-router-load-balancing-type must be aux_loss or none (got '{}'; weft has no "
@@ -451,7 +458,8 @@ AttentionQkv attention_qkv_normed(const at::Tensor& xn, const LayerHandles& w,
   // Fused rows per group g: r query heads, then g's key head, then its value head.
   const at::Tensor qkv = ops::linear(xn, w.linear_qkv).view({b, s, ng, r + 2, hd});
   AttentionQkv out;
-  const bool fused_rope = fused::usable(qkv) && rope.cos.scalar_type() == qkv.scalar_type();
+  const bool fused_rope =
+      cfg.rotary() && fused::usable(qkv) && rope.cos.scalar_type() == qkv.scalar_type();
   at::Tensor rope_in = qkv;  // what the fused kernel rotates
   at::Tensor q, k;           // [b, s, heads, hd], for the unfused rotation
   if (cfg.qk_layernorm) {
@@ -474,8 +482,9 @@ AttentionQkv attention_qkv_normed(const at::Tensor& xn, const LayerHandles& w,
       q = qkv.narrow(3, 0, r).reshape({b, s, nh, hd});
       k = qkv.select(3, r);
     }
-    out.q = apply_rotary(q.transpose(1, 2), rope, pos);
-    out.k = apply_rotary(k.transpose(1, 2), rope, pos);
+    // --position-embedding-type none: q and k as projected (and normed).
+    out.q = cfg.rotary() ? apply_rotary(q.transpose(1, 2), rope, pos) : q.transpose(1, 2);
+    out.k = cfg.rotary() ? apply_rotary(k.transpose(1, 2), rope, pos) : k.transpose(1, 2);
     out.v = qkv.select(3, r + 1).transpose(1, 2);
   }
   return out;

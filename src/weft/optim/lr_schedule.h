@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace weft {
 
@@ -19,10 +20,19 @@ struct LrScheduleConfig {
   double warmup_init = 0.0;   // --lr-warmup-init
   int decay_iters = -1;       // --lr-decay-iters (default: --train-iters)
   std::string style = "linear";  // --lr-decay-style: cosine | linear | constant (Megatron's defaults)
+  // Megatron's other ways to give the lengths. As in Megatron the schedule counts samples:
+  // each update adds global_batch; an iteration-based length L is L x global_batch samples.
+  double warmup_fraction = -1;  // --lr-warmup-fraction: warmup = fraction x decay (-1: none)
+  bool sample_based = false;    // --train-samples given: the lengths below, in samples
+  int64_t warmup_samples = 0;   // --lr-warmup-samples
+  int64_t decay_samples = -1;   // --lr-decay-samples (default: --train-samples)
+  int64_t global_batch = 1;     // samples per update (the trainer sets --global-batch-size)
 };
 
-// Throws UsageError naming the flag for an unknown style or inconsistent iterations.
+// Throws UsageError naming the flag for an unknown style or inconsistent lengths.
 void validate_lr_schedule(const LrScheduleConfig& c);
 double lr_at(const LrScheduleConfig& c, int64_t updates);
+// Megatron's lr_warmup_steps and lr_decay_steps: the warmup and decay lengths in samples.
+std::pair<double, double> lr_warmup_and_decay_samples(const LrScheduleConfig& c);
 
 }  // namespace weft

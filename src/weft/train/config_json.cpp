@@ -56,6 +56,7 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   get(j, "use_rope_scaling", &m.use_rope_scaling, false);  // absent before: no scaling
   get(j, "rope_scaling_factor", &m.rope_scaling_factor, false);
   get(j, "norm_epsilon", &m.norm_epsilon, true);
+  get(j, "position_embedding_type", &m.position_embedding_type, false);  // absent before: rope
   get(j, "untie_embeddings_and_output_weights", &m.untie_embeddings_and_output_weights, true);
   get(j, "bf16", &m.bf16, false);
   get(j, "num_experts", &m.num_experts, false);
@@ -64,6 +65,8 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   get(j, "moe_shared_expert_intermediate_size", &m.moe_shared_expert_intermediate_size, false);
   get(j, "moe_aux_loss_coeff", &m.moe_aux_loss_coeff, false);
   get(j, "moe_router_score_function", &m.moe_router_score_function, false);
+  get(j, "moe_router_pre_softmax", &m.moe_router_pre_softmax, false);  // absent before: off
+  get(j, "moe_router_topk_scaling_factor", &m.moe_router_topk_scaling_factor, false);
   get(j, "moe_router_load_balancing_type", &m.moe_router_load_balancing_type, false);
   get(j, "moe_layer_pattern", &m.moe_layer_pattern, false);
   get(j, "moe_grouped_gemm", &m.moe_grouped_gemm, false);
@@ -110,10 +113,14 @@ std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelCon
     cmp("--rope-scaling-factor", run.rope_scaling_factor, saved.rope_scaling_factor);
   to = &out;
   cmp("--norm-epsilon", run.norm_epsilon, saved.norm_epsilon);
+  cmp("--position-embedding-type", run.position_embedding_type, saved.position_embedding_type);
   if (run.moe() && saved.moe()) {
     cmp("--moe-router-topk", run.moe_router_topk, saved.moe_router_topk);
     cmp("--moe-router-score-function", run.moe_router_score_function,
         saved.moe_router_score_function);
+    cmp("--moe-router-pre-softmax", run.moe_router_pre_softmax, saved.moe_router_pre_softmax);
+    cmp("--moe-router-topk-scaling-factor", run.moe_router_topk_scaling_factor,
+        saved.moe_router_topk_scaling_factor);
   }
   // Mamba: in_proj, the conv and the norm see only groups x state size.
   if (run.hybrid() && saved.hybrid()) {
@@ -154,6 +161,7 @@ bool take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,
   take("--use-rope-scaling", m.use_rope_scaling, saved.use_rope_scaling);
   take("--rope-scaling-factor", m.rope_scaling_factor, saved.rope_scaling_factor);
   take("--norm-epsilon", m.norm_epsilon, saved.norm_epsilon);
+  take("--position-embedding-type", m.position_embedding_type, saved.position_embedding_type);
   take("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights,
        saved.untie_embeddings_and_output_weights);
   take("--num-experts", m.num_experts, saved.num_experts);
@@ -163,6 +171,9 @@ bool take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,
        saved.moe_shared_expert_intermediate_size);
   take("--moe-router-score-function", m.moe_router_score_function,
        saved.moe_router_score_function);
+  take("--moe-router-pre-softmax", m.moe_router_pre_softmax, saved.moe_router_pre_softmax);
+  take("--moe-router-topk-scaling-factor", m.moe_router_topk_scaling_factor,
+       saved.moe_router_topk_scaling_factor);
   take("--mamba-state-dim", m.mamba_state_dim, saved.mamba_state_dim);
   take("--mamba-head-dim", m.mamba_head_dim, saved.mamba_head_dim);
   take("--mamba-num-groups", m.mamba_num_groups, saved.mamba_num_groups);

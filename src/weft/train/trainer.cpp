@@ -32,6 +32,7 @@
 #include "weft/parallel/schedule.h"
 #include "weft/train/config_json.h"
 #include "weft/train/preflight.h"
+#include "weft/train/schedule_resume.h"
 #include "weft/train/validate_numbers.h"
 #include "weft/train/tensorboard.h"
 #include "weft/train/train_log.h"
@@ -65,6 +66,9 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
         {"moe_shared_expert_intermediate_size", m.moe_shared_expert_intermediate_size},
         {"moe_aux_loss_coeff", m.moe_aux_loss_coeff},
         {"moe_router_score_function", m.moe_router_score_function},
+        {"position_embedding_type", m.position_embedding_type},
+        {"moe_router_pre_softmax", m.moe_router_pre_softmax},
+        {"moe_router_topk_scaling_factor", m.moe_router_topk_scaling_factor},
         {"moe_router_load_balancing_type", m.moe_router_load_balancing_type},
         {"moe_layer_pattern", m.moe_layer_pattern}, {"moe_grouped_gemm", m.moe_grouped_gemm},
         {"mtp_num_layers", m.mtp_num_layers}, {"layer_symbols", m.layer_symbols},
@@ -80,7 +84,10 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
         {"use_precision_aware_optimizer", c.adam.precision_aware}, {"clip_grad", c.clip_grad}}},
       {"lr", {{"lr", c.lr.lr}, {"min_lr", c.lr.min_lr}, {"warmup_iters", c.lr.warmup_iters},
               {"warmup_init", c.lr.warmup_init},
-              {"decay_iters", c.lr.decay_iters}, {"style", c.lr.style}}},
+              {"decay_iters", c.lr.decay_iters}, {"style", c.lr.style},
+              {"warmup_fraction", c.lr.warmup_fraction}, {"sample_based", c.lr.sample_based},
+              {"warmup_samples", c.lr.warmup_samples}, {"decay_samples", c.lr.decay_samples}}},
+      {"train_samples", c.train_samples},
       {"micro_batch_size", c.micro_batch_size}, {"global_batch_size", c.global_batch_size},
       {"train_iters", c.train_iters}, {"overlap_param_gather", c.overlap_param_gather},
       {"overlap_grad_reduce", c.overlap_grad_reduce}, {"seed", c.seed}, {"device", c.device},
@@ -202,12 +209,19 @@ void validate_train_config(const TrainConfig& c, int world_size) {
     fail_usage("--lr-warmup-iters {} is larger than --train-iters {} (the decay's default "
                "length): the learning rate would never reach --lr; shorten the warmup or give "
                "--lr-decay-iters", c.lr.warmup_iters, c.train_iters);
+  if (c.lr.sample_based && c.lr.decay_samples < 0 && c.lr.warmup_samples > c.train_samples)
+    fail_usage("--lr-warmup-samples {} is larger than --train-samples {} (the decay's default "
+               "length): the learning rate would never reach --lr; shorten the warmup or give "
+               "--lr-decay-samples", c.lr.warmup_samples, c.train_samples);
   ckpt_parse_strictness(c.strictness);
   if (c.save_interval < 0) fail_usage("--save-interval must be >= 0");
   if (c.save_interval > 0 && c.save.empty()) fail_usage("--save-interval needs --save DIR");
   if (c.async_save && c.save.empty()) fail_usage("--async-save needs --save DIR");
   if (c.ckpt_step >= 0 && c.load.empty()) fail_usage("--ckpt-step needs --load DIR");
   if (c.finetune && c.load.empty()) fail_usage("--finetune needs --load DIR");
+  if (c.override_opt_param_scheduler && c.use_checkpoint_opt_param_scheduler)
+    fail_usage("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler both "
+               "given; give one (Megatron refuses both too)");
   if (c.exit_interval < 0) fail_usage("--exit-interval must be >= 0");
   if (c.exit_duration_mins < 0) fail_usage("--exit-duration-in-mins must be >= 0");
   if (!(c.distributed_timeout_minutes > 0))
@@ -293,6 +307,9 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
     fmt::print(stderr, "weft train: warning: no evaluation on the test split at the end: {}\n",
                data_->no_test_reason());
   if (cfg_.lr.decay_iters < 0) cfg_.lr.decay_iters = cfg_.train_iters;
+  if (cfg_.lr.sample_based && cfg_.lr.decay_samples < 0)
+    cfg_.lr.decay_samples = cfg_.train_samples;
+  cfg_.lr.global_batch = cfg_.global_batch_size;  // the schedule counts samples, as Megatron's
   const Mesh& mesh = groups.mesh();
   StageOptions so;
   so.dtype = cfg_.model.bf16 ? at::kBFloat16 : at::kFloat;
@@ -327,7 +344,13 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
     req.finetune = cfg_.finetune;
     req.no_load_optim = cfg_.no_load_optim;
     req.no_load_rng = cfg_.no_load_rng;
-    req.check_metadata = [this](const nlohmann::json& meta) { check_checkpoint_model(meta); };
+    req.check_metadata = [this](const nlohmann::json& meta) {
+      check_checkpoint_model(meta);
+      if (!cfg_.finetune && !cfg_.no_load_optim)  // the schedule's step count is restored
+        resume_lr_schedule(meta, {cfg_.override_opt_param_scheduler,
+                                  cfg_.use_checkpoint_opt_param_scheduler},
+                           cfg_.load, &cfg_.lr);
+    };
     nlohmann::json meta = ckpt_load(req, *stage_, *optimizer_, groups);
     if (meta.is_null() && cfg_.finetune)
       fail_usage("--finetune: --load {} holds no checkpoint (no tracker file)", cfg_.load);
@@ -415,6 +438,10 @@ void Trainer::save() {
                        {"warmup_iters", cfg_.lr.warmup_iters},
                        {"warmup_init", cfg_.lr.warmup_init},
                        {"decay_iters", cfg_.lr.decay_iters}, {"style", cfg_.lr.style},
+                       {"warmup_fraction", cfg_.lr.warmup_fraction},
+                       {"sample_based", cfg_.lr.sample_based},
+                       {"warmup_samples", cfg_.lr.warmup_samples},
+                       {"decay_samples", cfg_.lr.decay_samples},
                        {"iteration", iteration_}};
   m["data"] = data_->identity();
   m["data"]["consumed_samples"] = consumed_samples_;

@@ -46,6 +46,10 @@ struct TrainConfig {
   int micro_batch_size = 2;     // --micro-batch-size
   int global_batch_size = 16;   // --global-batch-size
   int train_iters = 10;         // --train-iters
+  // --train-samples (-1: not given): the run's length in samples, Megatron's sample-based
+  // training; the commands set train_iters = train_samples / global_batch_size
+  // (resolve_train_samples) and the schedule counts samples (lr.sample_based).
+  int64_t train_samples = -1;
   uint64_t seed = 1234;         // --seed
   double clip_grad = 1.0;       // --clip-grad (0 disables)
   int first_stage_layers = -1;  // --decoder-first-pipeline-num-layers
@@ -68,6 +72,11 @@ struct TrainConfig {
   bool finetune = false;        // --finetune: load model weights only; iteration 0, fresh optimizer
   bool no_load_optim = false;   // --no-load-optim: weights, iteration, data; a fresh optimizer
   bool no_load_rng = false;     // --no-load-rng: leave the CPU generator as --seed seeded it
+  // A resume's learning-rate schedule (train/schedule_resume.h): by default it must equal the
+  // checkpoint's, as in Megatron; --override-opt_param-scheduler trains with the flags',
+  // --use-checkpoint-opt_param-scheduler with the checkpoint's.
+  bool override_opt_param_scheduler = false;
+  bool use_checkpoint_opt_param_scheduler = false;
   // --dump-first-batch FILE (hidden, for reference checks): rank 0 writes the tokens and labels
   // of this run's first global batch as an .npy of int64 [2, global batch, seq].
   std::string dump_first_batch;

@@ -1,0 +1,289 @@
+// Megatron's flags beyond the architecture (see megatron_flags.h): what weft does with each.
+#include "megatron_flags.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <initializer_list>
+#include <utility>
+
+#include "weft/core/error.h"
+
+namespace weft {
+namespace {
+
+constexpr const char* kGroup = "Megatron flags weft accepts (same results) or refuses";
+
+// Flags without a value that state what weft does anyway, or pick among implementations that
+// compute the same values.
+constexpr std::pair<const char*, const char*> kAccepted[] = {
+    {"--log-throughput", "the log line always has the throughput"},
+    {"--exit-signal-handler", "SIGTERM/SIGINT always save (with --save) and exit"},
+    {"--accumulate-allreduce-grads-in-fp32", "gradients are always reduced in float32"},
+    {"--attention-softmax-in-fp32", "the attention softmax is always in float32"},
+    {"--apply-query-key-layer-scaling", "a scale and its inverse: the same attention in bf16"},
+    {"--no-masked-softmax-fusion", "kernel choice; weft's attention is one fused kernel"},
+    {"--no-bias-swiglu-fusion", "kernel choice (no biases; --no-fused-kernels is weft's)"},
+    {"--no-bias-dropout-fusion", "kernel choice (no biases, no dropout)"},
+    {"--no-bias-gelu-fusion", "kernel choice (SwiGLU, no biases)"},
+    {"--no-rope-fusion", "kernel choice (--no-fused-kernels is weft's)"},
+    {"--no-persist-layer-norm", "kernel choice"},
+    {"--no-gradient-accumulation-fusion", "kernel choice: float32 weight gradients either way"},
+    {"--cross-entropy-loss-fusion", "kernel choice: weft's cross entropy is fused on CUDA"},
+    {"--moe-permute-fusion", "kernel choice"},
+    {"--moe-router-fusion", "kernel choice"},
+    {"--moe-shared-expert-overlap", "scheduling only"},
+    {"--moe-use-legacy-grouped-gemm", "kernel choice (--moe-grouped-gemm is weft's switch)"},
+    {"--tp-comm-overlap", "scheduling only (weft trains with tensor parallel size 1)"},
+    {"--sequence-parallel", "with tensor parallel size 1 Megatron turns it off too"},
+    {"--use-torch-fsdp2", "weft's FSDP shards parameters, gradients and optimizer state"},
+    {"--use-megatron-fsdp", "weft's FSDP shards parameters, gradients and optimizer state"},
+    {"--ckpt-fully-parallel-save", "every rank writes its own shards"},
+    {"--ckpt-fully-parallel-load", "every rank reads only the chunks it needs"},
+    {"--no-ckpt-fully-parallel-save", "the same checkpoint either way"},
+    {"--ckpt-assume-constant-structure", "caching only"},
+    {"--use-dist-ckpt", "Megatron's older name of --ckpt-format torch_dist"},
+    {"--auto-detect-ckpt-format", "weft reads one format"},
+    {"--use-persistent-ckpt-worker", "--async-save writes on a background thread of its own"},
+    {"--manual-gc", "Python's garbage collector; nothing to collect in weft"},
+    {"--no-create-attention-mask-in-dataloader", "weft's attention is causal without a mask"},
+    {"--mmap-bin-files", "the .bin files are always read through mmap"},
+    {"--no-mmap-bin-files", "the same tokens either way"},
+    {"--init-model-with-meta-device", "initialisation place only: the same values"},
+    {"--use-cpu-initialization", "weft initialises on the CPU generator either way"},
+    {"--use-nccl-ub", "buffer registration only"},
+    {"--no-position-embedding", "no learned positions (rotary only)"},
+    {"--log-validation-ppl-to-tensorboard", "always written (lm loss validation ppl)"},
+    {"--log-memory-to-tensorboard", "always written (mem-max-allocated-bytes)"},
+    {"--log-timers-to-tensorboard", "iteration-time is always written"},
+    {"--log-loss-scale-to-tensorboard", "no loss scale in bf16/fp32"},
+    {"--calculate-per-token-loss",
+     "every token of a global batch counts once: without a loss mask the per-token mean equals "
+     "the mean of the microbatch means"},
+};
+
+// Flags that change only Megatron output weft has not: accepted with a warning.
+constexpr std::pair<const char*, const char*> kWarned[] = {
+    {"--log-params-norm", "weft's log line has no params norm"},
+    {"--log-num-zeros-in-grad", "weft's log line has no count of zero gradients"},
+    {"--log-world-size-to-tensorboard", "weft's TensorBoard has no world-size scalar"},
+    {"--log-straggler", "weft has no straggler detector"},
+    {"--log-energy", "weft does not read the GPU's energy counters"},
+};
+constexpr std::pair<const char*, const char*> kWarnedWithValue[] = {
+    {"--wandb-project", "weft has no Weights & Biases logger (use --tensorboard-dir or --log-jsonl)"},
+    {"--wandb-exp-name", "weft has no Weights & Biases logger"},
+    {"--wandb-save-dir", "weft has no Weights & Biases logger"},
+    {"--wandb-entity", "weft has no Weights & Biases logger"},
+    {"--save-retain-interval",
+     "weft keeps every checkpoint it saved (delete old ones with your own tools)"},
+};
+
+// Flags that change the training and that weft does not implement: refused. nargs: values the
+// flag takes (0: none, -1: one or more).
+struct Refused {
+  const char* name;
+  int nargs;
+  const char* why;
+};
+constexpr Refused kRefused[] = {
+    {"--fp16", 0, "weft trains in bf16 (--bf16) or float32, without loss scaling"},
+    {"--loss-scale", 1, "loss scaling belongs to --fp16, which weft does not implement"},
+    {"--initial-loss-scale", 1, "loss scaling belongs to --fp16, which weft does not implement"},
+    {"--min-loss-scale", 1, "loss scaling belongs to --fp16, which weft does not implement"},
+    {"--loss-scale-window", 1, "loss scaling belongs to --fp16, which weft does not implement"},
+    {"--hysteresis", 1, "loss scaling belongs to --fp16, which weft does not implement"},
+    {"--fp8-format", 1, "weft computes in bf16 or float32, not FP8"},
+    {"--fp8-recipe", 1, "weft computes in bf16 or float32, not FP8"},
+    {"--fp8-amax-history-len", 1, "weft computes in bf16 or float32, not FP8"},
+    {"--fp8-amax-compute-algo", 1, "weft computes in bf16 or float32, not FP8"},
+    {"--fp8-param-gather", 0, "weft computes in bf16 or float32, not FP8"},
+    {"--grad-reduce-in-bf16", 0, "weft reduces gradients in float32 only"},
+    {"--fp32-residual-connection", 0, "weft's residual stream is in the compute dtype"},
+    {"--recompute-activations", 0,
+     "weft keeps activations (no recomputation); `weft plan` predicts the memory, and more "
+     "pipeline stages or a smaller --micro-batch-size lower it"},
+    {"--recompute-granularity", 1, "weft keeps activations (no recomputation)"},
+    {"--recompute-method", 1, "weft keeps activations (no recomputation)"},
+    {"--recompute-num-layers", 1, "weft keeps activations (no recomputation)"},
+    {"--recompute-modules", -1, "weft keeps activations (no recomputation)"},
+    {"--moe-layer-recompute", 0, "weft keeps activations (no recomputation)"},
+    {"--num-layers-per-virtual-pipeline-stage", 1,
+     "weft's pipeline schedule is 1F1B without virtual stages"},
+    {"--num-virtual-stages-per-pipeline-rank", 1,
+     "weft's pipeline schedule is 1F1B without virtual stages"},
+    {"--pipeline-model-parallel-layout", 1,
+     "give uneven stages with --decoder-first/last-pipeline-num-layers (or '|' in "
+     "--hybrid-layer-pattern)"},
+    {"--rampup-batch-size", 3, "weft trains at one --global-batch-size"},
+    {"--eod-mask-loss", 0, "weft computes the loss on every token (no loss mask)"},
+    {"--reset-position-ids", 0, "weft's positions run over the whole sample"},
+    {"--reset-attention-mask", 0, "weft's attention spans the whole sample"},
+    {"--moe-expert-capacity-factor", 1, "weft's experts take every routed token (no dropping)"},
+    {"--moe-pad-expert-input-to-capacity", 0, "weft's experts take every routed token"},
+    {"--moe-token-drop-policy", 1, "weft's experts take every routed token (no dropping)"},
+    {"--moe-z-loss-coeff", 1, "weft's router has the load-balancing loss only"},
+    {"--moe-router-enable-expert-bias", 0,
+     "weft's router has no expert bias (aux-loss-free balancing)"},
+    {"--moe-router-bias-update-rate", 1, "weft's router has no expert bias"},
+    {"--moe-router-num-groups", 1, "weft's router picks the top-k over all experts"},
+    {"--moe-router-group-topk", 1, "weft's router picks the top-k over all experts"},
+    {"--moe-input-jitter-eps", 1, "weft's router adds no input noise"},
+    {"--moe-router-dtype", 1,
+     "weft's router logits are a GEMM in the compute dtype, routed in float32"},
+    {"--decoupled-lr", 1, "weft has one learning rate for every parameter"},
+    {"--decoupled-min-lr", 1, "weft has one learning rate for every parameter"},
+    {"--start-weight-decay", 1, "weft's weight decay is constant (--weight-decay)"},
+    {"--end-weight-decay", 1, "weft's weight decay is constant (--weight-decay)"},
+    {"--lr-wsd-decay-style", 1, "--lr-decay-style WSD is not implemented"},
+    {"--lr-wsd-decay-iters", 1, "--lr-decay-style WSD is not implemented"},
+    {"--lr-wsd-decay-samples", 1, "--lr-decay-style WSD is not implemented"},
+    {"--vocab-file", 1,
+     "weft's tokenizers are SentencePiece models (--tokenizer-model) or none (NullTokenizer)"},
+    {"--merge-file", 1,
+     "weft's tokenizers are SentencePiece models (--tokenizer-model) or none (NullTokenizer)"},
+    {"--tiktoken-pattern", 1, "weft's tokenizers are SentencePiece models (--tokenizer-model)"},
+    {"--spec", -1, "weft has one model code (a Megatron spec does not apply)"},
+    {"--apply-layernorm-1p", 0, "weft's RMSNorm multiplies by its weight, not 1 + weight"},
+    {"--add-qkv-bias", 0, "weft's linear layers have no biases"},
+    {"--add-bias-linear", 0, "weft's linear layers have no biases"},
+    {"--squared-relu", 0, "weft's MLP is SwiGLU"},
+    {"--openai-gelu", 0, "weft's MLP is SwiGLU"},
+    {"--init-method-xavier-uniform", 0,
+     "weft initialises from a normal of --init-method-std"},
+    {"--multi-latent-attention", 0, "weft's attention is grouped-query attention"},
+    {"--q-lora-rank", 1, "weft's attention is grouped-query attention (no MLA)"},
+    {"--kv-lora-rank", 1, "weft's attention is grouped-query attention (no MLA)"},
+    {"--heterogeneous-layers-config-path", 1, "weft's layers share one configuration"},
+    {"--hybrid-attention-ratio", 1,
+     "give the layers with --hybrid-layer-pattern (e.g. 'M*M-')"},
+    {"--hybrid-mlp-ratio", 1, "give the layers with --hybrid-layer-pattern (e.g. 'M*M-')"},
+    {"--non-persistent-save-interval", 1, "weft saves every checkpoint to --save"},
+    {"--non-persistent-ckpt-type", 1, "weft saves every checkpoint to --save"},
+};
+
+template <typename T>
+void one_of(const char* flag, const T& value, std::initializer_list<T> accepted,
+            const char* why) {
+  if (std::find(accepted.begin(), accepted.end(), value) == accepted.end())
+    fail_usage("{} {}: {}", flag, value, why);
+}
+
+}  // namespace
+
+void add_megatron_flags(CLI::App* c, MegatronFlags* f) {
+  f->app = c;
+  auto opt = [&](const char* name, auto& v, const char* help) {
+    c->add_option(name, v, help)
+        ->capture_default_str()
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+        ->group(kGroup);
+  };
+  opt("--ckpt-format", f->ckpt_format, "torch_dist: weft's own distributed format");
+  opt("--dataloader-type", f->dataloader_type, "single (samples in order, as Megatron's)");
+  opt("--optimizer", f->optimizer, "adam (AdamW with decoupled weight decay, as Megatron's)");
+  opt("--attention-backend", f->attention_backend, "auto | flash | fused | unfused | local: exact "
+      "attention either way");
+  opt("--data-parallel-sharding-strategy", f->dp_sharding,
+      "weft always shards as optim_grads_params (other values warn; same results)");
+  opt("--outer-dp-sharding-strategy", f->outer_dp_sharding,
+      "no_shard: HSDP replicas hold whole copies");
+  opt("--rerun-mode", f->rerun_mode, "disabled");
+  opt("--weight-decay-incr-style", f->wd_incr_style, "constant");
+  opt("--cross-entropy-fusion-impl", f->ce_fusion_impl, "native | te: kernel choice");
+  opt("--rotary-percent", f->rotary_percent, "1.0 (weft rotates the whole head)");
+  opt("--num-workers", f->num_workers, "data-loader workers (weft prefetches on a thread)");
+  opt("--num-dataset-builder-threads", f->dataset_builder_threads, "accepted");
+  opt("--tensorboard-queue-size", f->tensorboard_queue_size, "accepted (flushed every iteration)");
+  opt("--timing-log-level", f->timing_log_level, "0 | 1 | 2 (weft logs the iteration time)");
+  opt("--timing-log-option", f->timing_log_option, "minmax | max | all");
+  opt("--logging-level", f->logging_level, "accepted");
+  opt("--empty-unused-memory-level", f->empty_unused_memory_level, "0 | 1 | 2: allocator only");
+  opt("--manual-gc-interval", f->manual_gc_interval, "accepted (no garbage collector)");
+  // CLI11 takes a const description (copied).
+  for (auto [name, help] : kAccepted) {
+    const std::string description = help;
+    c->add_flag(name, description)->group(kGroup);
+  }
+  for (auto [name, help] : kWarned) {
+    const std::string description = std::string("warns: ") + help;
+    c->add_flag(name, description)->group(kGroup);
+  }
+  static std::vector<std::string> sink;  // values of warned and refused flags: never read
+  for (auto [name, help] : kWarnedWithValue) {
+    const std::string description = std::string("warns: ") + help;
+    c->add_option(name, sink, description)->expected(1)->group(kGroup);
+  }
+  for (const Refused& r : kRefused) {
+    const std::string help = std::string("refused: ") + r.why;
+    if (r.nargs == 0)
+      c->add_flag(r.name, help)->group(kGroup);
+    else
+      c->add_option(r.name, sink, help)->expected(r.nargs < 0 ? 1 : r.nargs,
+                                                  r.nargs < 0 ? CLI::detail::expected_max_vector_size
+                                                              : r.nargs)
+          ->group(kGroup);
+  }
+}
+
+std::vector<std::string> check_megatron_flags(const MegatronFlags& f) {
+  const auto given = [&](const char* flag) { return f.app->get_option(flag)->count() > 0; };
+  for (const Refused& r : kRefused)
+    if (given(r.name)) fail_usage("{} is not implemented in weft: {}", r.name, r.why);
+  one_of<std::string>("--ckpt-format", f.ckpt_format, {"torch_dist"},
+                      "weft writes its own distributed format, which loads into any layout "
+                      "(docs/checkpoint-format.md); give torch_dist or leave the flag out");
+  one_of<std::string>("--dataloader-type", f.dataloader_type, {"single"},
+                      "weft reads the shuffled sample index in order, as Megatron's single; "
+                      "cyclic and external are not implemented");
+  one_of<std::string>("--optimizer", f.optimizer, {"adam"},
+                      "weft's optimizer is Megatron's adam (AdamW)");
+  one_of<std::string>("--attention-backend", f.attention_backend,
+                      {"auto", "flash", "fused", "unfused", "local"},
+                      "must be auto, flash, fused, unfused or local");
+  one_of<std::string>("--data-parallel-sharding-strategy", f.dp_sharding,
+                      {"no_shard", "optim", "optim_grads", "optim_grads_params"},
+                      "must be no_shard, optim, optim_grads or optim_grads_params");
+  one_of<std::string>("--outer-dp-sharding-strategy", f.outer_dp_sharding, {"no_shard", "optim"},
+                      "must be no_shard or optim");
+  one_of<std::string>("--rerun-mode", f.rerun_mode, {"disabled"},
+                      "weft has no rerun state machine; give disabled or leave the flag out");
+  one_of<std::string>("--weight-decay-incr-style", f.wd_incr_style, {"constant"},
+                      "weft's weight decay is constant");
+  one_of<std::string>("--cross-entropy-fusion-impl", f.ce_fusion_impl, {"native", "te"},
+                      "must be native or te");
+  one_of<std::string>("--timing-log-option", f.timing_log_option, {"minmax", "max", "all"},
+                      "must be minmax, max or all");
+  if (f.rotary_percent != 1.0)
+    fail_usage("--rotary-percent {}: weft rotates the whole head dimension; give 1.0",
+               f.rotary_percent);
+  one_of<int>("--timing-log-level", f.timing_log_level, {0, 1, 2}, "must be 0, 1 or 2");
+  one_of<int>("--empty-unused-memory-level", f.empty_unused_memory_level, {0, 1, 2},
+              "must be 0, 1 or 2");
+  if (f.num_workers < 0) fail_usage("--num-workers must be >= 0 (got {})", f.num_workers);
+  if (f.dataset_builder_threads < 1)
+    fail_usage("--num-dataset-builder-threads must be >= 1 (got {})", f.dataset_builder_threads);
+  if (f.tensorboard_queue_size < 1)
+    fail_usage("--tensorboard-queue-size must be >= 1 (got {})", f.tensorboard_queue_size);
+  if (f.manual_gc_interval < 0)
+    fail_usage("--manual-gc-interval must be >= 0 (got {})", f.manual_gc_interval);
+
+  std::vector<std::string> warnings;
+  for (auto [name, why] : kWarned)
+    if (given(name)) warnings.push_back(fmt::format("{} has no effect: {}", name, why));
+  for (auto [name, why] : kWarnedWithValue)
+    if (given(name)) warnings.push_back(fmt::format("{} has no effect: {}", name, why));
+  if (f.dp_sharding != "optim_grads_params")
+    warnings.push_back(fmt::format(
+        "--data-parallel-sharding-strategy {}: weft shards parameters, gradients and optimizer "
+        "state over the data-parallel ranks as optim_grads_params (the same results; memory as "
+        "`weft plan` shows)", f.dp_sharding));
+  if (f.outer_dp_sharding != "no_shard")
+    warnings.push_back(fmt::format(
+        "--outer-dp-sharding-strategy {}: weft's HSDP replicas hold whole copies of their "
+        "shard group's state, as no_shard (the same results)", f.outer_dp_sharding));
+  return warnings;
+}
+
+}  // namespace weft

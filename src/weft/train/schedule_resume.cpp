@@ -1,0 +1,70 @@
+// The resumed schedule against the checkpoint's (see schedule_resume.h).
+#include "weft/train/schedule_resume.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <vector>
+
+#include "weft/core/error.h"
+
+namespace weft {
+namespace {
+
+// The schedule metadata.json records (trainer.cpp, "lr_scheduler"); keys absent from older
+// checkpoints keep their defaults (iteration-based lengths, no warmup fraction).
+LrScheduleConfig saved_schedule(const nlohmann::json& meta, int64_t run_global_batch) {
+  const nlohmann::json& s = meta.at("lr_scheduler");
+  LrScheduleConfig c;
+  c.lr = s.value("lr", c.lr);
+  c.min_lr = s.value("min_lr", c.min_lr);
+  c.warmup_iters = s.value("warmup_iters", c.warmup_iters);
+  c.warmup_init = s.value("warmup_init", c.warmup_init);
+  c.decay_iters = s.value("decay_iters", c.decay_iters);
+  c.style = s.value("style", c.style);
+  c.warmup_fraction = s.value("warmup_fraction", c.warmup_fraction);
+  c.sample_based = s.value("sample_based", c.sample_based);
+  c.warmup_samples = s.value("warmup_samples", c.warmup_samples);
+  c.decay_samples = s.value("decay_samples", c.decay_samples);
+  c.global_batch = run_global_batch;
+  if (auto cfg = meta.find("config"); cfg != meta.end() && cfg->is_object())
+    c.global_batch = cfg->value("global_batch_size", c.global_batch);
+  return c;
+}
+
+}  // namespace
+
+void resume_lr_schedule(const nlohmann::json& meta, const ScheduleResume& how,
+                        const std::string& load, LrScheduleConfig* run) {
+  if (how.override_flags || !meta.contains("lr_scheduler")) return;
+  const LrScheduleConfig saved = saved_schedule(meta, run->global_batch);
+  if (how.use_checkpoint) {
+    const int64_t g = run->global_batch;  // lengths in iterations stay iterations of this run
+    *run = saved;
+    run->global_batch = g;
+    return;
+  }
+  const auto [w_run, d_run] = lr_warmup_and_decay_samples(*run);
+  const auto [w_saved, d_saved] = lr_warmup_and_decay_samples(saved);
+  std::vector<std::string> diff;
+  if (run->lr != saved.lr) diff.push_back(fmt::format("--lr {} (checkpoint: {})", run->lr, saved.lr));
+  if (run->min_lr != saved.min_lr)
+    diff.push_back(fmt::format("--min-lr {} (checkpoint: {})", run->min_lr, saved.min_lr));
+  if (run->style != saved.style)
+    diff.push_back(fmt::format("--lr-decay-style {} (checkpoint: {})", run->style, saved.style));
+  if (w_run != w_saved)
+    diff.push_back(fmt::format("a warmup of {} samples (checkpoint: {})", w_run, w_saved));
+  if (d_run != d_saved)
+    diff.push_back(fmt::format("a decay of {} samples (checkpoint: {}; --lr-decay-iters defaults "
+                               "to --train-iters, --lr-decay-samples to --train-samples)",
+                               d_run, d_saved));
+  if (diff.empty()) return;
+  fail_usage("--load {}: this run's learning-rate schedule differs from the checkpoint's: {}; "
+             "give the checkpoint's values, --override-opt_param-scheduler to train on with this "
+             "run's schedule, or --use-checkpoint-opt_param-scheduler to continue the "
+             "checkpoint's (Megatron refuses the same)",
+             load, fmt::join(diff, ", "));
+}
+
+}  // namespace weft

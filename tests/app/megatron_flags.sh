@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Megatron's flags beyond the architecture, as a Megatron user's script passes them:
+# - accepted ones change nothing: a line full of them gives the losses of the plain run;
+# - refused ones end the run with exit 2 and one line naming the flag (before iteration 1);
+# - logging-only ones weft lacks warn and train;
+# - Megatron's sample-based lengths (--train-samples, --lr-warmup-samples, --lr-decay-samples)
+#   and --lr-warmup-fraction give the iteration-based run's learning rates and losses where
+#   they describe the same schedule, and a sample-granular warmup where they do not;
+# - --account-for-embedding/loss-in-pipeline-split give Megatron's stages, as the equivalent
+#   --decoder-first/last-pipeline-num-layers;
+# - a resume whose schedule differs from the checkpoint's is refused (Megatron's check), unless
+#   --override-opt_param-scheduler (the flags' schedule) or --use-checkpoint-opt_param-scheduler
+#   (the checkpoint's: the straight run's bits).
+# Usage: megatron_flags.sh WEFT MPIRUN...
+set -u
+weft=$1
+shift
+mpirun=("$@")
+tmp=$(mktemp -d /tmp/weft-megatron-flags-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+model=(--num-layers 3 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
+       --num-query-groups 2 --seq-length 16 --vocab-size 64 --micro-batch-size 2
+       --global-batch-size 4 --eval-interval 0 --log-interval 1 --threads 1 --lr 1e-2
+       --min-lr 1e-3 --lr-decay-style cosine --seed 3)
+ok() { echo "ok   $1"; }
+bad() { echo "FAIL $1"; fails=$((fails + 1)); }
+# run NAME FLAGS...: trains on one rank; the JSONL's (iteration, lr, loss) lines to NAME.txt.
+run() {
+  local name=$1
+  shift
+  if ! timeout 120 "$weft" train "${model[@]}" --log-jsonl "$tmp/$name.jsonl" "$@" \
+       >"$tmp/$name.log" 2>"$tmp/$name.err"; then
+    bad "$name: weft train $* failed: $(head -3 "$tmp/$name.err")"
+    return
+  fi
+  python3 - "$tmp/$name.jsonl" >"$tmp/$name.txt" <<'EOF'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "lm_loss" in r:
+        print(r["iteration"], repr(r["lr"]), repr(r["lm_loss"]), repr(r["grad_norm"]))
+EOF
+}
+same() {  # same WHAT A B
+  if [ -s "$tmp/$2.txt" ] && cmp -s "$tmp/$2.txt" "$tmp/$3.txt"; then ok "$1"; else
+    bad "$1: $2 and $3 differ"
+    paste "$tmp/$2.txt" "$tmp/$3.txt" | head -8
+  fi
+}
+
+# --- accepted: the same bits as without them --------------------------------------------------
+run plain --train-iters 4
+run accepted --train-iters 4 --log-throughput --exit-signal-handler \
+  --accumulate-allreduce-grads-in-fp32 --attention-softmax-in-fp32 --no-masked-softmax-fusion \
+  --no-bias-swiglu-fusion --no-rope-fusion --no-gradient-accumulation-fusion \
+  --cross-entropy-loss-fusion --ckpt-format torch_dist --ckpt-fully-parallel-save \
+  --dataloader-type single --optimizer adam --attention-backend auto --num-workers 8 \
+  --rotary-percent 1.0 --sequence-parallel --use-megatron-fsdp \
+  --data-parallel-sharding-strategy optim_grads_params --manual-gc --timing-log-level 2 \
+  --calculate-per-token-loss --no-create-attention-mask-in-dataloader --tensorboard-queue-size 5 \
+  --log-validation-ppl-to-tensorboard --log-memory-to-tensorboard --empty-unused-memory-level 1
+same "accepted Megatron flags change no bit" plain accepted
+[ -s "$tmp/accepted.err" ] && bad "accepted flags printed to stderr: $(head -2 "$tmp/accepted.err")"
+
+# --- warned: logging weft has not; the run trains the same --------------------------------------
+run warned --train-iters 4 --log-params-norm --wandb-project p --wandb-exp-name e \
+  --data-parallel-sharding-strategy no_shard
+same "warned flags change no bit" plain warned
+for needle in "warning: --log-params-norm has no effect" "warning: --wandb-project has no effect" \
+              "warning: --data-parallel-sharding-strategy no_shard"; do
+  grep -qF -- "$needle" "$tmp/warned.err" && ok "warns: $needle" || bad "no '$needle'"
+done
+
+# --- refused: exit 2, one line naming the flag, no iteration ------------------------------------
+refuse() {  # refuse NEEDLE FLAGS...
+  local needle=$1
+  shift
+  timeout 60 "$weft" train "${model[@]}" "$@" >"$tmp/r.out" 2>"$tmp/r.err"
+  local rc=$?
+  if [ "$rc" -eq 2 ] && [ "$(grep -c . "$tmp/r.err")" -eq 1 ] && grep -qF -- "$needle" "$tmp/r.err" &&
+     ! grep -q " iteration " "$tmp/r.out"; then
+    ok "refused: $(cat "$tmp/r.err")"
+  else
+    bad "$*: exit $rc, wanted 2 and one line with '$needle': $(head -3 "$tmp/r.err")"
+  fi
+}
+refuse "--fp16 is not implemented" --fp16
+refuse "--recompute-granularity is not implemented" --recompute-granularity full
+refuse "--recompute-activations is not implemented" --recompute-activations
+refuse "--rampup-batch-size is not implemented" --rampup-batch-size 2 2 8
+refuse "--recompute-modules is not implemented" --recompute-modules core_attn mlp
+refuse "--eod-mask-loss is not implemented" --eod-mask-loss
+refuse "--num-layers-per-virtual-pipeline-stage is not implemented" \
+  --num-layers-per-virtual-pipeline-stage 1
+refuse "--moe-expert-capacity-factor is not implemented" --moe-expert-capacity-factor 1.0
+refuse "--vocab-file is not implemented" --vocab-file v.json
+refuse "--ckpt-format torch:" --ckpt-format torch
+refuse "--rotary-percent 0.5:" --rotary-percent 0.5
+refuse "--optimizer sgd:" --optimizer sgd
+refuse "--dataloader-type cyclic:" --dataloader-type cyclic
+refuse "--attention-backend x:" --attention-backend x
+refuse "--train-iters and --train-samples" --train-samples 8 --train-iters 2
+refuse "--lr-decay-iters with --train-samples" --train-samples 8 --lr-decay-iters 2
+refuse "--train-samples 3 is less than one global batch" --train-samples 3
+refuse "--lr-decay-samples needs --train-samples" --lr-decay-samples 8
+refuse "--lr-warmup-fraction and --lr-warmup-iters" --lr-warmup-fraction 0.1 --lr-warmup-iters 1
+refuse "--lr-warmup-fraction must be in [0, 1]" --lr-warmup-fraction 1.5
+refuse "--moe-router-topk-scaling-factor must be" --num-experts 4 --moe-router-topk-scaling-factor -1
+
+# --- sample-based lengths and the warmup fraction -----------------------------------------------
+# The global batch is 4 samples: 24 samples are 6 iterations, 8 samples of warmup 2.
+run iters --train-iters 6 --lr-warmup-iters 2
+run samples --train-samples 24 --lr-warmup-samples 8
+same "--train-samples 24 --lr-warmup-samples 8 is --train-iters 6 --lr-warmup-iters 2" iters samples
+[ "$(wc -l <"$tmp/samples.txt")" -eq 6 ] && ok "--train-samples 24 / 4 per batch: 6 iterations" ||
+  bad "--train-samples 24 trained $(wc -l <"$tmp/samples.txt") iterations, wanted 6"
+run fraction --train-iters 6 --lr-warmup-fraction 0.3333333333333333
+same "--lr-warmup-fraction 1/3 of 6 iterations is --lr-warmup-iters 2" iters fraction
+# A warmup of 4.5 samples (0.25 x 18): Megatron's schedule in samples, checked from its formula
+# (cosine; warmup to 4.5, decay to 18 samples; the lr logged after update n is lr(n x 4)).
+run half --train-samples 24 --lr-warmup-fraction 0.25 --lr-decay-samples 18
+python3 - "$tmp/half.txt" <<'EOF' && ok "--lr-warmup-fraction 0.25 of 18 samples: Megatron's schedule" || bad "sample-granular schedule differs from Megatron's formula"
+import math, sys
+rows = [line.split() for line in open(sys.argv[1])]
+assert len(rows) == 6, rows
+for it, lr, _, _ in rows:
+    n, w, d, mx, mn = int(it) * 4.0, 0.25 * 18, 18.0, 1e-2, 1e-3
+    if n <= w:
+        want = mx * n / w
+    elif n > d:
+        want = mn
+    else:
+        want = mn + 0.5 * (math.cos(math.pi * (n - w) / (d - w)) + 1.0) * (mx - mn)
+    assert abs(float(lr) - want) <= 1e-15, (it, lr, want)
+EOF
+
+# --- pipeline split: Megatron's --account-for-*-in-pipeline-split -----------------------------
+plan() { "$weft" plan --world-size 4 "${model[@]}" --train-iters 2 --num-layers "$1" \
+           --pipeline-model-parallel-size 4 --json "${@:2}" 2>&1; }
+a=$(plan 7 --account-for-embedding-in-pipeline-split)
+b=$(plan 7 --decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 2)
+[ -n "$a" ] && [ "$a" == "$b" ] && ok "embedding counted: 7 layers on 4 stages are 1, 2, 2, 2" ||
+  bad "--account-for-embedding-in-pipeline-split: $a / $b"
+a=$(plan 6 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split)
+b=$(plan 6 --decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 1)
+[ -n "$a" ] && [ "$a" == "$b" ] && ok "embedding and loss counted: 6 layers on 4 stages are 1, 2, 2, 1" ||
+  bad "--account-for-loss-in-pipeline-split: $a / $b"
+"${mpirun[@]}" -np 2 "$weft" train "${model[@]}" --train-iters 3 --pipeline-model-parallel-size 2 \
+  --account-for-loss-in-pipeline-split --log-jsonl "$tmp/pp.jsonl" >"$tmp/pp.log" 2>&1 &&
+  grep -q "stage 0: layers 0..1" "$tmp/pp.log" && ok "trains on pp 2 with the loss counted (stage 0: layers 0..1)" ||
+  bad "pp 2 --account-for-loss-in-pipeline-split: $(grep -m2 "stage\|error" "$tmp/pp.log")"
+refuse "--account-for-embedding-in-pipeline-split: --num-layers 3 plus 1 is not divisible" \
+  --pipeline-model-parallel-size 3 --account-for-embedding-in-pipeline-split
+refuse "--account-for-loss-in-pipeline-split and --decoder-first/last-pipeline-num-layers" \
+  --pipeline-model-parallel-size 2 --account-for-loss-in-pipeline-split \
+  --decoder-first-pipeline-num-layers 1
+# --- a resume's schedule against the checkpoint's (Megatron's _check_and_set) ------------------
+# The straight run: 4 iterations, cosine decay over 4; a checkpoint at 2.
+run straight --train-iters 4 --lr-warmup-iters 1 --save "$tmp/ck" --save-interval 2
+refuse "a decay of 24 samples (checkpoint: 16" --train-iters 6 --lr-warmup-iters 1 --load "$tmp/ck" --ckpt-step 2
+refuse "--lr 0.02 (checkpoint: 0.01)" --train-iters 4 --lr-warmup-iters 1 --load "$tmp/ck" --ckpt-step 2 --lr 2e-2
+refuse "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler" --train-iters 4 \
+  --load "$tmp/ck" --ckpt-step 2 --override-opt_param-scheduler --use-checkpoint-opt_param-scheduler
+# --use-checkpoint-opt_param-scheduler continues the checkpoint's schedule: iterations 3-4 are the
+# straight run's bit for bit, then the minimum rate.
+run continued --train-iters 6 --lr-warmup-iters 1 --load "$tmp/ck" --ckpt-step 2 --use-checkpoint-opt_param-scheduler
+head -2 "$tmp/continued.txt" >"$tmp/continued34.txt"
+sed -n 3,4p "$tmp/straight.txt" >"$tmp/straight34.txt"
+same "--use-checkpoint-opt_param-scheduler: iterations 3-4 as the straight run" straight34 continued34
+[ "$(sed -n 3p "$tmp/continued.txt" | cut -d' ' -f2)" == "0.001" ] &&
+  ok "--use-checkpoint-opt_param-scheduler: iteration 5 at --min-lr (the checkpoint's decay ended at 4)" ||
+  bad "--use-checkpoint-opt_param-scheduler: iteration 5's lr $(sed -n 3p "$tmp/continued.txt")"
+# --override-opt_param-scheduler trains with the flags' schedule: a decay over 6 iterations.
+run overridden --train-iters 6 --lr-warmup-iters 1 --load "$tmp/ck" --ckpt-step 2 --override-opt_param-scheduler
+python3 - "$tmp/overridden.txt" <<'EOF2' && ok "--override-opt_param-scheduler: the flags' decay over 6 iterations" || bad "--override-opt_param-scheduler: $(cat "$tmp/overridden.txt")"
+import math, sys
+rows = [line.split() for line in open(sys.argv[1])]
+assert [int(r[0]) for r in rows] == [3, 4, 5, 6], rows
+for it, lr, _, _ in rows:
+    t = (int(it) - 1) / 5
+    want = 1e-3 + 0.5 * (math.cos(math.pi * t) + 1) * 9e-3
+    assert abs(float(lr) - want) <= 1e-15, (it, lr, want)
+EOF2
+echo "$fails failure(s)"
+[ "$fails" -eq 0 ]
