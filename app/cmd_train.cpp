@@ -239,10 +239,12 @@ void add_flags(CLI::App* c, TrainArgs* a) {
               "from them, as Megatron), iteration and data position are loaded");
   c->add_flag("--no-load-rng", t.no_load_rng,
               "with --load: do not restore the saved generator states");
-  c->add_flag("--override-opt_param-scheduler", t.override_opt_param_scheduler,
+  c->add_flag("--override-opt_param-scheduler,--override-opt-param-scheduler",
+              t.override_opt_param_scheduler,
               "with --load: train with the flags' learning-rate schedule where it differs from "
               "the checkpoint's (refused by default, as Megatron)");
-  c->add_flag("--use-checkpoint-opt_param-scheduler", t.use_checkpoint_opt_param_scheduler,
+  c->add_flag("--use-checkpoint-opt_param-scheduler,--use-checkpoint-opt-param-scheduler",
+              t.use_checkpoint_opt_param_scheduler,
               "with --load: take the checkpoint's learning-rate schedule (rates, style, warmup "
               "and decay lengths) instead of the flags'");
   c->add_option("--dump-first-batch", t.dump_first_batch,
@@ -363,22 +365,27 @@ void resolve_schedule_lengths(TrainArgs* a) {
   if (samples) {
     if (given("--train-iters"))
       fail_usage("--train-iters and --train-samples both give the run's length; give one");
-    for (const char* f : {"--lr-decay-iters", "--lr-warmup-iters"})
-      if (given(f))
-        fail_usage("{} with --train-samples: the schedule counts samples there; give {}", f,
-                   std::string(f) == "--lr-decay-iters" ? "--lr-decay-samples"
-                                                        : "--lr-warmup-samples");
+    // Megatron asserts lr_decay_iters is None and lr_warmup_iters == 0 here.
+    if (given("--lr-decay-iters"))
+      fail_usage("--lr-decay-iters with --train-samples: the schedule counts samples there; "
+                 "give --lr-decay-samples");
+    if (t.lr.warmup_iters != 0)
+      fail_usage("--lr-warmup-iters with --train-samples: the schedule counts samples there; "
+                 "give --lr-warmup-samples");
     if (t.train_samples < 1) fail_usage("--train-samples must be >= 1 (got {})", t.train_samples);
   } else {
-    for (const char* f : {"--lr-decay-samples", "--lr-warmup-samples"})
-      if (given(f))
-        fail_usage("{} needs --train-samples (sample-based training); with --train-iters give "
-                   "{}", f, std::string(f) == "--lr-decay-samples" ? "--lr-decay-iters"
-                                                                   : "--lr-warmup-iters");
+    // Megatron asserts lr_decay_samples is None and lr_warmup_samples == 0 here.
+    if (given("--lr-decay-samples"))
+      fail_usage("--lr-decay-samples needs --train-samples (sample-based training); with "
+                 "--train-iters give --lr-decay-iters");
+    if (t.lr.warmup_samples != 0)
+      fail_usage("--lr-warmup-samples needs --train-samples (sample-based training); with "
+                 "--train-iters give --lr-warmup-iters");
   }
   if (given("--lr-warmup-fraction")) {
     const char* other = samples ? "--lr-warmup-samples" : "--lr-warmup-iters";
-    if (given(other)) fail_usage("--lr-warmup-fraction and {} both give the warmup; give one", other);
+    if ((samples ? t.lr.warmup_samples : t.lr.warmup_iters) != 0)  // Megatron asserts == 0
+      fail_usage("--lr-warmup-fraction and {} both give the warmup; give one", other);
     if (!(t.lr.warmup_fraction >= 0 && t.lr.warmup_fraction <= 1))  // -1 means "not given"
       fail_usage("--lr-warmup-fraction must be in [0, 1] (got {})", t.lr.warmup_fraction);
   }
@@ -436,6 +443,15 @@ void resolve_train_args(TrainArgs* a) {
   if (a->app->get_option("--num-query-groups")->count() == 0)
     t.model.num_query_groups = t.model.num_attention_heads;
   t.model.position_embedding_type = a->recipe.position_embedding_type;  // checked below
+  // Megatron's older flags: --use-rotary-position-embeddings sets rope; --no-position-embedding
+  // is an error beside another type than rope.
+  if (a->app->get_option("--use-rotary-position-embeddings")->count() > 0)
+    t.model.position_embedding_type = "rope";
+  if (a->app->get_option("--no-position-embedding")->count() > 0 &&
+      t.model.position_embedding_type != "rope")
+    fail_usage("--no-position-embedding is deprecated: use --position-embedding-type (Megatron "
+               "refuses it beside --position-embedding-type {} too)",
+               t.model.position_embedding_type);
   // --use-checkpoint-args first: the layer patterns below resolve against its layer count.
   bool moe_layers_from_checkpoint = false, model_from_checkpoint = false;
   if (a->use_checkpoint_args) {
@@ -490,7 +506,7 @@ void resolve_train_args(TrainArgs* a) {
   check_recipe_flags(a->recipe, t.model.seq_length);
   a->megatron_warnings = check_megatron_flags(a->megatron);
   resolve_schedule_lengths(a);
-  resolve_pipeline_split(a, !pattern.empty());
+  resolve_pipeline_split(a, t.model.hybrid());
   resolve_tokenizer(a);
   fused::set_enabled(!a->no_fused);
 }

@@ -167,8 +167,9 @@ Runs check_runs(const TrainFlags& f, const VerifyArgs& v, int world) {
     if (d1 > 0 && d2 > 0)
       base.global_batch_size = after.global_batch_size = base.micro_batch_size * std::lcm(d1, d2);
   }
-  resolve_train_samples(&base);
-  resolve_train_samples(&after);
+  if (base.train_samples >= 0)
+    fail_usage("--train-samples: verify-resume trains to --to iterations; give the schedule in "
+               "iterations (--lr-decay-iters, --lr-warmup-iters)");
   // Every run saves into the work directory (verify_resume sets the paths once it exists); a
   // placeholder until then, so that the flags that need a --save (--async-save) are validated
   // as they will run.

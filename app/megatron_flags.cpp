@@ -34,7 +34,6 @@ constexpr std::pair<const char*, const char*> kAccepted[] = {
     {"--moe-permute-fusion", "kernel choice"},
     {"--moe-router-fusion", "kernel choice"},
     {"--moe-shared-expert-overlap", "scheduling only"},
-    {"--moe-use-legacy-grouped-gemm", "kernel choice (--moe-grouped-gemm is weft's switch)"},
     {"--tp-comm-overlap", "scheduling only (weft trains with tensor parallel size 1)"},
     {"--sequence-parallel", "with tensor parallel size 1 Megatron turns it off too"},
     {"--use-torch-fsdp2", "weft's FSDP shards parameters, gradients and optimizer state"},
@@ -48,7 +47,6 @@ constexpr std::pair<const char*, const char*> kAccepted[] = {
     {"--use-persistent-ckpt-worker", "--async-save writes on a background thread of its own"},
     {"--manual-gc", "Python's garbage collector; nothing to collect in weft"},
     {"--no-create-attention-mask-in-dataloader", "weft's attention is causal without a mask"},
-    {"--mmap-bin-files", "the .bin files are always read through mmap"},
     {"--no-mmap-bin-files", "the same tokens either way"},
     {"--init-model-with-meta-device", "initialisation place only: the same values"},
     {"--use-cpu-initialization", "weft initialises on the CPU generator either way"},
@@ -57,10 +55,27 @@ constexpr std::pair<const char*, const char*> kAccepted[] = {
     {"--log-validation-ppl-to-tensorboard", "always written (lm loss validation ppl)"},
     {"--log-memory-to-tensorboard", "always written (mem-max-allocated-bytes)"},
     {"--log-timers-to-tensorboard", "iteration-time is always written"},
-    {"--log-loss-scale-to-tensorboard", "no loss scale in bf16/fp32"},
+    {"--no-log-loss-scale-to-tensorboard", "no loss scale in bf16/fp32"},
     {"--calculate-per-token-loss",
      "every token of a global batch counts once: without a loss mask the per-token mean equals "
      "the mean of the microbatch means"},
+};
+
+// Flags with a value that only a setting weft refuses reads (--fp16, --fp8-format, a capacity
+// factor, expert bias, WSD): without it they do nothing in Megatron either, so accepted.
+constexpr std::pair<const char*, const char*> kAcceptedWithValue[] = {
+    {"--initial-loss-scale", "read only with --fp16"},
+    {"--min-loss-scale", "read only with --fp16"},
+    {"--loss-scale-window", "read only with --fp16"},
+    {"--hysteresis", "read only with --fp16"},
+    {"--fp8-recipe", "read only with --fp8-format"},
+    {"--fp8-amax-history-len", "read only with --fp8-format"},
+    {"--fp8-amax-compute-algo", "read only with --fp8-format"},
+    {"--moe-token-drop-policy", "read only with --moe-expert-capacity-factor"},
+    {"--moe-router-bias-update-rate", "read only with --moe-router-enable-expert-bias"},
+    {"--lr-wsd-decay-style", "read only with --lr-decay-style WSD"},
+    {"--lr-wsd-decay-iters", "read only with --lr-decay-style WSD"},
+    {"--lr-wsd-decay-samples", "read only with --lr-decay-style WSD"},
 };
 
 // Flags that change only Megatron output weft has not: accepted with a warning.
@@ -89,15 +104,8 @@ struct Refused {
 };
 constexpr Refused kRefused[] = {
     {"--fp16", 0, "weft trains in bf16 (--bf16) or float32, without loss scaling"},
-    {"--loss-scale", 1, "loss scaling belongs to --fp16, which weft does not implement"},
-    {"--initial-loss-scale", 1, "loss scaling belongs to --fp16, which weft does not implement"},
-    {"--min-loss-scale", 1, "loss scaling belongs to --fp16, which weft does not implement"},
-    {"--loss-scale-window", 1, "loss scaling belongs to --fp16, which weft does not implement"},
-    {"--hysteresis", 1, "loss scaling belongs to --fp16, which weft does not implement"},
+    {"--loss-scale", 1, "weft does not scale the loss (Megatron applies it in bf16 too)"},
     {"--fp8-format", 1, "weft computes in bf16 or float32, not FP8"},
-    {"--fp8-recipe", 1, "weft computes in bf16 or float32, not FP8"},
-    {"--fp8-amax-history-len", 1, "weft computes in bf16 or float32, not FP8"},
-    {"--fp8-amax-compute-algo", 1, "weft computes in bf16 or float32, not FP8"},
     {"--fp8-param-gather", 0, "weft computes in bf16 or float32, not FP8"},
     {"--grad-reduce-in-bf16", 0, "weft reduces gradients in float32 only"},
     {"--fp32-residual-connection", 0, "weft's residual stream is in the compute dtype"},
@@ -122,11 +130,9 @@ constexpr Refused kRefused[] = {
     {"--reset-attention-mask", 0, "weft's attention spans the whole sample"},
     {"--moe-expert-capacity-factor", 1, "weft's experts take every routed token (no dropping)"},
     {"--moe-pad-expert-input-to-capacity", 0, "weft's experts take every routed token"},
-    {"--moe-token-drop-policy", 1, "weft's experts take every routed token (no dropping)"},
     {"--moe-z-loss-coeff", 1, "weft's router has the load-balancing loss only"},
     {"--moe-router-enable-expert-bias", 0,
      "weft's router has no expert bias (aux-loss-free balancing)"},
-    {"--moe-router-bias-update-rate", 1, "weft's router has no expert bias"},
     {"--moe-router-num-groups", 1, "weft's router picks the top-k over all experts"},
     {"--moe-router-group-topk", 1, "weft's router picks the top-k over all experts"},
     {"--moe-input-jitter-eps", 1, "weft's router adds no input noise"},
@@ -136,9 +142,6 @@ constexpr Refused kRefused[] = {
     {"--decoupled-min-lr", 1, "weft has one learning rate for every parameter"},
     {"--start-weight-decay", 1, "weft's weight decay is constant (--weight-decay)"},
     {"--end-weight-decay", 1, "weft's weight decay is constant (--weight-decay)"},
-    {"--lr-wsd-decay-style", 1, "--lr-decay-style WSD is not implemented"},
-    {"--lr-wsd-decay-iters", 1, "--lr-decay-style WSD is not implemented"},
-    {"--lr-wsd-decay-samples", 1, "--lr-decay-style WSD is not implemented"},
     {"--vocab-file", 1,
      "weft's tokenizers are SentencePiece models (--tokenizer-model) or none (NullTokenizer)"},
     {"--merge-file", 1,
@@ -147,7 +150,6 @@ constexpr Refused kRefused[] = {
     {"--spec", -1, "weft has one model code (a Megatron spec does not apply)"},
     {"--apply-layernorm-1p", 0, "weft's RMSNorm multiplies by its weight, not 1 + weight"},
     {"--add-qkv-bias", 0, "weft's linear layers have no biases"},
-    {"--add-bias-linear", 0, "weft's linear layers have no biases"},
     {"--squared-relu", 0, "weft's MLP is SwiGLU"},
     {"--openai-gelu", 0, "weft's MLP is SwiGLU"},
     {"--init-method-xavier-uniform", 0,
@@ -156,9 +158,6 @@ constexpr Refused kRefused[] = {
     {"--q-lora-rank", 1, "weft's attention is grouped-query attention (no MLA)"},
     {"--kv-lora-rank", 1, "weft's attention is grouped-query attention (no MLA)"},
     {"--heterogeneous-layers-config-path", 1, "weft's layers share one configuration"},
-    {"--hybrid-attention-ratio", 1,
-     "give the layers with --hybrid-layer-pattern (e.g. 'M*M-')"},
-    {"--hybrid-mlp-ratio", 1, "give the layers with --hybrid-layer-pattern (e.g. 'M*M-')"},
     {"--non-persistent-save-interval", 1, "weft saves every checkpoint to --save"},
     {"--non-persistent-ckpt-type", 1, "weft saves every checkpoint to --save"},
 };
@@ -189,7 +188,9 @@ void add_megatron_flags(CLI::App* c, MegatronFlags* f) {
       "weft always shards as optim_grads_params (other values warn; same results)");
   opt("--outer-dp-sharding-strategy", f->outer_dp_sharding,
       "no_shard: HSDP replicas hold whole copies");
-  opt("--rerun-mode", f->rerun_mode, "disabled");
+  opt("--rerun-mode", f->rerun_mode,
+      "validate_results (Megatron's default) | disabled: weft's non-finite check "
+      "(--check-for-nan-in-loss-and-grad) stands for the rerun machine; report_stats warns");
   opt("--weight-decay-incr-style", f->wd_incr_style, "constant");
   opt("--cross-entropy-fusion-impl", f->ce_fusion_impl, "native | te: kernel choice");
   opt("--rotary-percent", f->rotary_percent, "1.0 (weft rotates the whole head)");
@@ -201,6 +202,8 @@ void add_megatron_flags(CLI::App* c, MegatronFlags* f) {
   opt("--logging-level", f->logging_level, "accepted");
   opt("--empty-unused-memory-level", f->empty_unused_memory_level, "0 | 1 | 2: allocator only");
   opt("--manual-gc-interval", f->manual_gc_interval, "accepted (no garbage collector)");
+  static std::vector<std::string> sink;  // values of accepted-with-value, warned and refused
+                                         // flags: never read
   // CLI11 takes a const description (copied).
   for (auto [name, help] : kAccepted) {
     const std::string description = help;
@@ -210,7 +213,10 @@ void add_megatron_flags(CLI::App* c, MegatronFlags* f) {
     const std::string description = std::string("warns: ") + help;
     c->add_flag(name, description)->group(kGroup);
   }
-  static std::vector<std::string> sink;  // values of warned and refused flags: never read
+  for (auto [name, help] : kAcceptedWithValue) {
+    const std::string description = help;
+    c->add_option(name, sink, description)->expected(1)->group(kGroup);
+  }
   for (auto [name, help] : kWarnedWithValue) {
     const std::string description = std::string("warns: ") + help;
     c->add_option(name, sink, description)->expected(1)->group(kGroup);
@@ -247,8 +253,8 @@ std::vector<std::string> check_megatron_flags(const MegatronFlags& f) {
                       "must be no_shard, optim, optim_grads or optim_grads_params");
   one_of<std::string>("--outer-dp-sharding-strategy", f.outer_dp_sharding, {"no_shard", "optim"},
                       "must be no_shard or optim");
-  one_of<std::string>("--rerun-mode", f.rerun_mode, {"disabled"},
-                      "weft has no rerun state machine; give disabled or leave the flag out");
+  one_of<std::string>("--rerun-mode", f.rerun_mode, {"validate_results", "report_stats", "disabled"},
+                      "must be validate_results, report_stats or disabled");
   one_of<std::string>("--weight-decay-incr-style", f.wd_incr_style, {"constant"},
                       "weft's weight decay is constant");
   one_of<std::string>("--cross-entropy-fusion-impl", f.ce_fusion_impl, {"native", "te"},
@@ -279,6 +285,9 @@ std::vector<std::string> check_megatron_flags(const MegatronFlags& f) {
         "--data-parallel-sharding-strategy {}: weft shards parameters, gradients and optimizer "
         "state over the data-parallel ranks as optim_grads_params (the same results; memory as "
         "`weft plan` shows)", f.dp_sharding));
+  if (f.rerun_mode == "report_stats")
+    warnings.push_back("--rerun-mode report_stats has no effect: weft does not rerun iterations "
+                       "to measure their reproducibility");
   if (f.outer_dp_sharding != "no_shard")
     warnings.push_back(fmt::format(
         "--outer-dp-sharding-strategy {}: weft's HSDP replicas hold whole copies of their "

@@ -8,9 +8,10 @@
 #   they describe the same schedule, and a sample-granular warmup where they do not;
 # - --account-for-embedding/loss-in-pipeline-split give Megatron's stages, as the equivalent
 #   --decoder-first/last-pipeline-num-layers;
-# - a resume whose schedule differs from the checkpoint's is refused (Megatron's check), unless
-#   --override-opt_param-scheduler (the flags' schedule) or --use-checkpoint-opt_param-scheduler
-#   (the checkpoint's: the straight run's bits).
+# - a resume whose schedule differs from the checkpoint's warns (Megatron refuses it) and trains
+#   with the flags' schedule, as --override-opt_param-scheduler does without the warning;
+#   --use-checkpoint-opt_param-scheduler continues the checkpoint's (the straight run's bits);
+#   a resume at another --global-batch-size continues the schedule's samples.
 # Usage: megatron_flags.sh WEFT MPIRUN...
 set -u
 weft=$1
@@ -59,7 +60,8 @@ run accepted --train-iters 4 --log-throughput --exit-signal-handler \
   --rotary-percent 1.0 --sequence-parallel --use-megatron-fsdp \
   --data-parallel-sharding-strategy optim_grads_params --manual-gc --timing-log-level 2 \
   --calculate-per-token-loss --no-create-attention-mask-in-dataloader --tensorboard-queue-size 5 \
-  --log-validation-ppl-to-tensorboard --log-memory-to-tensorboard --empty-unused-memory-level 1
+  --log-validation-ppl-to-tensorboard --log-memory-to-tensorboard --empty-unused-memory-level 1 \
+  --rerun-mode validate_results --initial-loss-scale 4096 --hysteresis 2 --fp8-recipe delayed
 same "accepted Megatron flags change no bit" plain accepted
 [ -s "$tmp/accepted.err" ] && bad "accepted flags printed to stderr: $(head -2 "$tmp/accepted.err")"
 
@@ -107,6 +109,8 @@ refuse "--lr-decay-samples needs --train-samples" --lr-decay-samples 8
 refuse "--lr-warmup-fraction and --lr-warmup-iters" --lr-warmup-fraction 0.1 --lr-warmup-iters 1
 refuse "--lr-warmup-fraction must be in [0, 1]" --lr-warmup-fraction 1.5
 refuse "--moe-router-topk-scaling-factor must be" --num-experts 4 --moe-router-topk-scaling-factor -1
+refuse "--no-position-embedding is deprecated" --no-position-embedding --position-embedding-type none
+refuse "--lr-warmup-iters with --train-samples" --train-samples 8 --lr-warmup-iters 1
 
 # --- sample-based lengths and the warmup fraction -----------------------------------------------
 # The global batch is 4 samples: 24 samples are 6 iterations, 8 samples of warmup 2.
@@ -158,8 +162,14 @@ refuse "--account-for-loss-in-pipeline-split and --decoder-first/last-pipeline-n
 # --- a resume's schedule against the checkpoint's (Megatron's _check_and_set) ------------------
 # The straight run: 4 iterations, cosine decay over 4; a checkpoint at 2.
 run straight --train-iters 4 --lr-warmup-iters 1 --save "$tmp/ck" --save-interval 2
-refuse "a decay of 24 samples (checkpoint: 16" --train-iters 6 --lr-warmup-iters 1 --load "$tmp/ck" --ckpt-step 2
-refuse "--lr 0.02 (checkpoint: 0.01)" --train-iters 4 --lr-warmup-iters 1 --load "$tmp/ck" --ckpt-step 2 --lr 2e-2
+# A longer run (the decay defaulting to it) trains on with its own schedule and warns, naming
+# what differs (Megatron refuses it); so does another --lr.
+run extended --train-iters 6 --lr-warmup-iters 1 --load "$tmp/ck" --ckpt-step 2
+grep -qF "warning: --load $tmp/ck: this run's learning-rate schedule differs from the checkpoint's: a decay of 24 samples (checkpoint: 16" "$tmp/extended.err" &&
+  ok "a longer --train-iters on resume warns, naming the decay" || bad "no schedule warning: $(cat "$tmp/extended.err")"
+run higher --train-iters 4 --lr-warmup-iters 1 --load "$tmp/ck" --ckpt-step 2 --lr 2e-2
+grep -qF -- "--lr 0.02 (checkpoint: 0.01)" "$tmp/higher.err" && ok "another --lr on resume warns, naming it" ||
+  bad "no --lr warning: $(cat "$tmp/higher.err")"
 refuse "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler" --train-iters 4 \
   --load "$tmp/ck" --ckpt-step 2 --override-opt_param-scheduler --use-checkpoint-opt_param-scheduler
 # --use-checkpoint-opt_param-scheduler continues the checkpoint's schedule: iterations 3-4 are the
@@ -173,6 +183,9 @@ same "--use-checkpoint-opt_param-scheduler: iterations 3-4 as the straight run" 
   bad "--use-checkpoint-opt_param-scheduler: iteration 5's lr $(sed -n 3p "$tmp/continued.txt")"
 # --override-opt_param-scheduler trains with the flags' schedule: a decay over 6 iterations.
 run overridden --train-iters 6 --lr-warmup-iters 1 --load "$tmp/ck" --ckpt-step 2 --override-opt_param-scheduler
+same "the warned resume trains with the flags' schedule, as --override-opt_param-scheduler" extended overridden
+grep -q "learning-rate schedule differs" "$tmp/overridden.err" &&
+  bad "--override-opt_param-scheduler still warns" || ok "--override-opt_param-scheduler: no warning"
 python3 - "$tmp/overridden.txt" <<'EOF2' && ok "--override-opt_param-scheduler: the flags' decay over 6 iterations" || bad "--override-opt_param-scheduler: $(cat "$tmp/overridden.txt")"
 import math, sys
 rows = [line.split() for line in open(sys.argv[1])]
@@ -180,6 +193,20 @@ assert [int(r[0]) for r in rows] == [3, 4, 5, 6], rows
 for it, lr, _, _ in rows:
     t = (int(it) - 1) / 5
     want = 1e-3 + 0.5 * (math.cos(math.pi * t) + 1) * 9e-3
+    assert abs(float(lr) - want) <= 1e-15, (it, lr, want)
+EOF2
+# A resume at another --global-batch-size continues the schedule's samples (Megatron's num_steps):
+# 32 samples at 4 per batch, saved at iteration 2 (8 samples); resumed at 8 per batch, the
+# update of iteration 3 ends at 16 samples.
+run batch4 --train-samples 32 --lr-warmup-samples 4 --save "$tmp/ckb" --save-interval 2 \
+  --exit-interval 2
+run batch8 --train-samples 32 --lr-warmup-samples 4 --load "$tmp/ckb" --global-batch-size 8
+python3 - "$tmp/batch8.txt" <<'EOF2' && ok "a resume at another batch continues the samples of the schedule" || bad "resume at batch 8: $(cat "$tmp/batch8.txt")"
+import math, sys
+rows = [line.split() for line in open(sys.argv[1])]
+assert [int(r[0]) for r in rows] == [3, 4], rows
+for (it, lr, _, _), n in zip(rows, (16, 24)):
+    want = 1e-3 + 0.5 * (math.cos(math.pi * (n - 4) / (32 - 4)) + 1) * 9e-3
     assert abs(float(lr) - want) <= 1e-15, (it, lr, want)
 EOF2
 echo "$fails failure(s)"

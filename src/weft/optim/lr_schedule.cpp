@@ -39,8 +39,7 @@ std::pair<double, double> lr_warmup_and_decay_samples(const LrScheduleConfig& c)
   return {warmup, decay};
 }
 
-double lr_at(const LrScheduleConfig& c, int64_t updates) {
-  const double n = static_cast<double>(updates) * static_cast<double>(c.global_batch);
+double lr_at(const LrScheduleConfig& c, double n) {
   const auto [warmup, decay] = lr_warmup_and_decay_samples(c);
   if (warmup > 0 && n <= warmup) return c.warmup_init + (c.lr - c.warmup_init) * n / warmup;
   if (c.style == "constant") return c.lr;

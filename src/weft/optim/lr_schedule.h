@@ -26,12 +26,16 @@ struct LrScheduleConfig {
   bool sample_based = false;    // --train-samples given: the lengths below, in samples
   int64_t warmup_samples = 0;   // --lr-warmup-samples
   int64_t decay_samples = -1;   // --lr-decay-samples (default: --train-samples)
-  int64_t global_batch = 1;     // samples per update (the trainer sets --global-batch-size)
+  int64_t global_batch = 1;     // samples per iteration of the lengths in iterations (the
+                                // trainer sets --global-batch-size; a checkpoint's, taken by
+                                // --use-checkpoint-opt_param-scheduler, its own)
 };
 
 // Throws UsageError naming the flag for an unknown style or inconsistent lengths.
 void validate_lr_schedule(const LrScheduleConfig& c);
-double lr_at(const LrScheduleConfig& c, int64_t updates);
+// `samples`: Megatron's num_steps, the samples of the updates made so far (updates x
+// global_batch while the batch is constant; a resume at another batch continues the count).
+double lr_at(const LrScheduleConfig& c, double samples);
 // Megatron's lr_warmup_steps and lr_decay_steps: the warmup and decay lengths in samples.
 std::pair<double, double> lr_warmup_and_decay_samples(const LrScheduleConfig& c);
 

@@ -7,10 +7,22 @@
 
 #include <vector>
 
-#include "weft/core/error.h"
 
 namespace weft {
 namespace {
+
+int64_t saved_global_batch(const nlohmann::json& meta, int64_t fallback) {
+  if (auto cfg = meta.find("config"); cfg != meta.end() && cfg->is_object())
+    return cfg->value("global_batch_size", fallback);
+  return fallback;
+}
+
+double saved_weight_decay(const nlohmann::json& meta, double fallback) {
+  if (auto cfg = meta.find("config"); cfg != meta.end() && cfg->is_object())
+    if (auto opt = cfg->find("optimizer"); opt != cfg->end() && opt->is_object())
+      return opt->value("weight_decay", fallback);
+  return fallback;
+}
 
 // The schedule metadata.json records (trainer.cpp, "lr_scheduler"); keys absent from older
 // checkpoints keep their defaults (iteration-based lengths, no warmup fraction).
@@ -27,23 +39,21 @@ LrScheduleConfig saved_schedule(const nlohmann::json& meta, int64_t run_global_b
   c.sample_based = s.value("sample_based", c.sample_based);
   c.warmup_samples = s.value("warmup_samples", c.warmup_samples);
   c.decay_samples = s.value("decay_samples", c.decay_samples);
-  c.global_batch = run_global_batch;
-  if (auto cfg = meta.find("config"); cfg != meta.end() && cfg->is_object())
-    c.global_batch = cfg->value("global_batch_size", c.global_batch);
+  c.global_batch = s.value("global_batch", saved_global_batch(meta, run_global_batch));
   return c;
 }
 
 }  // namespace
 
-void resume_lr_schedule(const nlohmann::json& meta, const ScheduleResume& how,
-                        const std::string& load, LrScheduleConfig* run) {
-  if (how.override_flags || !meta.contains("lr_scheduler")) return;
+std::string resume_lr_schedule(const nlohmann::json& meta, const ScheduleResume& how,
+                               const std::string& load, LrScheduleConfig* run) {
+  if (how.override_flags || !meta.contains("lr_scheduler")) return "";
   const LrScheduleConfig saved = saved_schedule(meta, run->global_batch);
-  if (how.use_checkpoint) {
-    const int64_t g = run->global_batch;  // lengths in iterations stay iterations of this run
+  if (how.use_checkpoint) {  // its lengths with its batch: the same samples as it had
+    const double init = run->warmup_init;
     *run = saved;
-    run->global_batch = g;
-    return;
+    run->warmup_init = init;
+    return "";
   }
   const auto [w_run, d_run] = lr_warmup_and_decay_samples(*run);
   const auto [w_saved, d_saved] = lr_warmup_and_decay_samples(saved);
@@ -55,16 +65,25 @@ void resume_lr_schedule(const nlohmann::json& meta, const ScheduleResume& how,
     diff.push_back(fmt::format("--lr-decay-style {} (checkpoint: {})", run->style, saved.style));
   if (w_run != w_saved)
     diff.push_back(fmt::format("a warmup of {} samples (checkpoint: {})", w_run, w_saved));
+  const double wd_saved = saved_weight_decay(meta, how.weight_decay);
+  if (how.weight_decay != wd_saved)
+    diff.push_back(fmt::format("--weight-decay {} (checkpoint: {})", how.weight_decay, wd_saved));
   if (d_run != d_saved)
     diff.push_back(fmt::format("a decay of {} samples (checkpoint: {}; --lr-decay-iters defaults "
                                "to --train-iters, --lr-decay-samples to --train-samples)",
                                d_run, d_saved));
-  if (diff.empty()) return;
-  fail_usage("--load {}: this run's learning-rate schedule differs from the checkpoint's: {}; "
-             "give the checkpoint's values, --override-opt_param-scheduler to train on with this "
-             "run's schedule, or --use-checkpoint-opt_param-scheduler to continue the "
-             "checkpoint's (Megatron refuses the same)",
-             load, fmt::join(diff, ", "));
+  if (diff.empty()) return "";
+  return fmt::format("--load {}: this run's learning-rate schedule differs from the "
+                     "checkpoint's: {}; training on with this run's (Megatron refuses this "
+                     "resume: --override-opt_param-scheduler keeps this run's without this "
+                     "warning, --use-checkpoint-opt_param-scheduler continues the checkpoint's)",
+                     load, fmt::join(diff, ", "));
+}
+
+int64_t checkpoint_scheduler_samples(const nlohmann::json& meta, int64_t steps) {
+  if (auto s = meta.find("lr_scheduler"); s != meta.end() && s->contains("num_steps"))
+    return s->at("num_steps").get<int64_t>();
+  return steps * saved_global_batch(meta, 1);
 }
 
 }  // namespace weft

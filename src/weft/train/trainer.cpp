@@ -271,6 +271,14 @@ void check_same_config_on_every_rank(const TrainConfig& cfg, Communicator& world
   // the collective that names the parameter.
   leaves.emplace_back("check_for_nan_in_loss_and_grad", cfg.check_for_nan ? "true" : "false");
   leaves.emplace_back("max_skipped_iterations", std::to_string(cfg.max_skipped_iterations));
+  // What a --load restores, and how the schedule resumes: a rank that loads otherwise would
+  // fail alone, or train at another rate.
+  for (auto [name, on] : {std::pair{"finetune", cfg.finetune}, {"no_load_optim", cfg.no_load_optim},
+                          {"no_load_rng", cfg.no_load_rng},
+                          {"override_opt_param_scheduler", cfg.override_opt_param_scheduler},
+                          {"use_checkpoint_opt_param_scheduler",
+                           cfg.use_checkpoint_opt_param_scheduler}})
+    leaves.emplace_back(name, on ? "true" : "false");
   const int64_t n = static_cast<int64_t>(leaves.size());
   at::Tensor mine = at::empty({n}, at::kLong);
   for (int64_t i = 0; i < n; ++i)
@@ -346,10 +354,13 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
     req.no_load_rng = cfg_.no_load_rng;
     req.check_metadata = [this](const nlohmann::json& meta) {
       check_checkpoint_model(meta);
-      if (!cfg_.finetune && !cfg_.no_load_optim)  // the schedule's step count is restored
-        resume_lr_schedule(meta, {cfg_.override_opt_param_scheduler,
-                                  cfg_.use_checkpoint_opt_param_scheduler},
-                           cfg_.load, &cfg_.lr);
+      if (cfg_.finetune || cfg_.no_load_optim) return;  // the schedule starts afresh
+      const std::string warning = resume_lr_schedule(
+          meta, {cfg_.override_opt_param_scheduler, cfg_.use_checkpoint_opt_param_scheduler,
+                 cfg_.adam.weight_decay},
+          cfg_.load, &cfg_.lr);
+      if (!warning.empty() && groups_.rank() == 0 && !cfg_.quiet)
+        fmt::print(stderr, "weft train: warning: {}\n", warning);
     };
     nlohmann::json meta = ckpt_load(req, *stage_, *optimizer_, groups);
     if (meta.is_null() && cfg_.finetune)
@@ -365,6 +376,10 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
       warn_if_other_data(meta);
       iteration_ = meta.value("iteration", 0);
       consumed_samples_ = meta.value("consumed_samples", int64_t{0});
+      if (!cfg_.no_load_optim) {  // the schedule continues from the checkpoint's samples
+        lr_base_steps_ = optimizer_->steps();
+        lr_base_samples_ = checkpoint_scheduler_samples(meta, lr_base_steps_);
+      }
       skipped_iters_ = meta.value("skipped_iterations", 0);
       nan_iters_ = meta.value("nan_iterations", 0);
       last_saved_ = iteration_;
@@ -374,6 +389,10 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
                    cfg_.no_load_optim ? "; --no-load-optim: a fresh optimizer" : "");
     }
   }
+}
+
+int64_t Trainer::scheduler_samples() const {
+  return lr_base_samples_ + (optimizer_->steps() - lr_base_steps_) * cfg_.global_batch_size;
 }
 
 void Trainer::check_save_space() const {
@@ -442,6 +461,8 @@ void Trainer::save() {
                        {"sample_based", cfg_.lr.sample_based},
                        {"warmup_samples", cfg_.lr.warmup_samples},
                        {"decay_samples", cfg_.lr.decay_samples},
+                       {"global_batch", cfg_.lr.global_batch},
+                       {"num_steps", scheduler_samples()},
                        {"iteration", iteration_}};
   m["data"] = data_->identity();
   m["data"]["consumed_samples"] = consumed_samples_;
@@ -644,7 +665,7 @@ IterationStats Trainer::train_step() {
   const int it = iteration_ + 1;
   // The rate of the updates made so far (lr_schedule.h: Megatron's scheduler, which skipped
   // iterations do not advance); the log shows the rate after this iteration's update.
-  const double lr = lr_at(cfg_.lr, optimizer_->steps());
+  const double lr = lr_at(cfg_.lr, static_cast<double>(scheduler_samples()));
   // Fault injection (core/fault.h): a usage error on one rank only, after collectives started
   // (tests that the command aborts the job instead of leaving the peers waiting).
   if (fault_error("train.usage_error", groups_.rank(), it))
@@ -723,7 +744,7 @@ IterationStats Trainer::train_step() {
   // save's snapshot copies, evaluation) is queued on the same stream and so runs after the
   // update. The step time below is the host's; since every step waits for its own losses, in
   // the steady state it equals the device's time per step.
-  s.lr = lr_at(cfg_.lr, optimizer_->steps());
+  s.lr = lr_at(cfg_.lr, static_cast<double>(scheduler_samples()));
   iteration_ = it;
   consumed_samples_ += cfg_.global_batch_size;
   s.consumed_samples = consumed_samples_;

@@ -236,6 +236,11 @@ class Trainer {
   int dp_rank_ = 0;
   int iteration_ = 0;
   int64_t consumed_samples_ = 0;
+  // The learning-rate schedule's position, Megatron's num_steps: the samples of the updates
+  // made, counted from a resumed checkpoint's (lr_base_samples_ at lr_base_steps_ optimizer
+  // steps), so that a resume at another --global-batch-size continues it.
+  int64_t lr_base_samples_ = 0, lr_base_steps_ = 0;
+  int64_t scheduler_samples() const;
   int skipped_iters_ = 0;
   int nan_iters_ = 0;
   int consecutive_skipped_ = 0;  // for --max-skipped-iterations
