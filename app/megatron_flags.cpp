@@ -205,22 +205,16 @@ void add_megatron_flags(CLI::App* c, MegatronFlags* f) {
   static std::vector<std::string> sink;  // values of accepted-with-value, warned and refused
                                          // flags: never read
   // CLI11 takes a const description (copied).
-  for (auto [name, help] : kAccepted) {
-    const std::string description = help;
+  const auto flag = [&](const char* name, const std::string& description) {
     c->add_flag(name, description)->group(kGroup);
-  }
-  for (auto [name, help] : kWarned) {
-    const std::string description = std::string("warns: ") + help;
-    c->add_flag(name, description)->group(kGroup);
-  }
-  for (auto [name, help] : kAcceptedWithValue) {
-    const std::string description = help;
+  };
+  const auto with_value = [&](const char* name, const std::string& description) {
     c->add_option(name, sink, description)->expected(1)->group(kGroup);
-  }
-  for (auto [name, help] : kWarnedWithValue) {
-    const std::string description = std::string("warns: ") + help;
-    c->add_option(name, sink, description)->expected(1)->group(kGroup);
-  }
+  };
+  for (auto [name, help] : kAccepted) flag(name, help);
+  for (auto [name, help] : kWarned) flag(name, std::string("warns: ") + help);
+  for (auto [name, help] : kAcceptedWithValue) with_value(name, help);
+  for (auto [name, help] : kWarnedWithValue) with_value(name, std::string("warns: ") + help);
   for (const Refused& r : kRefused) {
     const std::string help = std::string("refused: ") + r.why;
     if (r.nargs == 0)
