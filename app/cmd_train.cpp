@@ -91,9 +91,12 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--num-layers", m.num_layers, "transformer layers");
   opt("--hidden-size", m.hidden_size, "hidden size");
   c->add_option("--ffn-hidden-size", m.ffn_hidden_size,
-                "SwiGLU hidden size (default: Megatron's with --swiglu, int(4 * hidden * 2 / 3 "
-                "/ 64) * 64)")
+                "MLP hidden size (default: Megatron's, int(4 * hidden * 2 / 3 / 64) * 64 for "
+                "SwiGLU, 4 * hidden with --squared-relu)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  c->add_flag("--squared-relu", m.squared_relu,
+              "MLPs and experts are fc2(relu(fc1 x)^2), no gate (Megatron's flag, Nemotron-H's "
+              "MLP); default SwiGLU");
   opt("--num-attention-heads", m.num_attention_heads, "attention heads");
   c->add_option("--num-query-groups", m.num_query_groups,
                 "key/value heads (grouped-query attention; default: one per attention head, as "
@@ -120,7 +123,7 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--moe-ffn-hidden-size", m.moe_ffn_hidden_size,
       "SwiGLU hidden size of each routed expert (-1: --ffn-hidden-size)");
   opt("--moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size,
-      "SwiGLU hidden size of the shared expert run on every token (0: none)");
+      "hidden size of the shared expert run on every token (0: none)");
   opt("--moe-aux-loss-coeff", m.moe_aux_loss_coeff, "weight of the load-balancing loss");
   opt("--moe-router-score-function", m.moe_router_score_function, "softmax | sigmoid");
   c->add_flag("--moe-router-pre-softmax", m.moe_router_pre_softmax,
@@ -129,6 +132,11 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--moe-router-topk-scaling-factor", m.moe_router_topk_scaling_factor,
       "multiply the chosen experts' weights by this (0: not scaled)");
   opt("--moe-router-load-balancing-type", m.moe_router_load_balancing_type, "aux_loss | none");
+  c->add_flag("--moe-router-enable-expert-bias", m.moe_router_enable_expert_bias,
+              "aux-loss-free load balancing (sigmoid router): a per-expert bias on the scores "
+              "chooses the top k, moved each step towards balance (DeepSeek-V3)");
+  opt("--moe-router-bias-update-rate", m.moe_router_bias_update_rate,
+      "step of the expert bias per iteration (--moe-router-enable-expert-bias)");
   opt("--moe-layer-freq", a->moe_layer_freq,
       "MoE layer pattern: an int N (layer i is MoE when i % N == 0) or a list like [0,1,1,1]");
   a->moe_layer_freq_opt = c->get_option("--moe-layer-freq");
@@ -333,14 +341,16 @@ void resolve_tokenizer(TrainArgs* a) {
   }
 }
 
-// Megatron's --ffn-hidden-size default with --swiglu (weft's MLP is always SwiGLU): 8/3 of the
-// hidden size, rounded down to a multiple of 64. Below --hidden-size 96 that is 0: a model with
-// a layer that uses it (a dense MLP, or routed experts without --moe-ffn-hidden-size) then
-// needs the flag; one without keeps the unused value. The layout is the hybrid pattern's when
-// there is one, else --num-experts and --moe-layer-freq's.
+// Megatron's --ffn-hidden-size default: with --swiglu (weft's default MLP) 8/3 of the hidden
+// size, rounded down to a multiple of 64; otherwise (--squared-relu) 4 * hidden. Below
+// --hidden-size 96 the SwiGLU default is 0: a model with a layer that uses it (a dense MLP, or
+// routed experts without --moe-ffn-hidden-size) then needs the flag; one without keeps the
+// unused value. The layout is the hybrid pattern's when there is one, else --num-experts and
+// --moe-layer-freq's.
 void default_ffn_hidden_size(ModelConfig* m, const std::string& pattern) {
   if (m->hidden_size <= 0) return;  // validation names --hidden-size
-  const int ffn = static_cast<int>((4.0 * m->hidden_size * 2 / 3) / 64) * 64;
+  const int ffn = m->squared_relu ? 4 * m->hidden_size
+                                  : static_cast<int>((4.0 * m->hidden_size * 2 / 3) / 64) * 64;
   const auto& freq = m->moe_layer_pattern;
   const bool moe = pattern.empty() ? m->num_experts > 0 : pattern.find('E') != std::string::npos;
   const bool dense = pattern.empty()
@@ -468,6 +478,11 @@ void resolve_train_args(TrainArgs* a) {
       model_from_checkpoint = true;
     }  // else no tracker: the --load check (check_train_paths) refuses it, naming --load
   }
+  if (t.model.squared_relu && a->app->get_option("--swiglu")->count() > 0)
+    fail_usage("--swiglu and --squared-relu both given{}: the MLP is one or the other (Megatron "
+               "asserts the same)", model_from_checkpoint && a->app->get_option("--squared-relu")
+                                            ->count() == 0 ? " (--squared-relu from the "
+                                                             "checkpoint's arguments)" : "");
   const std::string pattern =
       a->hybrid_pattern.empty() ? a->hybrid_override_pattern : a->hybrid_pattern;
   if (!pattern.empty()) {
@@ -541,6 +556,8 @@ std::vector<std::string> ignored_flag_warnings(const TrainConfig& t) {
     out.push_back(fmt::format("--moe-router-pre-softmax has no effect with "
                               "--moe-router-score-function {} (as in Megatron)",
                               m.moe_router_score_function));
+  if (!any_moe && m.moe_router_enable_expert_bias)
+    out.push_back("--moe-router-enable-expert-bias has no effect without MoE layers");
   if (m.hybrid() && m.mtp_num_layers > 0 && m.mtp_layer_symbols.empty())
     out.push_back(fmt::format("--mtp-num-layers {} with --hybrid-layer-pattern '{}', which has no "
                               "MTP pattern: each MTP depth has its projection and norms but no "

@@ -27,7 +27,7 @@ void add_recipe_flags(CLI::App* c, RecipeFlags* r) {
       "local | transformer_engine: both run weft's own layers");
   // Flags without a value that state what weft always does: accepted, nothing to store.
   for (auto [name, help] : {
-           std::pair{"--swiglu", "the MLP is SwiGLU (always in weft)"},
+           std::pair{"--swiglu", "the MLP is SwiGLU (weft's default; not with --squared-relu)"},
            {"--disable-bias-linear", "no linear biases (always)"},
            {"--group-query-attention", "--num-query-groups applies (in weft whenever it is given)"},
            {"--use-rotary-position-embeddings",

@@ -160,7 +160,7 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
     fc1.push_back(unit.handle(i));
     fc2.push_back(unit.handle(L + i));
   }
-  weft::ExpertParallel dispatcher(&unit, &ep, experts, moe_ffn);
+  weft::ExpertParallel dispatcher(&unit, &ep, experts, cfg.expert_mlp());
 
   // The router bias is the same on every rank (hot experts are hot everywhere); tokens differ.
   const at::Tensor bias =
@@ -203,7 +203,7 @@ int run(int argc, char** argv, const weft::MpiRuntime& mpi) {
     });
     const double b = timed([&] {
       const at::Tensor x = arrived.detach().requires_grad_(true);
-      weft::grouped_expert_mlp(x, plan.local, fc1, fc2, moe_ffn).sum().backward();
+      weft::grouped_expert_mlp(x, plan.local, fc1, fc2, cfg.expert_mlp()).sum().backward();
     });
     const double c = timed([&] {
       const at::Tensor x = rows.detach().requires_grad_(true);

@@ -97,7 +97,7 @@ struct Reference {
         std::vector<ParamHandle> fc1, fc2;
         for (const auto& s : expert_param_specs(cfg, layer_prefix(l), 0, cfg.num_experts))
           (s.name.find("linear_fc1") != std::string::npos ? fc1 : fc2).push_back(add(s));
-        experts.push_back(std::make_unique<LocalExperts>(fc1, fc2, cfg.expert_ffn()));
+        experts.push_back(std::make_unique<LocalExperts>(fc1, fc2, cfg.expert_mlp()));
         ex = experts.back().get();
       }
       layers.push_back(layer_handles(&params, first, specs, layer_prefix(l), ex));

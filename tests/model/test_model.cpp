@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -204,6 +205,11 @@ struct Reference {
     const torch::Tensor h1 = x + attn.matmul(get(p + "self_attention.linear_proj.weight").t());
     const torch::Tensor xn2 = rms(h1, get(p + "pre_mlp_layernorm.weight"), cfg.norm_epsilon);
     const torch::Tensor fc1 = get(p + "mlp.linear_fc1.weight");
+    if (cfg.squared_relu) {  // Megatron's squared_relu: relu(x)^2, fc1 [ffn, h], no gate
+      const torch::Tensor a = xn2.matmul(fc1.t());
+      const torch::Tensor act = torch::where(a > 0, a * a, torch::zeros_like(a));
+      return h1 + act.matmul(get(p + "mlp.linear_fc2.weight").t());
+    }
     const torch::Tensor gate = xn2.matmul(fc1.slice(0, 0, ffn).t());
     const torch::Tensor up = xn2.matmul(fc1.slice(0, ffn, 2 * ffn).t());
     return h1 + (gate * torch::sigmoid(gate) * up).matmul(get(p + "mlp.linear_fc2.weight").t());
@@ -361,6 +367,22 @@ TEST(ModelReference, Float64NoPositionEmbedding) {
                     .item<double>();
   }
   EXPECT_GT(std::abs(losses[0] - losses[1]), 1e-6 * std::abs(losses[1]));
+}
+
+// --squared-relu (Nemotron-H's MLP): fc1 [ffn, h] and relu(x)^2, tied and untied.
+TEST(ModelReference, Float64SquaredRelu) {
+  ModelConfig cfg = small_config(false, 4, 2);
+  cfg.squared_relu = true;
+  check_against_reference(cfg, torch::kDouble, 1e-10);
+  check_against_reference(cfg, torch::kFloat, 1e-5);
+  cfg.untie_embeddings_and_output_weights = false;
+  check_against_reference(cfg, torch::kDouble, 1e-10);
+  const auto specs = layer_param_specs(cfg, 0);
+  const auto fc1 = std::find_if(specs.begin(), specs.end(), [](const ParamSpec& s) {
+    return s.name.find("mlp.linear_fc1") != std::string::npos;
+  });
+  ASSERT_NE(fc1, specs.end());
+  EXPECT_EQ(fc1->shape, (std::vector<int64_t>{cfg.ffn_hidden_size, cfg.hidden_size}));
 }
 
 // --- parameter specs and initialisation --------------------------------------------------------

@@ -24,7 +24,7 @@ namespace weft {
 namespace {
 
 ModelConfig moe_config(int experts, int topk, int shared, const std::string& score,
-                       bool pre_softmax = false, double scaling = 0) {
+                       bool pre_softmax = false, double scaling = 0, bool squared_relu = false) {
   ModelConfig c;
   c.num_layers = 1;
   c.hidden_size = 8;
@@ -40,6 +40,7 @@ ModelConfig moe_config(int experts, int topk, int shared, const std::string& sco
   c.moe_router_score_function = score;
   c.moe_router_pre_softmax = pre_softmax;
   c.moe_router_topk_scaling_factor = scaling;
+  c.squared_relu = squared_relu;
   return c;
 }
 
@@ -48,19 +49,26 @@ double rel_err(const torch::Tensor& got, const torch::Tensor& want) {
   return (got.to(torch::kDouble) - want).abs().max().item<double>() / scale;
 }
 
-torch::Tensor swiglu_ref(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& w2) {
+// One expert: SwiGLU (w1 [2f, h], gate rows first) or squared ReLU (w1 [f, h]).
+torch::Tensor mlp_ref(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& w2,
+                      bool squared_relu) {
   const int64_t f = w2.size(1);
   const torch::Tensor a = torch::matmul(x, w1.t());
+  if (squared_relu) return torch::matmul(torch::where(a > 0, a * a, torch::zeros_like(a)), w2.t());
   return torch::matmul(torch::silu(a.narrow(-1, 0, f)) * a.narrow(-1, f, f), w2.t());
 }
 
 // The reference: one token at a time.
 struct RefResult {
   torch::Tensor y, aux;
+  std::vector<double> chosen;  // (token, slot) pairs per expert
 };
+// `bias` (defined: the sigmoid router's expert bias, [E]) shifts the scores that choose the
+// experts; the weights are the unshifted scores.
 RefResult reference_moe(const torch::Tensor& x, const torch::Tensor& router,
                         const std::vector<torch::Tensor>& w1, const std::vector<torch::Tensor>& w2,
-                        const torch::Tensor& s1, const torch::Tensor& s2, const ModelConfig& cfg) {
+                        const torch::Tensor& s1, const torch::Tensor& s2, const ModelConfig& cfg,
+                        const torch::Tensor& bias = {}) {
   const int64_t T = x.size(0), E = cfg.num_experts, k = cfg.moe_router_topk;
   const bool softmax = cfg.moe_router_score_function == "softmax";
   std::vector<torch::Tensor> ys;
@@ -72,7 +80,8 @@ RefResult reference_moe(const torch::Tensor& x, const torch::Tensor& router,
     std::vector<int64_t> order(E);
     std::iota(order.begin(), order.end(), 0);
     std::vector<double> sv(E);
-    for (int64_t e = 0; e < E; ++e) sv[e] = score[e].item<double>();
+    for (int64_t e = 0; e < E; ++e)
+      sv[e] = score[e].item<double>() + (bias.defined() ? bias[e].item<double>() : 0.0);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return sv[a] > sv[b]; });
     std::vector<torch::Tensor> top;
     for (int64_t j = 0; j < k; ++j) top.push_back(score[order[j]]);
@@ -94,9 +103,9 @@ RefResult reference_moe(const torch::Tensor& x, const torch::Tensor& router,
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = order[j];
       chosen[e] += 1;
-      y = y + p[j] * swiglu_ref(x[t].unsqueeze(0), w1[e], w2[e])[0];
+      y = y + p[j] * mlp_ref(x[t].unsqueeze(0), w1[e], w2[e], cfg.squared_relu)[0];
     }
-    if (s1.defined()) y = y + swiglu_ref(x[t].unsqueeze(0), s1, s2)[0];
+    if (s1.defined()) y = y + mlp_ref(x[t].unsqueeze(0), s1, s2, cfg.squared_relu)[0];
     ys.push_back(y);
     const torch::Tensor all =
         softmax ? torch::softmax(logits, 0) : torch::sigmoid(logits) / (torch::sigmoid(logits).sum() + 1e-20);
@@ -105,7 +114,7 @@ RefResult reference_moe(const torch::Tensor& x, const torch::Tensor& router,
   torch::Tensor aux = torch::zeros({}, x.options());
   for (int64_t e = 0; e < E; ++e) aux = aux + prob_sum[e] * chosen[e];
   aux = aux * (static_cast<double>(E) / (static_cast<double>(k) * T * T));
-  return {torch::stack(ys), aux};
+  return {torch::stack(ys), aux, chosen};
 }
 
 struct Case {
@@ -113,18 +122,26 @@ struct Case {
   const char* score;
   bool pre_softmax = false;  // --moe-router-pre-softmax
   double scaling = 0;        // --moe-router-topk-scaling-factor
+  bool squared_relu = false; // --squared-relu experts and shared expert
+  bool expert_bias = false;  // --moe-router-enable-expert-bias (sigmoid)
 };
 
 TEST(Moe, MatchesPerTokenReference) {
   for (const Case& cs : {Case{4, 2, 0, "softmax"}, Case{4, 2, 6, "softmax"}, Case{5, 1, 0, "softmax"},
                          Case{4, 2, 6, "sigmoid"}, Case{6, 3, 0, "sigmoid"}, Case{3, 1, 4, "sigmoid"},
                          Case{4, 2, 0, "softmax", true}, Case{6, 3, 4, "softmax", true, 2.5},
-                         Case{5, 1, 0, "softmax", true}, Case{6, 3, 0, "sigmoid", false, 2.5}}) {
+                         Case{5, 1, 0, "softmax", true}, Case{6, 3, 0, "sigmoid", false, 2.5},
+                         Case{4, 2, 6, "softmax", false, 0, true},
+                         Case{6, 3, 4, "sigmoid", false, 2.5, true},
+                         Case{6, 2, 0, "sigmoid", false, 0, false, true},
+                         Case{6, 3, 4, "sigmoid", false, 2.5, true, true}}) {
     SCOPED_TRACE(::testing::Message() << cs.experts << " experts top-" << cs.topk << " shared "
                                       << cs.shared << " " << cs.score << " pre-softmax "
-                                      << cs.pre_softmax << " scaling " << cs.scaling);
-    const ModelConfig cfg =
-        moe_config(cs.experts, cs.topk, cs.shared, cs.score, cs.pre_softmax, cs.scaling);
+                                      << cs.pre_softmax << " scaling " << cs.scaling
+                                      << " squared relu " << cs.squared_relu << " expert bias "
+                                      << cs.expert_bias);
+    const ModelConfig cfg = moe_config(cs.experts, cs.topk, cs.shared, cs.score, cs.pre_softmax,
+                                       cs.scaling, cs.squared_relu);
     const auto opt = torch::TensorOptions().dtype(torch::kDouble);
     torch::manual_seed(3);
     const int64_t b = 2, s = 5, h = cfg.hidden_size;
@@ -147,13 +164,17 @@ TEST(Moe, MatchesPerTokenReference) {
       fc1.push_back(p.handle(base + e));
       fc2.push_back(p.handle(base + cfg.num_experts + e));
     }
-    LocalExperts local(fc1, fc2, cfg.expert_ffn());
+    LocalExperts local(fc1, fc2, cfg.expert_mlp());
     const LayerHandles w = layer_handles(&p, 0, cfg, true, &local);
+    // Biases of the size of the score gaps, so that they change choices.
+    RouterBias bias{torch::linspace(0.4, -0.4, cfg.num_experts, torch::kFloat),
+                    torch::zeros({cfg.num_experts}, torch::kDouble)};
+    RouterBias* rb = cs.expert_bias ? &bias : nullptr;
 
     // weft
     torch::Tensor x = x0.clone().requires_grad_(true);
     torch::Tensor aux;
-    torch::Tensor y = moe_mlp(x, w.router, w.shared_fc1, w.shared_fc2, local, cfg, &aux);
+    torch::Tensor y = moe_mlp(x, w.router, w.shared_fc1, w.shared_fc2, local, cfg, &aux, rb);
     ((y * R).sum() + 3.0 * aux).backward();
 
     // reference
@@ -170,7 +191,20 @@ TEST(Moe, MatchesPerTokenReference) {
       s1 = leaf("l.mlp.shared_experts.linear_fc1.weight");
       s2 = leaf("l.mlp.shared_experts.linear_fc2.weight");
     }
-    RefResult ref = reference_moe(xr, router, w1, w2, s1, s2, cfg);
+    RefResult ref = reference_moe(xr, router, w1, w2, s1, s2, cfg,
+                                  rb ? bias.bias.to(torch::kDouble) : torch::Tensor());
+    if (rb) {  // the pairs of this grad-mode forward were counted; a no-grad one adds nothing
+      {
+        torch::NoGradGuard no_grad;
+        moe_mlp(x0, w.router, w.shared_fc1, w.shared_fc2, local, cfg, nullptr, rb);
+      }
+      EXPECT_TRUE(torch::equal(bias.pairs, torch::tensor(ref.chosen, torch::kDouble)))
+          << bias.pairs << " vs the reference's choices";
+      // Without the bias the choices differ (the biases are large enough to matter).
+      EXPECT_FALSE(torch::equal(
+          bias.pairs, torch::tensor(reference_moe(xr.detach(), router.detach(), w1, w2, s1, s2,
+                                                  cfg).chosen, torch::kDouble)));
+    }
     ((ref.y * R.reshape({-1, h})).sum() + 3.0 * ref.aux).backward();
 
     EXPECT_LT(rel_err(y.reshape({-1, h}), ref.y), 1e-10);
@@ -213,13 +247,27 @@ TEST(Moe, IdleExpertGetsZeroGradient) {
     fc1.push_back(p.handle(base + e));
     fc2.push_back(p.handle(base + 4 + e));
   }
-  LocalExperts local(fc1, fc2, cfg.expert_ffn());
+  LocalExperts local(fc1, fc2, cfg.expert_mlp());
   const LayerHandles w = layer_handles(&p, 0, cfg, true, &local);
   torch::Tensor x = torch::rand({1, 3, cfg.hidden_size}, torch::kDouble) + 0.5;
   moe_mlp(x, w.router, w.shared_fc1, w.shared_fc2, local, cfg, nullptr).sum().backward();
   for (int i = 0; i < p.size(); ++i) EXPECT_EQ(p.pending_uses(i), 0) << p.spec(i).name;
   EXPECT_EQ(p.grad(fc1[0].index).abs().sum().item<double>(), 0.0);
   EXPECT_GT(p.grad(fc1[2].index).abs().sum().item<double>(), 0.0);
+}
+
+// Megatron's aux-loss-free update: + rate below the mean of the pairs over experts, - above it,
+// nothing at it, in float32.
+TEST(Moe, ExpertBiasUpdate) {
+  const torch::Tensor pairs =
+      torch::tensor({3.0, 1.0, 0.0, 4.0, 2.0, 2.0, 2.0, 2.0}, torch::kDouble).view({2, 4});
+  const torch::Tensor bias = torch::tensor({0.5f, 0.0f, -0.25f, 1.0f, 0.1f, 0.2f, 0.3f, 0.4f}).view({2, 4});
+  const torch::Tensor got = updated_expert_bias(pairs, bias, 1e-3);
+  const float r = 1e-3f;
+  const torch::Tensor want =
+      torch::tensor({0.5f - r, 0.0f + r, -0.25f + r, 1.0f - r, 0.1f, 0.2f, 0.3f, 0.4f}).view({2, 4});
+  EXPECT_EQ(got.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(got, want)) << got;
 }
 
 TEST(Mtp, InputTokensAreTheRolledIds) {
@@ -279,42 +327,45 @@ namespace {
 // rounding apart), forward and every gradient, with an idle expert among them. Skips elsewhere.
 TEST(Moe, GroupedGemmMatchesPerExpertChain) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA";
-  ModelConfig cfg = moe_config(4, 2, 0, "softmax");
-  cfg.hidden_size = 64;
-  cfg.moe_ffn_hidden_size = 96;
-  const auto opt = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
-  const torch::Tensor rows0 = torch::randn({40, 64}, opt);
-  if (!grouped_gemm_usable(rows0, cfg.expert_ffn())) GTEST_SKIP() << "no grouped GEMM here";
-  const std::vector<int64_t> counts = {17, 0, 8, 15};
-  FullParams p;
-  std::vector<ParamHandle> fc1, fc2;
-  for (const auto& sp : expert_param_specs(cfg, "l.", 0, 4))
-    p.add(sp, init_param(sp, cfg, 2).to(opt) * 5);
-  for (int e = 0; e < 4; ++e) {
-    fc1.push_back(p.handle(e));
-    fc2.push_back(p.handle(4 + e));
+  for (bool squared_relu : {false, true}) {
+    SCOPED_TRACE(squared_relu ? "squared relu" : "swiglu");
+    ModelConfig cfg = moe_config(4, 2, 0, "softmax", false, 0, squared_relu);
+    cfg.hidden_size = 64;
+    cfg.moe_ffn_hidden_size = 96;
+    const auto opt = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
+    const torch::Tensor rows0 = torch::randn({40, 64}, opt);
+    if (!grouped_gemm_usable(rows0, cfg.expert_ffn())) GTEST_SKIP() << "no grouped GEMM here";
+    const std::vector<int64_t> counts = {17, 0, 8, 15};
+    FullParams p;
+    std::vector<ParamHandle> fc1, fc2;
+    for (const auto& sp : expert_param_specs(cfg, "l.", 0, 4))
+      p.add(sp, init_param(sp, cfg, 2).to(opt) * 5);
+    for (int e = 0; e < 4; ++e) {
+      fc1.push_back(p.handle(e));
+      fc2.push_back(p.handle(4 + e));
+    }
+    const torch::Tensor dy = torch::randn({40, 64}, opt);
+    std::vector<torch::Tensor> outs, dxs, grads;
+    for (bool grouped : {false, true}) {
+      p.zero_grad();
+      torch::Tensor rows = rows0.clone().requires_grad_(true);
+      torch::Tensor y = grouped_expert_mlp(rows, counts, fc1, fc2, cfg.expert_mlp(), grouped);
+      y.backward(dy);
+      outs.push_back(y.to(torch::kFloat));
+      dxs.push_back(rows.grad().to(torch::kFloat));
+      std::vector<torch::Tensor> g;
+      for (int i = 0; i < p.size(); ++i) g.push_back(p.grad(i).clone().reshape({-1}));
+      grads.push_back(torch::cat(g));
+      for (int i = 0; i < p.size(); ++i) EXPECT_EQ(p.pending_uses(i), 0);
+    }
+    auto close = [](const torch::Tensor& a, const torch::Tensor& b) {
+      return (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-30);
+    };
+    EXPECT_LT(close(outs[1], outs[0]), 2e-2);
+    EXPECT_LT(close(dxs[1], dxs[0]), 2e-2);
+    EXPECT_LT(close(grads[1], grads[0]), 2e-2);
+    EXPECT_GT(grads[1].abs().sum().item<double>(), 0.0);
   }
-  const torch::Tensor dy = torch::randn({40, 64}, opt);
-  std::vector<torch::Tensor> outs, dxs, grads;
-  for (bool grouped : {false, true}) {
-    p.zero_grad();
-    torch::Tensor rows = rows0.clone().requires_grad_(true);
-    torch::Tensor y = grouped_expert_mlp(rows, counts, fc1, fc2, cfg.expert_ffn(), grouped);
-    y.backward(dy);
-    outs.push_back(y.to(torch::kFloat));
-    dxs.push_back(rows.grad().to(torch::kFloat));
-    std::vector<torch::Tensor> g;
-    for (int i = 0; i < p.size(); ++i) g.push_back(p.grad(i).clone().reshape({-1}));
-    grads.push_back(torch::cat(g));
-    for (int i = 0; i < p.size(); ++i) EXPECT_EQ(p.pending_uses(i), 0);
-  }
-  auto close = [](const torch::Tensor& a, const torch::Tensor& b) {
-    return (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-30);
-  };
-  EXPECT_LT(close(outs[1], outs[0]), 2e-2);
-  EXPECT_LT(close(dxs[1], dxs[0]), 2e-2);
-  EXPECT_LT(close(grads[1], grads[0]), 2e-2);
-  EXPECT_GT(grads[1].abs().sum().item<double>(), 0.0);
 }
 
 }  // namespace

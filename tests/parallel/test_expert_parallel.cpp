@@ -52,7 +52,7 @@ void run_case(const std::vector<std::vector<int64_t>>& counts_by_rank) {
   unit.load_full([&](const ParamSpec& s) { return init_param(s, cfg, 3); });
   torch::Tensor grad = torch::zeros({unit.shard_numel()}, torch::kFloat);
   unit.set_grad_target(grad);
-  ExpertParallel ep(&unit, groups.get("ep"), E, cfg.expert_ffn());
+  ExpertParallel ep(&unit, groups.get("ep"), E, cfg.expert_mlp());
 
   auto total = [](const std::vector<int64_t>& c) {
     return std::accumulate(c.begin(), c.end(), int64_t{0});
@@ -74,7 +74,7 @@ void run_case(const std::vector<std::vector<int64_t>>& counts_by_rank) {
   torch::Tensor mine_ref;
   for (int r = 0; r < world; ++r) {
     torch::Tensor xr = rows_of(r, total(counts_by_rank[r]), 8).requires_grad_(true);
-    torch::Tensor yr = grouped_expert_mlp(xr, counts_by_rank[r], fc1, fc2, cfg.expert_ffn());
+    torch::Tensor yr = grouped_expert_mlp(xr, counts_by_rank[r], fc1, fc2, cfg.expert_mlp());
     (yr * 0.5).sum().backward();
     if (r == rank) {
       EXPECT_TRUE(torch::allclose(y, yr, 1e-12, 1e-12));

@@ -88,8 +88,10 @@ TEST(MoeParity, ExpertParallelLayoutsMatchOneRank) {
   }
 }
 
-// The hybrid model (Mamba-2, attention, MLP and MoE layers, two MTP depths of an attention and a Mamba layer) on
-// the same layouts: the '|' split applies at pp 2, an even split elsewhere.
+// The hybrid model (Mamba-2, attention, MLP and MoE layers, two MTP depths of an attention and a
+// Mamba layer) on the same layouts: the '|' split applies at pp 2, an even split elsewhere. Its
+// MLP and experts are squared ReLU (--squared-relu), as Nemotron-H's; the first test covers
+// SwiGLU.
 TEST(MoeParity, HybridLayoutsMatchOneRank) {
   if (test::world_size() < 8) GTEST_SKIP() << "needs 8 ranks";
   TrainConfig c = moe_config();
@@ -99,6 +101,7 @@ TEST(MoeParity, HybridLayoutsMatchOneRank) {
   m.mamba_state_dim = 8;
   m.mamba_head_dim = 8;
   m.mamba_num_groups = 2;
+  m.squared_relu = true;
   apply_hybrid_layer_pattern("M*ME|-ME*/*M/*M", &m);
   c.train_iters = 3;
   TrainConfig one = c;
@@ -111,6 +114,49 @@ TEST(MoeParity, HybridLayoutsMatchOneRank) {
     if (l.pp != 2) t.model.hybrid_stage_layers.clear();
     auto got = run_job(t, l.world, false, test::expect_embedding_copies_equal);
     if (test::world_rank() < l.world) expect_close(got, ref, 1e-5, std::string("hybrid ") + l.name);
+  }
+}
+
+// Aux-loss-free balancing (--moe-router-enable-expert-bias; a sigmoid router with a top-k
+// scaling factor, as Nemotron 3 and DeepSeek-V3): the layouts' losses and grad norms match the
+// single-rank run, and after the last step every rank's expert biases (decoder and MTP MoE
+// layers) equal the single-rank run's bit for bit; a bias update from fewer ranks' pairs than
+// the whole stage's would differ.
+TEST(MoeParity, ExpertBiasLayoutsMatchOneRank) {
+  if (test::world_size() < 8) GTEST_SKIP() << "needs 8 ranks";
+  TrainConfig c = moe_config();
+  c.model.moe_router_score_function = "sigmoid";
+  c.model.moe_router_topk_scaling_factor = 2.5;
+  c.model.moe_router_enable_expert_bias = true;
+  std::map<std::string, at::Tensor> ref_bias;
+  const auto ref = run_job(c, 1, /*self_only=*/true, nullptr, nullptr,
+                           [&](Trainer& t, const ProcessGroups&) {
+                             for (const auto& [name, b] : t.stage().router_biases())
+                               ref_bias[name] = b->bias.cpu().clone();
+                           });
+  ASSERT_EQ(ref_bias.size(), static_cast<size_t>(c.model.num_moe_layers()));
+  double moved = 0;
+  for (const auto& [name, b] : ref_bias) moved += b.abs().sum().item<double>();
+  EXPECT_GT(moved, 0.0) << "no bias moved";
+  for (const Layout& l : {kLayouts[0], kLayouts[1], kLayouts[2], kLayouts[4], kLayouts[5]}) {
+    auto got = run_job(with_layout(c, l), l.world, false, nullptr, nullptr,
+                       [&](Trainer& t, const ProcessGroups&) {
+                         // This stage's MoE layers: its decoder layers', and on the last stage
+                         // the MTP depths'.
+                         const PipelineStage& s = t.stage();
+                         const ModelConfig& m = c.model;
+                         int want = 0, decoder = 0;
+                         for (int i = 0; i < m.num_layers; ++i) decoder += m.is_moe_layer(i);
+                         for (int i = s.first_layer(); i < s.first_layer() + s.num_layers(); ++i)
+                           want += m.is_moe_layer(i);
+                         if (s.is_last()) want += m.num_moe_layers() - decoder;
+                         EXPECT_EQ(static_cast<int>(s.router_biases().size()), want) << l.name;
+                         for (const auto& [name, b] : s.router_biases())
+                           EXPECT_TRUE(at::equal(b->bias.cpu(), ref_bias.at(name)))
+                               << l.name << " " << name;
+                       });
+    if (test::world_rank() < l.world)
+      expect_close(got, ref, 1e-5, std::string("expert bias ") + l.name);
   }
 }
 

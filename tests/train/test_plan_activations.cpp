@@ -76,6 +76,10 @@ TEST(Plan, ActivationEstimateMatchesMeasuredCpuForward) {
   moe.model.moe_router_topk = 2;
   moe.model.moe_ffn_hidden_size = 256;
   expect_activations_close(moe, "MoE bf16");
+  TrainConfig relu2 = moe;
+  relu2.model.squared_relu = true;
+  relu2.model.moe_layer_pattern = {0, 1, 0, 1};
+  expect_activations_close(relu2, "squared-ReLU MLP and MoE bf16");
   TrainConfig mtp = b;
   mtp.model.mtp_num_layers = 1;
   expect_activations_close(mtp, "MTP bf16");

@@ -137,6 +137,12 @@ std::vector<LocalTensor> local_tensors(const PipelineStage& stage, ShardedAdamW&
                        u.spec(i).shape});
     }
   }
+  // The routers' expert biases: replicated over the stage, written whole by one rank.
+  if (stage.writes_router_biases())
+    for (const auto& [key, b] : stage.router_biases()) {
+      const std::string name = stage_local ? stage_local_name(key, stage.first_layer()) : key;
+      out.push_back({name, b->bias, 0, {b->bias.size(0)}});
+    }
   return out;
 }
 
@@ -469,6 +475,18 @@ void check_keys(const std::string& dir, const CkptIndex& index, const ModelConfi
   const auto expected = ckpt_expected_keys(cfg);
   std::vector<std::string> missing, unexpected;
   std::set<std::string> exp(expected.begin(), expected.end());
+  // Expert biases are loaded where present; a checkpoint trained without them starts them at
+  // zero (the model's routing is then the checkpoint's until the first update).
+  std::vector<std::string> no_bias;
+  for (const ParamSpec& b : router_bias_specs(cfg)) {
+    exp.insert(b.name);
+    if (!index.count(b.name)) no_bias.push_back(b.name);
+  }
+  if (rank0 && !no_bias.empty())
+    fmt::print(stderr,
+               "weft: warning: checkpoint {}: no expert bias for {} MoE layer(s) (trained without "
+               "--moe-router-enable-expert-bias?); they start at zero: {}\n",
+               dir, no_bias.size(), first_keys(no_bias));
   auto is_opt = [](const std::string& k) { return k.rfind("optimizer.", 0) == 0; };
   for (const auto& k : expected)
     if (!index.count(k) && !(weights_only && is_opt(k))) missing.push_back(k);
@@ -603,6 +621,7 @@ nlohmann::json ckpt_load(const LoadRequest& req, PipelineStage& stage, ShardedAd
       check_shape(model_key(*u, i), u->spec(i).shape);
       for (const char* k : kStateKinds) check_shape(state_key(k, model_key(*u, i)), u->spec(i).shape);
     }
+  for (const auto& [key, b] : stage.router_biases()) check_shape(key, {b->bias.size(0)});
 
   // Copy rows in place.
   Status st = Status::ok();
@@ -698,6 +717,14 @@ nlohmann::json ckpt_load(const LoadRequest& req, PipelineStage& stage, ShardedAd
     }
     flush();
     stager.finish();
+    // The routers' expert biases, whole, on every rank of the stage (also with --finetune).
+    for (const auto& [key, b] : stage.router_biases()) {
+      auto it = index.find(key);
+      if (!st || it == index.end()) continue;
+      at::Tensor host = at::empty({b->bias.size(0)}, at::kFloat);
+      st = load_rows(it->second, 0, host.size(0), host, files);
+      if (st) b->bias.copy_(host);
+    }
   } catch (const std::exception& e) {
     st = Status::error(e.what());
   }

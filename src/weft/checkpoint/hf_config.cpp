@@ -35,6 +35,8 @@ std::string hf_model_type(const ModelConfig& c) {
   if (!c.rotary())
     fail_usage("hf export: --position-embedding-type {}: Llama, Qwen3 and Mixtral rotate q and k",
                c.position_embedding_type);
+  if (c.squared_relu)
+    fail_usage("hf export: --squared-relu: the MLPs of Llama, Qwen3 and Mixtral are SwiGLU");
   if (!c.moe()) return c.qk_layernorm ? "qwen3" : "llama";  // Qwen3: Llama with q/k norms
   if (c.qk_layernorm)
     fail_usage("hf export: --qk-layernorm in an MoE model has no Mixtral equivalent (Mixtral "
@@ -42,6 +44,9 @@ std::string hf_model_type(const ModelConfig& c) {
   if (c.moe_shared_expert_intermediate_size > 0)
     fail_usage("hf export: --moe-shared-expert-intermediate-size {} has no Mixtral equivalent "
                "(Mixtral has no shared expert)", c.moe_shared_expert_intermediate_size);
+  if (c.moe_router_enable_expert_bias)
+    fail_usage("hf export: --moe-router-enable-expert-bias has no Mixtral equivalent (Mixtral "
+               "routes by its scores alone)");
   if (c.moe_router_score_function != "softmax")
     fail_usage("hf export: --moe-router-score-function {} has no Mixtral equivalent (Mixtral's "
                "router is a softmax)", c.moe_router_score_function);

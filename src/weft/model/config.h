@@ -7,10 +7,22 @@
 
 namespace weft {
 
+// One MLP's shape and activation: SwiGLU (fc1 [2 ffn, h], rows [0, ffn) the gate through SiLU,
+// [ffn, 2 ffn) the up projection; Megatron's --swiglu) or, with --squared-relu, fc1 [ffn, h]
+// and relu(x)^2 (Megatron's squared_relu, Nemotron-H's MLP and experts). fc2 is [h, ffn].
+struct MlpSpec {
+  int64_t ffn = 0;
+  bool squared_relu = false;
+  int64_t fc1_rows() const { return squared_relu ? ffn : 2 * ffn; }
+};
+
 struct ModelConfig {
   int num_layers = 4;            // --num-layers
   int hidden_size = 64;          // --hidden-size
   int ffn_hidden_size = 172;     // --ffn-hidden-size (SwiGLU: fc1 has 2x rows)
+  // --squared-relu: every MLP (dense, experts, shared experts) is fc2(relu(fc1 x)^2) without a
+  // gate; otherwise SwiGLU (MlpSpec).
+  bool squared_relu = false;
   int num_attention_heads = 4;   // --num-attention-heads
   int num_query_groups = 2;      // --num-query-groups (GQA); equal to heads for MHA
   int kv_channels = -1;          // --kv-channels: the head dim (-1: hidden / heads)
@@ -47,6 +59,13 @@ struct ModelConfig {
                                            // over all experts, not renormalised over the k
   double moe_router_topk_scaling_factor = 0;  // --moe-router-topk-scaling-factor (0: none)
   std::string moe_router_load_balancing_type = "aux_loss";  // --moe-router-load-balancing-type
+  // Aux-loss-free load balancing (--moe-router-enable-expert-bias, sigmoid router only): a
+  // float32 bias per expert and MoE layer is added to the scores for the top-k choice (the
+  // combine weights stay the scores'), and after each step's backward every bias moves by
+  // --moe-router-bias-update-rate towards balance: + for experts that got fewer than the mean
+  // of the step's (token, slot) pairs over all ranks of the stage, - for those that got more.
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
   // --moe-layer-freq resolved to one entry per decoder layer (1: MoE, 0: dense); empty means
   // every layer is MoE when num_experts > 0 (Megatron's default frequency 1).
   std::vector<int> moe_layer_pattern;
@@ -76,6 +95,9 @@ struct ModelConfig {
   bool tied() const { return !untie_embeddings_and_output_weights; }
   bool moe() const { return num_experts > 0; }
   int expert_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size; }
+  MlpSpec dense_mlp() const { return {ffn_hidden_size, squared_relu}; }
+  MlpSpec expert_mlp() const { return {expert_ffn(), squared_relu}; }
+  MlpSpec shared_expert_mlp() const { return {moe_shared_expert_intermediate_size, squared_relu}; }
   bool hybrid() const { return !layer_symbols.empty(); }
   int mamba_heads() const {
     return mamba_num_heads > 0 ? mamba_num_heads : 2 * hidden_size / mamba_head_dim;

@@ -121,11 +121,22 @@ InferenceModel::InferenceModel(const ModelConfig& cfg, const ValueFn& value, c10
         fc2.push_back(handle(specs[static_cast<size_t>(cfg_.num_experts + e)].name));
       }
       experts_.push_back(std::make_unique<LocalExperts>(std::move(fc1), std::move(fc2),
-                                                        cfg_.expert_ffn(), cfg_.moe_grouped_gemm));
+                                                        cfg_.expert_mlp(), cfg_.moe_grouped_gemm));
       experts = experts_.back().get();
     }
     const std::vector<ParamSpec> specs = layer_param_specs(cfg_, l);
     layers_.push_back(layer_handles(&p, p.find(specs.front().name), specs, prefix, experts));
+    if (cfg_.is_moe_layer(l) && cfg_.moe_router_enable_expert_bias) {
+      // The router's expert bias chooses the experts as in training (no update here).
+      const std::string name = router_bias_name(prefix);
+      const at::Tensor v = value({name, {cfg_.num_experts}, InitKind::kZeros, false});
+      if (!v.defined() || v.numel() != cfg_.num_experts)
+        fail_usage("expert bias '{}' (float32 [{}]) is missing", name, cfg_.num_experts);
+      biases_.push_back(std::make_unique<RouterBias>(RouterBias{
+          v.to(device_, at::kFloat).reshape({-1}).contiguous(),
+          at::zeros({cfg_.num_experts}, at::TensorOptions().dtype(at::kDouble).device(device_))}));
+      layers_.back().router_bias = biases_.back().get();
+    }
   }
 }
 

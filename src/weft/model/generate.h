@@ -72,6 +72,7 @@ class InferenceModel {
   c10::ScalarType dtype_;
   std::unique_ptr<FullParams> params_;  // handles point into it
   std::vector<std::unique_ptr<MoeExperts>> experts_;
+  std::vector<std::unique_ptr<RouterBias>> biases_;  // --moe-router-enable-expert-bias
   ParamHandle embedding_, final_norm_, output_;
   std::vector<LayerHandles> layers_;
 };

@@ -1,5 +1,5 @@
 // Mixture-of-experts MLP (see moe.h): routing, the aux loss, the expert-sorted permutation, the
-// grouped SwiGLU experts and the weighted combine.
+// grouped experts and the weighted combine.
 //
 // Invariants: the (token, slot) pairs are sorted by global expert with a stable sort, so rows of
 // one expert keep token order; permutations go both ways as gathers (no scatter-add), and the
@@ -9,11 +9,13 @@
 #include "weft/model/moe.h"
 
 #include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sigmoid.h>
+#include <ATen/ops/sign.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/sort.h>
 #include <ATen/ops/topk.h>
@@ -23,6 +25,7 @@
 #include <cctype>
 #include <numeric>
 #include <string>
+#include <tuple>
 
 #include "weft/core/error.h"
 #include "weft/model/ops.h"
@@ -162,10 +165,10 @@ at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& perm, const at::T
 
 at::Tensor grouped_expert_mlp(const at::Tensor& rows, const std::vector<int64_t>& counts,
                               const std::vector<ParamHandle>& fc1,
-                              const std::vector<ParamHandle>& fc2, int64_t ffn,
+                              const std::vector<ParamHandle>& fc2, const MlpSpec& spec,
                               bool grouped_gemm) {
-  if (grouped_gemm && grouped_gemm_usable(rows, ffn))
-    return grouped_gemm_expert_mlp(rows, counts, fc1, fc2);
+  if (grouped_gemm && grouped_gemm_usable(rows, spec.ffn))
+    return grouped_gemm_expert_mlp(rows, counts, fc1, fc2, spec);
   WEFT_CHECK(counts.size() == fc1.size() && fc1.size() == fc2.size(),
              "grouped_expert_mlp: {} counts for {} / {} experts", counts.size(), fc1.size(),
              fc2.size());
@@ -178,13 +181,14 @@ at::Tensor grouped_expert_mlp(const at::Tensor& rows, const std::vector<int64_t>
   for (size_t e = 0; e < counts.size(); ++e) {
     // An expert without rows still runs on an empty slice: its weights are used once and get
     // a (zero) gradient, so every rank walks the same use/gradient protocol.
-    outs.push_back(swiglu_mlp(rows.narrow(0, offset, counts[e]), fc1[e], fc2[e], ffn));
+    outs.push_back(mlp(rows.narrow(0, offset, counts[e]), fc1[e], fc2[e], spec));
     offset += counts[e];
   }
   return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
 }
 
-MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg) {
+MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg,
+                        const at::Tensor& expert_bias) {
   const int64_t T = logits.size(0), E = logits.size(1), k = cfg.moe_router_topk;
   WEFT_CHECK(E == cfg.num_experts && k >= 1 && k <= E, "route_tokens: logits [{}, {}], topk {}",
              T, E, k);
@@ -206,7 +210,15 @@ MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg) {
     WEFT_CHECK(cfg.moe_router_score_function == "sigmoid", "unknown score function '{}'",
                cfg.moe_router_score_function);
     const at::Tensor s = at::sigmoid(z);
-    auto [top, idx] = at::topk(s, k, -1, /*largest=*/true, /*sorted=*/true);
+    at::Tensor top, idx;
+    if (expert_bias.defined()) {  // the biased scores choose; the scores weigh
+      WEFT_CHECK(expert_bias.numel() == E, "route_tokens: expert bias of {} for {} experts",
+                 expert_bias.numel(), E);
+      idx = std::get<1>(at::topk(s + expert_bias.to(s.scalar_type()), k, -1, true, true));
+      top = s.gather(-1, idx);
+    } else {
+      std::tie(top, idx) = at::topk(s, k, -1, /*largest=*/true, /*sorted=*/true);
+    }
     r.experts = idx;
     r.probs = k > 1 ? top / (top.sum(-1, /*keepdim=*/true) + 1e-20) : top;
     scores = s / (s.sum(-1, /*keepdim=*/true) + 1e-20);
@@ -219,13 +231,20 @@ MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg) {
   return r;
 }
 
+at::Tensor updated_expert_bias(const at::Tensor& pairs, const at::Tensor& bias, double rate) {
+  WEFT_CHECK(pairs.sizes() == bias.sizes() && bias.scalar_type() == at::kFloat,
+             "updated_expert_bias: pairs and float32 bias of one shape");
+  const at::Tensor offset = pairs.sum(-1, /*keepdim=*/true) / pairs.size(-1) - pairs;
+  return bias + at::sign(offset).to(at::kFloat).mul(rate);
+}
+
 at::Tensor moe_mlp(const at::Tensor& xn, ParamHandle router, ParamHandle shared_fc1,
                    ParamHandle shared_fc2, MoeExperts& experts, const ModelConfig& cfg,
-                   at::Tensor* aux_loss) {
+                   at::Tensor* aux_loss, RouterBias* bias) {
   const int64_t h = xn.size(-1), k = cfg.moe_router_topk, E = cfg.num_experts;
   const at::Tensor x = xn.reshape({-1, h});
   const int64_t T = x.size(0);
-  MoeRouting r = route_tokens(ops::linear(x, router), cfg);
+  MoeRouting r = route_tokens(ops::linear(x, router), cfg, bias ? bias->bias : at::Tensor());
   if (aux_loss) *aux_loss = aux_loss->defined() ? *aux_loss + r.aux_loss : r.aux_loss;
 
   // Pairs p = t*k + slot, stably sorted by expert: rows of one expert keep token order.
@@ -233,7 +252,9 @@ at::Tensor moe_mlp(const at::Tensor& xn, ParamHandle router, ParamHandle shared_
   const at::Tensor order = std::get<1>(at::sort(expert_of_pair, /*stable=*/true, 0, false));
   const at::Tensor inverse = at::empty_like(order);
   inverse.index_put_({order}, at::arange(T * k, order.options()));
-  const at::Tensor counts_t = pairs_per_expert(expert_of_pair, E).cpu();  // the one host sync
+  const at::Tensor pairs_t = pairs_per_expert(expert_of_pair, E);
+  if (bias && at::GradMode::is_enabled()) bias->pairs.add_(pairs_t.to(bias->pairs.scalar_type()));
+  const at::Tensor counts_t = pairs_t.cpu();  // the one host sync
   std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + E);
 
   // Each token repeated k times (backward: a sum over its slots), then sorted by expert.
@@ -242,7 +263,7 @@ at::Tensor moe_mlp(const at::Tensor& xn, ParamHandle router, ParamHandle shared_
   const at::Tensor out_pairs = permute_rows(out_sorted, inverse, order).view({T, k, h});
   at::Tensor y = (out_pairs * r.probs.to(out_pairs.scalar_type()).unsqueeze(-1)).sum(1);
   if (shared_fc1.source)
-    y = y + swiglu_mlp(x, shared_fc1, shared_fc2, cfg.moe_shared_expert_intermediate_size);
+    y = y + mlp(x, shared_fc1, shared_fc2, cfg.shared_expert_mlp());
   return y.view(xn.sizes());
 }
 

@@ -1,6 +1,6 @@
 // The mixture-of-experts MLP (Megatron's MoELayer with the alltoall dispatcher's semantics):
 // a router picks the top-k experts per token, the (token, slot) pairs are sorted by global
-// expert and run through SwiGLU experts, and each token's outputs are combined back weighted by
+// expert and run through the experts (SwiGLU or squared ReLU), and each token's outputs are combined back weighted by
 // its routing probabilities; optional shared experts run on every token and are added.
 //
 // Routing (Megatron's defaults): --moe-router-score-function softmax takes the top-k of the
@@ -40,15 +40,15 @@ class MoeExperts {
   virtual at::Tensor run(const at::Tensor& rows, const std::vector<int64_t>& counts) = 0;
 };
 
-// SwiGLU experts over rows grouped by expert: counts[i] consecutive rows go through
-// fc2[i](silu(gate) * up) with gate/up the two halves of fc1[i] ([2*ffn, h], gate rows first).
+// Experts over rows grouped by expert: counts[i] consecutive rows go through
+// mlp(rows, fc1[i], fc2[i], spec) (SwiGLU or squared ReLU, MlpSpec).
 // Every expert's weights are used (and get a gradient) even when it received no rows. With
 // `grouped_gemm` (--moe-grouped-gemm) and where grouped_gemm_usable, all experts run through
 // grouped_gemm_expert_mlp; otherwise one GEMM chain per expert. Both give the same result up to
 // rounding.
 at::Tensor grouped_expert_mlp(const at::Tensor& rows, const std::vector<int64_t>& counts,
                               const std::vector<ParamHandle>& fc1,
-                              const std::vector<ParamHandle>& fc2, int64_t ffn,
+                              const std::vector<ParamHandle>& fc2, const MlpSpec& spec,
                               bool grouped_gemm = false);
 // Whether grouped_gemm_expert_mlp can run these rows: a libtorch with torch._grouped_mm, bf16
 // rows on CUDA with the fused kernels on, dims that keep the kernel's 16-byte alignment.
@@ -56,21 +56,21 @@ bool grouped_gemm_usable(const at::Tensor& rows, int64_t ffn);
 // The experts through grouped GEMMs (moe_grouped.cpp); all handles from one ParamSource.
 at::Tensor grouped_gemm_expert_mlp(const at::Tensor& rows, const std::vector<int64_t>& counts,
                                    const std::vector<ParamHandle>& fc1,
-                                   const std::vector<ParamHandle>& fc2);
+                                   const std::vector<ParamHandle>& fc2, const MlpSpec& spec);
 
 // All experts on this rank (single-process runs and reference tests).
 class LocalExperts : public MoeExperts {
  public:
-  LocalExperts(std::vector<ParamHandle> fc1, std::vector<ParamHandle> fc2, int64_t ffn,
+  LocalExperts(std::vector<ParamHandle> fc1, std::vector<ParamHandle> fc2, const MlpSpec& spec,
                bool grouped_gemm = false)
-      : fc1_(std::move(fc1)), fc2_(std::move(fc2)), ffn_(ffn), grouped_gemm_(grouped_gemm) {}
+      : fc1_(std::move(fc1)), fc2_(std::move(fc2)), spec_(spec), grouped_gemm_(grouped_gemm) {}
   at::Tensor run(const at::Tensor& rows, const std::vector<int64_t>& counts) override {
-    return grouped_expert_mlp(rows, counts, fc1_, fc2_, ffn_, grouped_gemm_);
+    return grouped_expert_mlp(rows, counts, fc1_, fc2_, spec_, grouped_gemm_);
   }
 
  private:
   std::vector<ParamHandle> fc1_, fc2_;
-  int64_t ffn_;
+  MlpSpec spec_;
   bool grouped_gemm_;
 };
 
@@ -80,8 +80,24 @@ struct MoeRouting {
   at::Tensor probs;     // [T, k] float32 (float64 for float64 logits) combine weights, autograd
   at::Tensor aux_loss;  // 0-dim, same dtype, the layer's unweighted aux loss (with autograd)
 };
-// logits [T, E] in any floating dtype.
-MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg);
+// logits [T, E] in any floating dtype. With `expert_bias` ([E] float32; the sigmoid router,
+// --moe-router-enable-expert-bias) the top k are those of sigmoid(logits) + expert_bias, and
+// the combine weights are their sigmoid scores without the bias (normalised, scaled), as
+// Megatron's; the aux loss is unchanged.
+MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg,
+                        const at::Tensor& expert_bias = {});
+
+// One MoE layer's --moe-router-enable-expert-bias state, on the layer's device: `bias` float32
+// [E] (checkpointed as router_bias_name), and `pairs` float64 [E], the (token, slot) pairs this
+// rank routed to each expert in training forwards (grad mode on; evaluation and generation
+// count nothing) since the last update. Exact integers in float64 (float32 stops at 2^24).
+struct RouterBias {
+  at::Tensor bias, pairs;
+};
+// Megatron's aux-loss-free update from the pairs of a step summed over every rank of the stage,
+// pairs [n, E] float64: bias + rate * sign(mean over E of pairs - pairs), with the step in
+// float32 as Megatron's (sign * rate, then the add). Returns the new bias [n, E] float32.
+at::Tensor updated_expert_bias(const at::Tensor& pairs, const at::Tensor& bias, double rate);
 
 // y = x[perm] along dim 0, with gradient grad[inverse] (perm must be a permutation and
 // `inverse` its inverse: both gathers, so the backward is deterministic, no scatter-add).
@@ -89,10 +105,11 @@ at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& perm, const at::T
 
 // The MoE MLP on the normalised input xn [b, s, h]: route, run the experts, combine, add the
 // shared experts (shared_fc1/fc2 unset: none). Returns [b, s, h]; adds the layer's aux loss
-// into *aux_loss (defined or not) when aux_loss is given.
+// into *aux_loss (defined or not) when aux_loss is given. With `bias` the top-k choice uses
+// bias->bias, and in grad mode the pairs per expert are added into bias->pairs.
 at::Tensor moe_mlp(const at::Tensor& xn, ParamHandle router, ParamHandle shared_fc1,
                    ParamHandle shared_fc2, MoeExperts& experts, const ModelConfig& cfg,
-                   at::Tensor* aux_loss);
+                   at::Tensor* aux_loss, RouterBias* bias = nullptr);
 
 // Parses --moe-layer-freq for `num_layers` layers: an int N (layer i is MoE when i % N == 0) or
 // a Python-style list such as "[0,1,1,1]" or "([1]*3+[0])*2" (one 0/1 per layer). Throws

@@ -70,7 +70,17 @@ void accumulate(ParamSource* s, const std::vector<int64_t>& idx, const at::Tenso
 struct Experts {
   ParamSource* source;
   std::vector<int64_t> fc1, fc2;  // handle indices
+  bool squared_relu = false;
 };
+
+// The activation of a [N, fc1 rows] and its input gradient: SwiGLU through the fused kernels,
+// squared ReLU (relu(a)^2, gradient 2 relu(a) dact) in ATen.
+at::Tensor activation(const at::Tensor& a, bool squared_relu) {
+  return squared_relu ? at::relu(a).square() : fused::swiglu_forward(a);
+}
+at::Tensor activation_backward(const at::Tensor& dact, const at::Tensor& a, bool squared_relu) {
+  return squared_relu ? dact * at::relu(a) * 2 : fused::swiglu_backward(dact, a);
+}
 
 std::vector<at::Tensor> fetch(ParamSource* s, const std::vector<int64_t>& idx, bool backward) {
   std::vector<at::Tensor> out;
@@ -90,14 +100,15 @@ struct GroupedMlpFn : Function<GroupedMlpFn> {
     ctx->saved_data["fc1"] = c10::IValue(e.fc1);
     ctx->saved_data["fc2"] = c10::IValue(e.fc2);
     ctx->saved_data["counts"] = c10::IValue(counts);
+    ctx->saved_data["squared_relu"] = e.squared_relu;
     std::vector<int64_t> ends(counts.size());
     std::partial_sum(counts.begin(), counts.end(), ends.begin());
     const at::Tensor offs = at::tensor(std::vector<int32_t>(ends.begin(), ends.end()), at::kInt)
                                 .to(rows.device(), /*non_blocking=*/true);
     const at::Tensor x = rows.contiguous();
-    const at::Tensor a = compat::grouped_mm(x, w1.transpose(1, 2), offs);  // [N, 2f]
+    const at::Tensor a = compat::grouped_mm(x, w1.transpose(1, 2), offs);  // [N, 2f] or [N, f]
     ctx->save_for_backward({x, a, offs});
-    return compat::grouped_mm(fused::swiglu_forward(a), w2.transpose(1, 2), offs);  // [N, h]
+    return compat::grouped_mm(activation(a, e.squared_relu), w2.transpose(1, 2), offs);  // [N, h]
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -106,17 +117,18 @@ struct GroupedMlpFn : Function<GroupedMlpFn> {
     const std::vector<int64_t> fc1 = ctx->saved_data["fc1"].toIntVector();
     const std::vector<int64_t> fc2 = ctx->saved_data["fc2"].toIntVector();
     const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
+    const bool squared_relu = ctx->saved_data["squared_relu"].toBool();
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &a = saved[1], &offs = saved[2];
     const at::Tensor dy = grads[0].contiguous();
 
     const at::Tensor w2 = stacked(fetch(source, fc2, true));      // [G, h, f]
-    const at::Tensor act = fused::swiglu_forward(a);              // recomputed, [N, f]
+    const at::Tensor act = activation(a, squared_relu);           // recomputed, [N, f]
     const at::Tensor dact = compat::grouped_mm(dy, w2, offs);     // [N, f]
-    const at::Tensor da = fused::swiglu_backward(dact, a);        // [N, 2f]
+    const at::Tensor da = activation_backward(dact, a, squared_relu);  // like a
     at::Tensor dx;
     if (ctx->needs_input_grad(0)) {
-      const at::Tensor w1 = stacked(fetch(source, fc1, true));    // [G, 2f, h]
+      const at::Tensor w1 = stacked(fetch(source, fc1, true));    // [G, fc1 rows, h]
       dx = compat::grouped_mm(da, w1, offs);                      // [N, h]
     }
     // Weight gradients: dW2[g] = dy_g^T act_g, dW1[g] = da_g^T x_g (groups split the rows).
@@ -136,11 +148,11 @@ bool grouped_gemm_usable(const at::Tensor& rows, int64_t ffn) {
 
 at::Tensor grouped_gemm_expert_mlp(const at::Tensor& rows, const std::vector<int64_t>& counts,
                                    const std::vector<ParamHandle>& fc1,
-                                   const std::vector<ParamHandle>& fc2) {
+                                   const std::vector<ParamHandle>& fc2, const MlpSpec& spec) {
   WEFT_CHECK(!fc1.empty() && fc1.size() == fc2.size() && counts.size() == fc1.size(),
              "grouped_gemm_expert_mlp: {} counts, {} / {} experts", counts.size(), fc1.size(),
              fc2.size());
-  Experts e{fc1[0].source, {}, {}};
+  Experts e{fc1[0].source, {}, {}, spec.squared_relu};
   for (size_t g = 0; g < fc1.size(); ++g) {
     WEFT_CHECK(fc1[g].source == e.source && fc2[g].source == e.source,
                "grouped_gemm_expert_mlp: experts must share one ParamSource");

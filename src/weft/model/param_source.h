@@ -25,6 +25,7 @@ enum class InitKind {
   kNormal,        // N(0, init_std)
   kScaledNormal,  // N(0, init_std / sqrt(2 * num_layers)): projections into the residual
   kOnes,          // norm weights
+  kZeros,         // buffers that start at zero (the routers' expert biases)
   kConvUniform,   // U(+-0.5): PyTorch's Conv1d default for 4 taps (Mamba conv weight and bias)
   kALog,          // log(U[1, 16]) (Mamba A_log)
   kDtBias,        // inverse softplus of a log-uniform dt in [1e-3, 1e-1] (Mamba dt_bias)

@@ -165,6 +165,12 @@ void check_moe_config(const ModelConfig& cfg) {
       !std::isfinite(cfg.moe_router_topk_scaling_factor))
     fail_usage("--moe-router-topk-scaling-factor must be a finite number >= 0 (got {}; 0: none)",
                cfg.moe_router_topk_scaling_factor);
+  if (cfg.moe_router_enable_expert_bias && cfg.moe_router_score_function != "sigmoid")
+    fail_usage("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (got "
+               "{}), as Megatron's aux-loss-free routing", cfg.moe_router_score_function);
+  if (!(cfg.moe_router_bias_update_rate >= 0) || !std::isfinite(cfg.moe_router_bias_update_rate))
+    fail_usage("--moe-router-bias-update-rate must be a finite number >= 0 (got {})",
+               cfg.moe_router_bias_update_rate);
   if (cfg.moe_router_load_balancing_type != "aux_loss" &&
       cfg.moe_router_load_balancing_type != "none")
     fail_usage("--moe-router-load-balancing-type must be aux_loss or none (got '{}'; weft has no "
@@ -210,13 +216,15 @@ std::vector<ParamSpec> block_param_specs(const ModelConfig& cfg, const std::stri
   }
   if (mlp || routed) out.push_back(spec(p + "pre_mlp_layernorm.weight", {h}, InitKind::kOnes, false));
   if (mlp) {
-    out.push_back(spec(p + "mlp.linear_fc1.weight", {2 * ffn, h}, InitKind::kNormal, true));
+    out.push_back(spec(p + "mlp.linear_fc1.weight", {cfg.dense_mlp().fc1_rows(), h},
+                       InitKind::kNormal, true));
     out.push_back(spec(p + "mlp.linear_fc2.weight", {h, ffn}, InitKind::kScaledNormal, true));
   }
   if (routed) {
     out.push_back(spec(p + "mlp.router.weight", {cfg.num_experts, h}, InitKind::kNormal, true));
     if (const int64_t sf = cfg.moe_shared_expert_intermediate_size; sf > 0) {
-      out.push_back(spec(p + "mlp.shared_experts.linear_fc1.weight", {2 * sf, h},
+      out.push_back(spec(p + "mlp.shared_experts.linear_fc1.weight",
+                         {cfg.shared_expert_mlp().fc1_rows(), h},
                          InitKind::kNormal, true));
       out.push_back(spec(p + "mlp.shared_experts.linear_fc2.weight", {h, sf},
                          InitKind::kScaledNormal, true));
@@ -257,7 +265,8 @@ std::vector<ParamSpec> expert_param_specs(const ModelConfig& cfg, const std::str
   const int64_t h = cfg.hidden_size, f = cfg.expert_ffn();
   std::vector<ParamSpec> out;
   for (int e = first; e < first + count; ++e)
-    out.push_back(spec(fmt::format("{}mlp.experts.{}.linear_fc1.weight", p, e), {2 * f, h},
+    out.push_back(spec(fmt::format("{}mlp.experts.{}.linear_fc1.weight", p, e),
+                       {cfg.expert_mlp().fc1_rows(), h},
                        InitKind::kNormal, true));
   for (int e = first; e < first + count; ++e)
     out.push_back(spec(fmt::format("{}mlp.experts.{}.linear_fc2.weight", p, e), {h, f},
@@ -281,6 +290,25 @@ std::vector<ParamSpec> mtp_param_specs(const ModelConfig& cfg, int k) {
     for (auto& s : block_param_specs(cfg, mtp_layer_prefix(cfg, k, static_cast<int>(j)),
                                      symbols[j], cfg.mtp_layer_is_moe(j)))
       out.push_back(std::move(s));
+  return out;
+}
+
+std::string router_bias_name(const std::string& layer_prefix) {
+  return layer_prefix + "mlp.router.expert_bias";
+}
+
+std::vector<ParamSpec> router_bias_specs(const ModelConfig& cfg) {
+  std::vector<ParamSpec> out;
+  if (!cfg.moe() || !cfg.moe_router_enable_expert_bias) return out;
+  auto add = [&](const std::string& prefix) {
+    out.push_back(spec(router_bias_name(prefix), {cfg.num_experts}, InitKind::kZeros, false));
+  };
+  for (int l = 0; l < cfg.num_layers; ++l)
+    if (cfg.is_moe_layer(l)) add(layer_prefix(l));
+  const std::string symbols = cfg.mtp_symbols();
+  for (int k = 0; k < cfg.mtp_num_layers; ++k)
+    for (size_t j = 0; j < symbols.size(); ++j)
+      if (cfg.mtp_layer_is_moe(j)) add(mtp_layer_prefix(cfg, k, static_cast<int>(j)));
   return out;
 }
 
@@ -377,6 +405,7 @@ ParamSpec output_param_spec(const ModelConfig& cfg) {
 at::Tensor init_param(const ParamSpec& spec, const ModelConfig& cfg, uint64_t seed) {
   at::Tensor t = at::empty(spec.shape, at::TensorOptions().dtype(at::kFloat));
   if (spec.init == InitKind::kOnes) return t.fill_(1.0);
+  if (spec.init == InitKind::kZeros) return t.zero_();
   at::Generator gen = compat::make_cpu_generator(param_generator_seed(seed, spec.name));
   switch (spec.init) {
     case InitKind::kConvUniform:  // PyTorch's Conv1d default: U(+-1/sqrt(taps)), 4 taps
@@ -435,12 +464,14 @@ at::Tensor embed_tokens(const at::Tensor& tokens, ParamHandle word_embeddings) {
   return ops::embedding(tokens, word_embeddings);
 }
 
-at::Tensor swiglu_mlp(const at::Tensor& x, ParamHandle fc1, ParamHandle fc2, int64_t ffn) {
-  const at::Tensor a = ops::linear(x, fc1);
-  const at::Tensor act = fused::usable(a) && a.numel() > 0
-                             ? fused::swiglu(a)
-                             : at::silu(a.narrow(-1, 0, ffn)) * a.narrow(-1, ffn, ffn);
-  return ops::linear(act, fc2);
+at::Tensor mlp_activation(const at::Tensor& a, const MlpSpec& mlp) {
+  if (mlp.squared_relu) return at::relu(a).square();
+  if (fused::usable(a) && a.numel() > 0) return fused::swiglu(a);
+  return at::silu(a.narrow(-1, 0, mlp.ffn)) * a.narrow(-1, mlp.ffn, mlp.ffn);
+}
+
+at::Tensor mlp(const at::Tensor& x, ParamHandle fc1, ParamHandle fc2, const MlpSpec& spec) {
+  return ops::linear(mlp_activation(ops::linear(x, fc1), spec), fc2);
 }
 
 namespace {
@@ -498,13 +529,13 @@ at::Tensor attention_projection(const at::Tensor& attn, const LayerHandles& w,
                      w.linear_proj);
 }
 
-// mlp(xn), xn = pre_mlp_layernorm(x): the SwiGLU MLP (fc1 rows [0, ffn) are the gate,
-// [ffn, 2*ffn) the up projection) or MoE.
+// mlp(xn), xn = pre_mlp_layernorm(x): the dense MLP (SwiGLU or squared ReLU, MlpSpec) or MoE.
 at::Tensor mlp_output(const at::Tensor& xn, const LayerHandles& w, const ModelConfig& cfg,
                       at::Tensor* aux_loss) {
   if (w.experts)
-    return moe_mlp(xn, w.router, w.shared_fc1, w.shared_fc2, *w.experts, cfg, aux_loss);
-  return swiglu_mlp(xn, w.linear_fc1, w.linear_fc2, cfg.ffn_hidden_size);
+    return moe_mlp(xn, w.router, w.shared_fc1, w.shared_fc2, *w.experts, cfg, aux_loss,
+                   w.router_bias);
+  return mlp(xn, w.linear_fc1, w.linear_fc2, cfg.dense_mlp());
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The Llama-style decoder, written as functions over ParamHandles: token embedding, pre-norm
-// layers (RMSNorm, RoPE, grouped-query causal attention, SwiGLU MLP), final norm, output layer,
+// layers (RMSNorm, RoPE, grouped-query causal attention, SwiGLU or
+// squared-ReLU MLP), final norm, output layer,
 // and the language-model loss. No parallelism here: callers (parallel/) decide which pieces run
 // on which rank and where the weights come from.
 //
@@ -8,7 +9,7 @@
 //   group g in 0..ng-1, in order: the nh/ng query heads of g, then g's key head, then g's value
 //   head; each head is hd consecutive rows.
 // - linear_fc1.weight [2*ffn, h]: rows [0, ffn) are the gate (SiLU applied), rows [ffn, 2*ffn)
-//   the up projection.
+//   the up projection; with --squared-relu [ffn, h], no gate (MlpSpec).
 // RoPE rotates the two halves of each head (rotate-half, non-interleaved), as Megatron's default.
 #pragma once
 
@@ -63,12 +64,18 @@ std::string layer_prefix(int layer);  // "decoder.layers.{L}."
 std::string mtp_layer_prefix(const ModelConfig& cfg, int k, int j);
 // Every parameter of the model (all experts, MTP included), in a fixed order.
 std::vector<ParamSpec> all_param_specs(const ModelConfig& cfg);
+// The routers' expert biases (--moe-router-enable-expert-bias): "<layer prefix>mlp.router.
+// expert_bias", float32 [E], one per MoE layer (decoder and MTP) in all_param_specs' order;
+// empty without the flag. Buffers, not parameters: no gradient, no optimizer state.
+std::vector<ParamSpec> router_bias_specs(const ModelConfig& cfg);
+std::string router_bias_name(const std::string& layer_prefix);
 
 // The initial value of a parameter: float32, full shape, a function of (seed, spec.name) only
 // (invariant 5), never of the layout or of the order in which parameters are created.
 at::Tensor init_param(const ParamSpec& spec, const ModelConfig& cfg, uint64_t seed);
 
 class MoeExperts;
+struct RouterBias;
 
 // Handles of one layer; the parts a layer does not have stay unset.
 struct LayerHandles {
@@ -85,6 +92,7 @@ struct LayerHandles {
   ParamHandle shared_fc2;         // mlp.shared_experts.linear_fc2.weight (MoE, optional)
   MambaHandles mamba;             // mixer.* (Mamba layers)
   MoeExperts* experts = nullptr;  // MoE layers: runs the routed experts; not owned
+  RouterBias* router_bias = nullptr;  // MoE layers with --moe-router-enable-expert-bias; not owned
 };
 // Handles of the layer under `prefix` among `specs`, registered at indices first.. of `source`
 // (specs[i] at first + i); matched by name.
@@ -119,8 +127,11 @@ at::Tensor llama3_scaled_frequencies(const at::Tensor& inv_freq, double factor);
 
 // tokens [b, s] int64 -> [b, s, h] in the weight's dtype.
 at::Tensor embed_tokens(const at::Tensor& tokens, ParamHandle word_embeddings);
-// SwiGLU MLP: fc2(silu(x fc1_gate^T) * (x fc1_up^T)), fc1 [2*ffn, in] gate rows first.
-at::Tensor swiglu_mlp(const at::Tensor& x, ParamHandle fc1, ParamHandle fc2, int64_t ffn);
+// The MLP's activation of a = x fc1^T: silu(gate) * up (SwiGLU, a [.., 2 ffn], gate columns
+// first) or relu(a)^2 (--squared-relu, a [.., ffn]).
+at::Tensor mlp_activation(const at::Tensor& a, const MlpSpec& spec);
+// fc2(mlp_activation(x fc1^T)): the dense MLP, a shared expert or one routed expert.
+at::Tensor mlp(const at::Tensor& x, ParamHandle fc1, ParamHandle fc2, const MlpSpec& spec);
 // [b, s, h] -> [b, s, h]. An MoE layer (w.experts set) adds its unweighted aux loss into
 // *aux_loss when given (see moe.h).
 at::Tensor decoder_layer(const at::Tensor& x, const LayerHandles& w, const RotaryTables& rope,

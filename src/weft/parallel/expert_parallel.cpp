@@ -73,9 +73,9 @@ at::Tensor all_to_all_rows(Communicator& comm, const at::Tensor& x,
                                send_rows, recv_rows);
 }
 
-ExpertParallel::ExpertParallel(FsdpUnit* experts, Communicator* ep, int num_experts, int64_t ffn,
-                               bool grouped_gemm)
-    : ep_(ep), num_experts_(num_experts), ffn_(ffn), grouped_gemm_(grouped_gemm) {
+ExpertParallel::ExpertParallel(FsdpUnit* experts, Communicator* ep, int num_experts,
+                               const MlpSpec& spec, bool grouped_gemm)
+    : ep_(ep), num_experts_(num_experts), spec_(spec), grouped_gemm_(grouped_gemm) {
   WEFT_CHECK(num_experts % ep->size() == 0, "{} experts do not split over ep {}", num_experts,
              ep->size());
   local_ = num_experts / ep->size();
@@ -91,7 +91,7 @@ at::Tensor ExpertParallel::run(const at::Tensor& rows, const std::vector<int64_t
   WEFT_CHECK(static_cast<int>(counts.size()) == num_experts_, "{} counts for {} experts",
              counts.size(), num_experts_);
   const int P = ep_->size();
-  if (P == 1) return grouped_expert_mlp(rows, counts, fc1_, fc2_, ffn_, grouped_gemm_);
+  if (P == 1) return grouped_expert_mlp(rows, counts, fc1_, fc2_, spec_, grouped_gemm_);
 
   // 1. counts[r*L + e] go to rank r; from source s arrive its counts for my L experts.
   // (On the rows' device, so that the NCCL backend can take them.)
@@ -128,7 +128,7 @@ at::Tensor ExpertParallel::run(const at::Tensor& rows, const std::vector<int64_t
   at::Tensor inverse = at::empty_like(order);
   inverse.index_put_({order}, at::arange(static_cast<int64_t>(perm.size()), order.options()));
   const at::Tensor out = grouped_expert_mlp(permute_rows(arrived, order, inverse), local_counts,
-                                            fc1_, fc2_, ffn_, grouped_gemm_);
+                                            fc1_, fc2_, spec_, grouped_gemm_);
 
   // 4. back in arrival order, and home.
   return all_to_all_rows(*ep_, permute_rows(out, inverse, order), recv, send);

@@ -35,14 +35,14 @@ class ExpertParallel : public MoeExperts {
  public:
   // `experts` holds this rank's experts as expert_param_specs(cfg, prefix, first, E/ep) (fc1 of
   // each, then fc2 of each); `ep` is the mesh's ep group. Both must outlive this object.
-  ExpertParallel(FsdpUnit* experts, Communicator* ep, int num_experts, int64_t ffn,
+  ExpertParallel(FsdpUnit* experts, Communicator* ep, int num_experts, const MlpSpec& spec,
                  bool grouped_gemm = false);
   at::Tensor run(const at::Tensor& rows, const std::vector<int64_t>& counts) override;
 
  private:
   Communicator* ep_;
   int num_experts_, local_;
-  int64_t ffn_;
+  MlpSpec spec_;
   bool grouped_gemm_;
   std::vector<ParamHandle> fc1_, fc2_;
 };

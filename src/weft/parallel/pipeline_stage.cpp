@@ -83,6 +83,7 @@ PipelineStage::PipelineStage(const ModelConfig& cfg, const ProcessGroups& groups
     Block& b = layers_.back();
     b.layer = layer_handles(b.dense, 0, specs, layer_prefix(l),
                             b.dispatch.empty() ? nullptr : b.dispatch[0].get());
+    if (!b.biases.empty()) b.layer.router_bias = b.biases[0].get();
   }
   if (is_last()) {
     final_norm_ = add("decoder.final_layernorm", {final_norm_param_spec(cfg)});
@@ -102,6 +103,8 @@ PipelineStage::PipelineStage(const ModelConfig& cfg, const ProcessGroups& groups
       for (size_t j = 0, e = 0; j < symbols.size(); ++j)
         experts.push_back(cfg.mtp_layer_is_moe(j) ? b.dispatch[e++].get() : nullptr);
       b.mtp = mtp_handles(b.dense, 0, cfg, k, experts);
+      for (size_t j = 0, e = 0; j < symbols.size() && !b.biases.empty(); ++j)
+        if (cfg.mtp_layer_is_moe(j)) b.mtp.layers[j].router_bias = b.biases[e++].get();
     }
   }
   rope_ = make_rotary_tables(cfg, opt.device, opt.dtype);
@@ -134,9 +137,38 @@ PipelineStage::Block PipelineStage::make_block(const std::string& name,
     b.experts.push_back(units_.back().get());
     forward_order_.push_back(units_.back().get());
     b.dispatch.push_back(std::make_unique<ExpertParallel>(
-        units_.back().get(), ep, cfg_.num_experts, cfg_.expert_ffn(), cfg_.moe_grouped_gemm));
+        units_.back().get(), ep, cfg_.num_experts, cfg_.expert_mlp(), cfg_.moe_grouped_gemm));
+    if (cfg_.moe_router_enable_expert_bias) {
+      const auto on = at::TensorOptions().device(opt_.device);
+      b.biases.push_back(std::make_unique<RouterBias>(
+          RouterBias{at::zeros({cfg_.num_experts}, on.dtype(at::kFloat)),
+                     at::zeros({cfg_.num_experts}, on.dtype(at::kDouble))}));
+      router_biases_.emplace_back(router_bias_name(prefix), b.biases.back().get());
+    }
   }
   return b;
+}
+
+void PipelineStage::update_router_biases() {
+  if (router_biases_.empty()) return;
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> pairs, bias;
+  for (const auto& [name, b] : router_biases_) {
+    pairs.push_back(b->pairs);
+    bias.push_back(b->bias);
+  }
+  const at::Tensor total = at::stack(pairs);
+  groups_.get("tp_dp_cp")->all_reduce(total, ReduceOp::kSum);
+  const at::Tensor updated =
+      updated_expert_bias(total, at::stack(bias), cfg_.moe_router_bias_update_rate);
+  for (size_t i = 0; i < router_biases_.size(); ++i) {
+    router_biases_[i].second->bias.copy_(updated[static_cast<int64_t>(i)]);
+    router_biases_[i].second->pairs.zero_();
+  }
+}
+
+bool PipelineStage::writes_router_biases() const {
+  return !router_biases_.empty() && groups_.get("tp_dp_cp")->rank() == 0;
 }
 
 PipelineStage::~PipelineStage() = default;

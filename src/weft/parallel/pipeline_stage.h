@@ -30,6 +30,7 @@
 #include "weft/comm/communicator.h"
 #include "weft/comm/process_groups.h"
 #include "weft/model/config.h"
+#include "weft/model/moe.h"
 #include "weft/model/transformer.h"
 #include "weft/parallel/expert_parallel.h"
 #include "weft/parallel/fsdp_unit.h"
@@ -94,6 +95,21 @@ class PipelineStage {
   // Loads every unit's shard from init_param(spec, cfg, seed): invariant 5.
   void init_parameters(uint64_t seed);
 
+  // The routers' expert biases of this stage's MoE layers (--moe-router-enable-expert-bias),
+  // with their checkpoint names (router_bias_name), in forward order; every rank of the stage
+  // holds the same values. Empty without the flag.
+  const std::vector<std::pair<std::string, RouterBias*>>& router_biases() const {
+    return router_biases_;
+  }
+  // Megatron's aux-loss-free update at the end of a step's backward (updated_expert_bias): the
+  // pairs routed in this step, summed over tp_dp_cp (every rank of the stage), move each bias by
+  // --moe-router-bias-update-rate; the pairs restart at zero. Collective over tp_dp_cp when
+  // the stage has expert biases; nothing otherwise.
+  void update_router_biases();
+  // Whether this rank stores the stage's router biases in checkpoints (rank 0 of tp_dp_cp; the
+  // others hold the same values).
+  bool writes_router_biases() const;
+
   // Runs microbatch `mb` forward. First stage: `input` is tokens [b, s] int64; otherwise the
   // activation [b, s, h] received from the previous stage (a leaf requiring grad). Returns the
   // activation to send on, or on the last stage loss_sum(labels) * loss_scale.
@@ -117,6 +133,7 @@ class PipelineStage {
     FsdpUnit* dense = nullptr;
     std::vector<FsdpUnit*> experts;                        // one per MoE layer
     std::vector<std::unique_ptr<ExpertParallel>> dispatch;  // same order
+    std::vector<std::unique_ptr<RouterBias>> biases;       // same order (expert bias)
     LayerHandles layer;                                     // decoder layers
     MtpHandles mtp;                                         // MTP depths
   };
@@ -142,6 +159,7 @@ class PipelineStage {
   std::vector<Block> layers_;
   std::vector<Block> mtp_;                // MTP depths (last stage)
   std::vector<FsdpUnit*> forward_order_;  // units in the order forward first uses them
+  std::vector<std::pair<std::string, RouterBias*>> router_biases_;  // owned by the blocks
   std::map<int, at::Tensor> aux_objective_;  // microbatch -> aux objective awaiting backward
   at::Tensor losses_;
   RotaryTables rope_;

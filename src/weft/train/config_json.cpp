@@ -45,6 +45,7 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   get(j, "num_layers", &m.num_layers, true);
   get(j, "hidden_size", &m.hidden_size, true);
   get(j, "ffn_hidden_size", &m.ffn_hidden_size, true);
+  get(j, "squared_relu", &m.squared_relu, false);  // absent before: SwiGLU
   get(j, "num_attention_heads", &m.num_attention_heads, true);
   get(j, "num_query_groups", &m.num_query_groups, true);
   get(j, "kv_channels", &m.kv_channels, false);  // absent before: hidden / heads
@@ -68,6 +69,8 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   get(j, "moe_router_pre_softmax", &m.moe_router_pre_softmax, false);  // absent before: off
   get(j, "moe_router_topk_scaling_factor", &m.moe_router_topk_scaling_factor, false);
   get(j, "moe_router_load_balancing_type", &m.moe_router_load_balancing_type, false);
+  get(j, "moe_router_enable_expert_bias", &m.moe_router_enable_expert_bias, false);
+  get(j, "moe_router_bias_update_rate", &m.moe_router_bias_update_rate, false);
   get(j, "moe_layer_pattern", &m.moe_layer_pattern, false);
   get(j, "moe_grouped_gemm", &m.moe_grouped_gemm, false);
   get(j, "mtp_num_layers", &m.mtp_num_layers, false);
@@ -113,6 +116,7 @@ std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelCon
     cmp("--rope-scaling-factor", run.rope_scaling_factor, saved.rope_scaling_factor);
   to = &out;
   cmp("--norm-epsilon", run.norm_epsilon, saved.norm_epsilon);
+  cmp("--squared-relu", run.squared_relu, saved.squared_relu);
   cmp("--position-embedding-type", run.position_embedding_type, saved.position_embedding_type);
   if (run.moe() && saved.moe()) {
     cmp("--moe-router-topk", run.moe_router_topk, saved.moe_router_topk);
@@ -121,6 +125,10 @@ std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelCon
     cmp("--moe-router-pre-softmax", run.moe_router_pre_softmax, saved.moe_router_pre_softmax);
     cmp("--moe-router-topk-scaling-factor", run.moe_router_topk_scaling_factor,
         saved.moe_router_topk_scaling_factor);
+    // The biases shift every choice; a run without them drops what the checkpoint learnt. A
+    // run that adds them to a checkpoint without starts them at zero (ckpt_load warns).
+    if (saved.moe_router_enable_expert_bias)
+      cmp("--moe-router-enable-expert-bias", run.moe_router_enable_expert_bias, true);
   }
   // Mamba: in_proj, the conv and the norm see only groups x state size.
   if (run.hybrid() && saved.hybrid()) {
@@ -151,6 +159,7 @@ bool take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,
   };
   take("--hidden-size", m.hidden_size, saved.hidden_size);
   take("--ffn-hidden-size", m.ffn_hidden_size, saved.ffn_hidden_size);
+  take("--squared-relu", m.squared_relu, saved.squared_relu);
   take("--num-attention-heads", m.num_attention_heads, saved.num_attention_heads);
   take("--num-query-groups", m.num_query_groups, saved.num_query_groups);
   take("--kv-channels", m.kv_channels, saved.head_dim());
@@ -174,6 +183,10 @@ bool take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,
   take("--moe-router-pre-softmax", m.moe_router_pre_softmax, saved.moe_router_pre_softmax);
   take("--moe-router-topk-scaling-factor", m.moe_router_topk_scaling_factor,
        saved.moe_router_topk_scaling_factor);
+  take("--moe-router-enable-expert-bias", m.moe_router_enable_expert_bias,
+       saved.moe_router_enable_expert_bias);
+  take("--moe-router-bias-update-rate", m.moe_router_bias_update_rate,
+       saved.moe_router_bias_update_rate);
   take("--mamba-state-dim", m.mamba_state_dim, saved.mamba_state_dim);
   take("--mamba-head-dim", m.mamba_head_dim, saved.mamba_head_dim);
   take("--mamba-num-groups", m.mamba_num_groups, saved.mamba_num_groups);

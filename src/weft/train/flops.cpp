@@ -22,11 +22,16 @@ LayerCost attention_cost(const ModelConfig& m) {
           6.0 * m.seq_length * nh * hd};
 }
 
+// Weights of one MLP: fc1 (2f or f rows) and fc2 (f columns).
+double mlp_params(const ModelConfig& m, const MlpSpec& s) {
+  return static_cast<double>(m.hidden_size) * static_cast<double>(s.fc1_rows() + s.ffn);
+}
+
 LayerCost mlp_cost(const ModelConfig& m, bool moe) {
   const double h = m.hidden_size;
-  if (!moe) return {3 * h * m.ffn_hidden_size + h, 0};
-  return {m.moe_router_topk * 3 * h * m.expert_ffn() + h * m.num_experts +
-              3 * h * m.moe_shared_expert_intermediate_size + h,
+  if (!moe) return {mlp_params(m, m.dense_mlp()) + h, 0};
+  return {m.moe_router_topk * mlp_params(m, m.expert_mlp()) + h * m.num_experts +
+              mlp_params(m, m.shared_expert_mlp()) + h,
           0};
 }
 

@@ -87,7 +87,11 @@ struct ActModel {
     // libtorch 1.x's mean(dim) keeps its input (x^2 in fp32) for backward; 2.x only its shape.
     return (TORCH_VERSION_MAJOR < 2 ? 8 : 4) * m.hidden_size + B * m.hidden_size + 4;
   }
-  int64_t swiglu(int64_t f) const { return (fused ? 3 : 4) * B * f; }
+  // An MLP's activations: SwiGLU keeps fc1's output [2f] and fc2's input [f] (unfused, also
+  // silu's); squared ReLU (ATen) relu's output [f], which square also saves, and fc2's input.
+  int64_t mlp_act(const MlpSpec& s) const {
+    return s.squared_relu ? 2 * B * s.ffn : (fused ? 3 : 4) * B * s.ffn;
+  }
   int64_t attention() const {
     const int64_t h = m.hidden_size, nh = m.num_attention_heads, ng = m.num_query_groups;
     const int64_t hd = m.head_dim(), s = m.seq_length;
@@ -105,11 +109,11 @@ struct ActModel {
   int64_t mlp(bool moe) const {
     const int64_t h = m.hidden_size;
     int64_t a = norm() + B * h;  // pre_mlp_layernorm, fc1's (or the router's) input
-    if (!moe) return a + swiglu(m.ffn_hidden_size);
+    if (!moe) return a + mlp_act(m.dense_mlp());
     const int64_t k = m.moe_router_topk, E = m.num_experts;
     a += 4 * E + k * (4 + B) + 16 * k + (ep > 1 ? 16 * k : 0);
-    a += k * (2 * B * h + swiglu(m.expert_ffn()));
-    if (m.moe_shared_expert_intermediate_size > 0) a += swiglu(m.moe_shared_expert_intermediate_size);
+    a += k * (2 * B * h + mlp_act(m.expert_mlp()));
+    if (m.moe_shared_expert_intermediate_size > 0) a += mlp_act(m.shared_expert_mlp());
     return a;
   }
   int64_t mamba() const {

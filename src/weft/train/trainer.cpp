@@ -53,7 +53,8 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
   return {
       {"model",
        {{"num_layers", m.num_layers}, {"hidden_size", m.hidden_size},
-        {"ffn_hidden_size", m.ffn_hidden_size}, {"num_attention_heads", m.num_attention_heads},
+        {"ffn_hidden_size", m.ffn_hidden_size}, {"squared_relu", m.squared_relu},
+        {"num_attention_heads", m.num_attention_heads},
         {"num_query_groups", m.num_query_groups}, {"kv_channels", m.head_dim()},
         {"qk_layernorm", m.qk_layernorm},
         {"seq_length", m.seq_length},
@@ -70,6 +71,8 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
         {"moe_router_pre_softmax", m.moe_router_pre_softmax},
         {"moe_router_topk_scaling_factor", m.moe_router_topk_scaling_factor},
         {"moe_router_load_balancing_type", m.moe_router_load_balancing_type},
+        {"moe_router_enable_expert_bias", m.moe_router_enable_expert_bias},
+        {"moe_router_bias_update_rate", m.moe_router_bias_update_rate},
         {"moe_layer_pattern", m.moe_layer_pattern}, {"moe_grouped_gemm", m.moe_grouped_gemm},
         {"mtp_num_layers", m.mtp_num_layers}, {"layer_symbols", m.layer_symbols},
         {"hybrid_stage_layers", m.hybrid_stage_layers},
@@ -685,6 +688,9 @@ IterationStats Trainer::train_step() {
   fault_point("train.after_backward", groups_.rank(), it);  // crash and hang tests
 
   all_reduce_stage_grads(*stage_, groups_);  // HSDP replicas, tied embedding
+  // --moe-router-enable-expert-bias: Megatron updates the biases here too (finalize_model_grads,
+  // before the optimizer), also in a step that is then skipped.
+  stage_->update_router_biases();
 
   // Fault injection for the NaN tests (core/fault.h), after every gradient reduction:
   // WEFT_FAULT=train.nan_grad:<rank>:<it>:error plants a NaN in this rank's gradient of the
