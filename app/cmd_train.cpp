@@ -121,7 +121,7 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--num-experts", m.num_experts, "routed experts per MoE layer (0: dense model)");
   opt("--moe-router-topk", m.moe_router_topk, "experts per token");
   opt("--moe-ffn-hidden-size", m.moe_ffn_hidden_size,
-      "SwiGLU hidden size of each routed expert (-1: --ffn-hidden-size)");
+      "hidden size of each routed expert (-1: --ffn-hidden-size)");
   opt("--moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size,
       "hidden size of the shared expert run on every token (0: none)");
   opt("--moe-aux-loss-coeff", m.moe_aux_loss_coeff, "weight of the load-balancing loss");
@@ -131,12 +131,15 @@ void add_flags(CLI::App* c, TrainArgs* a) {
               "renormalised over the top k)");
   opt("--moe-router-topk-scaling-factor", m.moe_router_topk_scaling_factor,
       "multiply the chosen experts' weights by this (0: not scaled)");
-  opt("--moe-router-load-balancing-type", m.moe_router_load_balancing_type, "aux_loss | none");
+  opt("--moe-router-load-balancing-type", m.moe_router_load_balancing_type,
+      "aux_loss | seq_aux_loss (per sequence, averaged) | none");
   c->add_flag("--moe-router-enable-expert-bias", m.moe_router_enable_expert_bias,
               "aux-loss-free load balancing (sigmoid router): a per-expert bias on the scores "
               "chooses the top k, moved each step towards balance (DeepSeek-V3)");
   opt("--moe-router-bias-update-rate", m.moe_router_bias_update_rate,
       "step of the expert bias per iteration (--moe-router-enable-expert-bias)");
+  opt("--moe-router-dtype", m.moe_router_dtype,
+      "fp32 | fp64: the router's GEMM in that dtype (default: the compute dtype)");
   opt("--moe-layer-freq", a->moe_layer_freq,
       "MoE layer pattern: an int N (layer i is MoE when i % N == 0) or a list like [0,1,1,1]");
   a->moe_layer_freq_opt = c->get_option("--moe-layer-freq");
@@ -478,11 +481,15 @@ void resolve_train_args(TrainArgs* a) {
       model_from_checkpoint = true;
     }  // else no tracker: the --load check (check_train_paths) refuses it, naming --load
   }
-  if (t.model.squared_relu && a->app->get_option("--swiglu")->count() > 0)
-    fail_usage("--swiglu and --squared-relu both given{}: the MLP is one or the other (Megatron "
-               "asserts the same)", model_from_checkpoint && a->app->get_option("--squared-relu")
-                                            ->count() == 0 ? " (--squared-relu from the "
-                                                             "checkpoint's arguments)" : "");
+  // --swiglu beside --squared-relu: Megatron asserts; under --use-checkpoint-args it takes the
+  // activation from the checkpoint instead, and so does weft (with a warning below).
+  bool swiglu_ignored = false;
+  if (t.model.squared_relu && a->app->get_option("--swiglu")->count() > 0) {
+    if (a->app->get_option("--squared-relu")->count() > 0 || !model_from_checkpoint)
+      fail_usage("--swiglu and --squared-relu both given: the MLP is one or the other (Megatron "
+                 "asserts the same)");
+    swiglu_ignored = true;
+  }
   const std::string pattern =
       a->hybrid_pattern.empty() ? a->hybrid_override_pattern : a->hybrid_pattern;
   if (!pattern.empty()) {
@@ -520,6 +527,10 @@ void resolve_train_args(TrainArgs* a) {
   a->global_batch_given = a->app->get_option("--global-batch-size")->count() > 0;
   check_recipe_flags(a->recipe, t.model.seq_length);
   a->megatron_warnings = check_megatron_flags(a->megatron);
+  if (swiglu_ignored)
+    a->megatron_warnings.push_back("--swiglu is ignored: --use-checkpoint-args takes the "
+                                   "checkpoint's --squared-relu (as Megatron forces its "
+                                   "activation from the checkpoint)");
   resolve_schedule_lengths(a);
   resolve_pipeline_split(a, t.model.hybrid());
   resolve_tokenizer(a);
@@ -556,8 +567,14 @@ std::vector<std::string> ignored_flag_warnings(const TrainConfig& t) {
     out.push_back(fmt::format("--moe-router-pre-softmax has no effect with "
                               "--moe-router-score-function {} (as in Megatron)",
                               m.moe_router_score_function));
+  if (any_moe && !m.bf16 && m.moe_router_dtype == "fp32")
+    out.push_back("--moe-router-dtype fp32 has no effect without --bf16: the router's GEMM is in "
+                  "float32 already");
   if (!any_moe && m.moe_router_enable_expert_bias)
     out.push_back("--moe-router-enable-expert-bias has no effect without MoE layers");
+  if (any_moe && !m.moe_router_enable_expert_bias && m.moe_router_bias_update_rate != 1e-3)
+    out.push_back("--moe-router-bias-update-rate has no effect without "
+                  "--moe-router-enable-expert-bias");
   if (m.hybrid() && m.mtp_num_layers > 0 && m.mtp_layer_symbols.empty())
     out.push_back(fmt::format("--mtp-num-layers {} with --hybrid-layer-pattern '{}', which has no "
                               "MTP pattern: each MTP depth has its projection and norms but no "

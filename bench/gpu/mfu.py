@@ -30,8 +30,10 @@ pattern alone gives the layers (--layers is ignored), one symbol each ('|' is ig
                    the conv (8 per channel), the gated norm and other elementwise work, and the
                    conv, dt_bias, A_log, D and norm.weight parameters.
 So --pattern of L repetitions of "*-" gives the dense formula of L layers.
+--squared-relu (weft's and Megatron's flag): every MLP and expert is fc2(relu(fc1 x)^2) without a
+gate, 2*h*f parameters instead of 3*h*f.
 Usage: mfu.py TOKENS_PER_SEC [--layers --hidden --heads --groups --ffn --vocab --seq --peak]
-                             [--experts (--num-experts) --topk --moe-ffn]
+                             [--experts (--num-experts) --topk --moe-ffn] [--squared-relu]
                              [--pattern --state --head-dim --mamba-groups --mamba-heads --chunk]
        mfu.py --weft-jsonl FILE ...   (median tokens/s over iterations after the first 3)
 """
@@ -43,13 +45,14 @@ import statistics
 def hybrid_flops_per_token(a):
     h, s = a.hidden, a.seq
     hd = h // a.heads
+    g = 2 if a.squared_relu else 3  # fc1 (+ gate) and fc2
     P, N, G = a.head_dim, a.state, a.mamba_groups
     H = a.mamba_heads or 2 * h // P
     di = H * P
     Q = min(a.chunk, s)
     per_layer = {  # (parameters, extra FLOPs per token, forward + backward)
         "*": (h * (a.heads + 2 * a.groups) * hd + a.heads * hd * h + h, 6 * s * h),
-        "-": (3 * h * a.ffn + h, 0),
+        "-": (g * h * a.ffn + h, 0),
         "M": (h * (2 * di + 2 * G * N + H) + di * h + h,
               3 * H * (2 * Q * N + 2 * Q * P + 2 * P * N + 2 * P * N)),
     }
@@ -64,10 +67,11 @@ def flops_per_token(a):
     if a.pattern:
         return hybrid_flops_per_token(a)
     hd = a.hidden // a.heads
-    if a.experts > 0:  # active: topk experts of 3*h*f each, plus the router
-        mlp = a.topk * 3 * a.hidden * (a.moe_ffn or a.ffn) + a.hidden * a.experts
+    g = 2 if a.squared_relu else 3  # fc1 (+ gate) and fc2
+    if a.experts > 0:  # active: topk experts of g*h*f each, plus the router
+        mlp = a.topk * g * a.hidden * (a.moe_ffn or a.ffn) + a.hidden * a.experts
     else:
-        mlp = a.hidden * 2 * a.ffn + a.ffn * a.hidden
+        mlp = g * a.hidden * a.ffn
     layer = (a.hidden * (a.heads + 2 * a.groups) * hd + a.heads * hd * a.hidden
              + mlp + 2 * a.hidden)
     return 6 * (a.layers * layer + a.vocab * a.hidden) + 6 * a.layers * a.seq * a.hidden
@@ -85,6 +89,8 @@ def main():
     p.add_argument("--topk", type=int, default=2, help="experts per token")
     p.add_argument("--moe-ffn", type=int, default=0, help="expert FFN size; 0: --ffn")
     p.add_argument("--peak", type=float, default=781e12)
+    p.add_argument("--squared-relu", action="store_true",
+                   help="MLPs and experts without a gate (2*h*f parameters, not 3*h*f)")
     p.add_argument("--pattern", default="",
                    help="hybrid layer pattern (M Mamba-2, * attention, - MLP); replaces --layers")
     p.add_argument("--state", type=int, default=128, help="Mamba state size N")

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # A Nemotron-H / Nemotron 3 shaped hybrid model as a user meets it: Mamba, attention without
 # positions, squared-ReLU MLP and MoE layers (--squared-relu), a sigmoid router with a top-k
-# scaling factor, a shared expert and aux-loss-free balancing (--moe-router-enable-expert-bias):
+# scaling factor, a shared expert, aux-loss-free balancing (--moe-router-enable-expert-bias) and
+# the sequence-wise aux loss (--moe-router-load-balancing-type seq_aux_loss):
 # - without --ffn-hidden-size the MLP is Megatron's 4 * hidden (SwiGLU's default is 8/3);
 # - the checkpoint holds each MoE layer's expert bias (float32 [E]);
 # - it trains on pp 2 x ep 2 to the single rank's losses (1e-5 relative);
 # - verify-resume on pp 2 x ep 2, resumed on 1 rank, passes (losses, grad norms and the final
 #   checkpoints, expert biases included);
 # - --use-checkpoint-args takes both flags, generate runs from the checkpoint, a --load without
-#   either flag is refused naming it, and HF export refuses a squared-ReLU model;
-# - --swiglu beside --squared-relu is refused, as Megatron asserts.
+#   either flag is refused naming it; it exports as Hugging Face NemotronH, imports back,
+#   samples the same continuation and fine-tunes; HF export refuses a dense (Llama)
+#   squared-ReLU model;
+# - --swiglu beside --squared-relu is refused, as Megatron asserts;
+# - --moe-router-dtype fp32 under --bf16 trains and changes the losses.
 # Usage: nemotron.sh WEFT MPIRUN...
 set -u
 weft=$1
@@ -26,6 +30,7 @@ model=(--hybrid-layer-pattern "M-*EM-E*" --squared-relu --position-embedding-typ
        --moe-router-score-function sigmoid --moe-router-topk-scaling-factor 2.5
        --moe-shared-expert-intermediate-size 16 --moe-aux-loss-coeff 0.01
        --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01
+       --moe-router-load-balancing-type seq_aux_loss
        --mamba-state-dim 8 --mamba-head-dim 8 --mamba-num-groups 2
        --micro-batch-size 2 --global-batch-size 8 --eval-interval 0 --log-interval 1
        --threads 1 --lr 1e-2 --seed 5)  # seed 4: a top-k near-tie flips on dp 4 at iteration 2
@@ -84,6 +89,21 @@ out=$(timeout 250 "${mpirun[@]}" -np 4 "$weft" verify-resume "${model[@]}" \
 if printf '%s\n' "$out" | grep -q "^verify-resume: PASS"; then ok "verify-resume pp 2 x ep 2 -> 1 x 1"
 else bad "verify-resume: $(printf '%s\n' "$out" | grep -m2 'verify-resume\|rror')"; fi
 
+# --- --moe-router-dtype fp32 under --bf16: the router's GEMM in float32 -----------------------
+for d in bf16 fp32; do
+  extra=()
+  [ "$d" = fp32 ] && extra=(--moe-router-dtype fp32)
+  timeout 120 "$weft" train "${model[@]}" --bf16 --train-iters 2 "${extra[@]}" \
+    --log-jsonl "$tmp/router_$d.jsonl" >"$tmp/router_$d.log" 2>&1 ||
+    bad "--bf16 router $d: $(tail -2 "$tmp/router_$d.log")"
+done
+if python3 - "$tmp/router_bf16.jsonl" "$tmp/router_fp32.jsonl" <<'EOF'; then ok "--moe-router-dtype fp32 trains and changes the bf16 losses"; else bad "--moe-router-dtype fp32 changed nothing"; fi
+import json, math, sys
+a, b = ([json.loads(l)["lm_loss"] for l in open(p) if "lm_loss" in l] for p in sys.argv[1:])
+assert len(a) == len(b) == 2 and all(math.isfinite(x) for x in a + b), (a, b)
+assert a != b, (a, b)
+EOF
+
 # --- the checkpoint's arguments, generate, a SwiGLU load, HF export ----------------------------
 if timeout 120 "$weft" train --load "$tmp/ck" --use-checkpoint-args --train-iters 4 \
      --micro-batch-size 2 --global-batch-size 8 --eval-interval 0 --log-interval 1 \
@@ -121,7 +141,26 @@ expect "a run without the expert bias refuses its checkpoint" \
   "$weft" train "${less[@]}" --load "$tmp/ck" --train-iters 4
 expect "--swiglu beside --squared-relu is refused" "--swiglu and --squared-relu" \
   "$weft" train "${model[@]}" --swiglu --train-iters 1
-# HF export of a dense squared-ReLU model (a hybrid one is refused for being hybrid first).
+# --- Hugging Face NemotronH: export, import, fine-tune, the same sampled continuation ---------
+if timeout 60 "$weft" ckpt export --format hf "$tmp/ck" "$tmp/hf" >"$tmp/hf.log" 2>&1 &&
+   grep -q '"model_type": "nemotron_h"' "$tmp/hf/config.json" &&
+   timeout 60 "$weft" ckpt import --format hf "$tmp/hf" "$tmp/im" >>"$tmp/hf.log" 2>&1; then
+  ok "exports as NemotronH and imports back"
+  a=$(timeout 60 "$weft" generate --load "$tmp/ck" --prompt-ids "1 2 3" --seed 7 --max-new-tokens 8 \
+        --threads 1 2>/dev/null)
+  b=$(timeout 60 "$weft" generate --load "$tmp/im" --prompt-ids "1 2 3" --seed 7 --max-new-tokens 8 \
+        --threads 1 2>/dev/null)
+  if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "the import samples as the original (seed 7): $b"; else
+    bad "generate: original '$a', imported '$b'"; fi
+  if timeout 120 "$weft" train --load "$tmp/im" --finetune --use-checkpoint-args --train-iters 1 \
+       --micro-batch-size 2 --global-batch-size 8 --eval-interval 0 --threads 1 \
+       >"$tmp/ft.log" 2>&1; then ok "fine-tunes from the import"; else
+    bad "fine-tune from the import: $(tail -2 "$tmp/ft.log")"; fi
+else
+  bad "NemotronH export/import: $(tail -3 "$tmp/hf.log")"
+fi
+
+# HF export of a dense (non-hybrid) squared-ReLU model: Llama has SwiGLU.
 if timeout 60 "$weft" train --squared-relu --num-layers 2 --hidden-size 32 --num-attention-heads 4 \
      --seq-length 16 --vocab-size 64 --micro-batch-size 2 --global-batch-size 2 --train-iters 1 \
      --eval-interval 0 --threads 1 --save "$tmp/dense" >"$tmp/dense.log" 2>&1; then

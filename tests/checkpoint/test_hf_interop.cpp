@@ -26,6 +26,7 @@
 #include "weft/checkpoint/safetensors.h"
 #include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
+#include "weft/model/hybrid.h"
 #include "weft/train/config_json.h"
 #include "weft/train/hf_convert.h"
 
@@ -613,6 +614,168 @@ TEST(HfInterop, BadInputNamesTheKey) {
     expect_refused([&] { hf_model_type(mixed); }, "--moe-layer-freq", ck + "/none");
   }();
   barrier();
+}
+
+// A Nemotron 3 shaped hybrid (Mamba, squared-ReLU MLP, attention without positions, an MoE
+// layer with a sigmoid router, scaling, a shared expert and trained expert biases, MTP),
+// trained on pp 2 x ep 2, exported as NemotronH: config.json and the header against literals,
+// the tensors against the weft ones they copy (the MTP depth dropped), import back bitwise
+// (the expert biases found from the files), export again byte-identical; bf16 keeps the bias in
+// float32; a tied model writes lm_head as the embedding and imports tied.
+TrainConfig nemotron(bool untied) {
+  TrainConfig c = tiny(untied);
+  ModelConfig& m = c.model;
+  m.squared_relu = true;
+  m.position_embedding_type = "none";
+  m.num_experts = 4;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = 24;
+  m.moe_shared_expert_intermediate_size = 16;
+  m.moe_router_score_function = "sigmoid";
+  m.moe_router_topk_scaling_factor = 2.5;
+  m.moe_router_enable_expert_bias = true;
+  m.moe_router_bias_update_rate = 0.01;
+  m.mamba_state_dim = 8;
+  m.mamba_head_dim = 8;
+  m.mamba_num_groups = 2;
+  apply_hybrid_layer_pattern("M-*|EM/*E", &m);  // the stage cut is not part of the model
+  c.layout.pp = 2;
+  c.layout.ep = 2;
+  return c;
+}
+
+TEST(HfInterop, NemotronHRoundTripNamesAndConfig) {
+  for (bool untied : {true, false}) {
+    SCOPED_TRACE(untied ? "untied" : "tied");
+    const std::string ck = trained(nemotron(untied), 4, "hfnemo");
+    if (rank0()) [&] {
+      hf_export_checkpoint(ck, ck + "/ex", {});
+      const nlohmann::json cfg = read_json(ck + "/ex/config.json");
+      EXPECT_EQ(cfg["model_type"], "nemotron_h");
+      EXPECT_EQ(cfg["architectures"], nlohmann::json::array({"NemotronHForCausalLM"}));
+      EXPECT_EQ(cfg["hybrid_override_pattern"], "M-*EM");
+      EXPECT_EQ(cfg["layers_block_type"],
+                nlohmann::json::array({"mamba", "mlp", "attention", "moe", "mamba"}));
+      EXPECT_EQ(cfg["mlp_hidden_act"], "relu2");
+      EXPECT_EQ(cfg["n_routed_experts"], 4);
+      EXPECT_EQ(cfg["num_experts_per_tok"], 2);
+      EXPECT_EQ(cfg["norm_topk_prob"], true);
+      EXPECT_EQ(cfg["routed_scaling_factor"], 2.5);
+      EXPECT_EQ(cfg["moe_intermediate_size"], 24);
+      EXPECT_EQ(cfg["moe_shared_expert_intermediate_size"], 16);
+      EXPECT_EQ(cfg["head_dim"], 8);
+      EXPECT_EQ(cfg["mamba_num_heads"], 8);  // 2 * 32 / 8
+      EXPECT_EQ(cfg["mamba_head_dim"], 8);
+      EXPECT_EQ(cfg["ssm_state_size"], 8);
+      EXPECT_EQ(cfg["n_groups"], 2);
+      EXPECT_EQ(cfg["layer_norm_epsilon"], 1e-5);
+      EXPECT_EQ(cfg["tie_word_embeddings"], !untied);
+      const std::string f = ck + "/ex/model.safetensors";
+      const nlohmann::json h = raw_header(f);
+      const auto w = weights_of(ck);
+      auto same = [&](const std::string& hf, const std::string& weft) {
+        ASSERT_TRUE(h.contains(hf)) << hf;
+        EXPECT_TRUE(at::equal(hf_tensor(f, hf), w.at(weft))) << hf << " vs " << weft;
+      };
+      same("backbone.embeddings.weight", "embedding.word_embeddings.weight");
+      same("backbone.layers.0.norm.weight", "decoder.layers.0.mixer.in_proj.layer_norm_weight");
+      same("backbone.layers.0.mixer.in_proj.weight", "decoder.layers.0.mixer.in_proj.weight");
+      same("backbone.layers.0.mixer.A_log", "decoder.layers.0.mixer.A_log");
+      same("backbone.layers.1.norm.weight", "decoder.layers.1.pre_mlp_layernorm.weight");
+      same("backbone.layers.1.mixer.up_proj.weight", "decoder.layers.1.mlp.linear_fc1.weight");
+      EXPECT_EQ(h["backbone.layers.1.mixer.up_proj.weight"]["shape"], nlohmann::json({48, 32}));
+      same("backbone.layers.2.norm.weight", "decoder.layers.2.input_layernorm.weight");
+      same("backbone.layers.2.mixer.o_proj.weight", "decoder.layers.2.self_attention.linear_proj.weight");
+      EXPECT_EQ(h["backbone.layers.2.mixer.k_proj.weight"]["shape"], nlohmann::json({16, 32}));
+      same("backbone.layers.3.mixer.gate.weight", "decoder.layers.3.mlp.router.weight");
+      same("backbone.layers.3.mixer.gate.e_score_correction_bias",
+           "decoder.layers.3.mlp.router.expert_bias");
+      EXPECT_GT(w.at("decoder.layers.3.mlp.router.expert_bias").abs().sum().item<double>(), 0.0)
+          << "the biases did not train";
+      same("backbone.layers.3.mixer.experts.1.up_proj.weight",
+           "decoder.layers.3.mlp.experts.1.linear_fc1.weight");
+      same("backbone.layers.3.mixer.experts.1.down_proj.weight",
+           "decoder.layers.3.mlp.experts.1.linear_fc2.weight");
+      same("backbone.layers.3.mixer.shared_experts.down_proj.weight",
+           "decoder.layers.3.mlp.shared_experts.linear_fc2.weight");
+      same("backbone.norm_f.weight", "decoder.final_layernorm.weight");
+      same("lm_head.weight", untied ? "output_layer.weight" : "embedding.word_embeddings.weight");
+      for (const auto& [name, e] : h.items()) EXPECT_EQ(name.find("mtp"), std::string::npos) << name;
+
+      hf_import_checkpoint(ck + "/ex", ck + "/im");
+      std::map<std::string, at::Tensor> main;  // the checkpoint less its MTP depth
+      for (const auto& [k, t] : w)
+        if (k.rfind("mtp.", 0) != 0) main[k] = t;
+      expect_same_weights(main, weights_of(ck + "/im"));
+      EXPECT_EQ(model_of(ck + "/im").moe_router_enable_expert_bias, true);
+      EXPECT_EQ(model_of(ck + "/im").tied(), !untied);
+      hf_export_checkpoint(ck + "/im", ck + "/ex2", {});
+      expect_same_files(ck + "/ex", ck + "/ex2");
+
+      HfExportOptions bf16;
+      bf16.dtype = "bf16";
+      hf_export_checkpoint(ck, ck + "/ex16", bf16);
+      const nlohmann::json h16 = raw_header(ck + "/ex16/model.safetensors");
+      EXPECT_EQ(h16["backbone.layers.3.mixer.gate.e_score_correction_bias"]["dtype"], "F32");
+      EXPECT_EQ(h16["backbone.layers.3.mixer.gate.weight"]["dtype"], "BF16");
+    }();
+    barrier();
+  }
+}
+
+// The hybrid models NemotronH cannot hold are refused naming the flag; the config.json fields
+// weft cannot compute are refused naming the key.
+TEST(HfInterop, NemotronHRefusals) {
+  if (!rank0()) return;
+  auto refused = [](const ModelConfig& m, const std::string& needle) {
+    try {
+      hf_tensor_maps(m);
+      ADD_FAILURE() << "not refused: " << needle;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const ModelConfig ok = nemotron(true).model;
+  EXPECT_NO_THROW(hf_tensor_maps(ok));
+  ModelConfig m = ok;
+  m.position_embedding_type = "rope";
+  refused(m, "--position-embedding-type rope");
+  m = ok;
+  m.squared_relu = false;
+  refused(m, "--squared-relu");
+  m = ok;
+  m.moe_router_score_function = "softmax";
+  m.moe_router_enable_expert_bias = false;
+  refused(m, "--moe-router-score-function softmax");
+  m = ok;
+  m.moe_shared_expert_intermediate_size = 0;
+  refused(m, "--moe-shared-expert-intermediate-size");
+  m = ok;
+  m.norm_epsilon = 1e-6;
+  refused(m, "--norm-epsilon");
+
+  const nlohmann::json good = hf_config_from_model(ok, "float32", {});
+  EXPECT_EQ(hf_model_config_from_json(good).layer_symbols, "M-*EM");
+  auto bad = [&](const char* key, const nlohmann::json& v, const std::string& needle) {
+    nlohmann::json j = good;
+    j[key] = v;
+    try {
+      hf_model_config_from_json(j);
+      ADD_FAILURE() << key << " " << v.dump() << " not refused";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  bad("mlp_hidden_act", "gelu", "mlp_hidden_act");
+  bad("n_group", 2, "n_group");
+  bad("norm_topk_prob", false, "norm_topk_prob");
+  bad("time_step_limit", nlohmann::json::array({0.001, 0.1}), "time_step_limit");
+  bad("layer_norm_epsilon", 1e-6, "layer_norm_epsilon");
+  bad("conv_kernel", 3, "conv_kernel");
+  bad("use_conv_bias", false, "use_conv_bias");
+  bad("hybrid_override_pattern", "M-*E-", "disagree");
+  bad("moe_latent_size", 64, "moe_latent_size");
+  bad("layers_block_type", nlohmann::json::array({"mamba", "conv"}), "'conv'");
 }
 
 TEST(HfInterop, MixtralRoundTrip) {

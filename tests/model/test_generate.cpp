@@ -68,7 +68,22 @@ ModelConfig hybrid_config() {
   return c;
 }
 
+// A Nemotron 3 shaped hybrid: squared-ReLU MLP and experts, attention without positions, a
+// sigmoid router with a scaling factor and expert biases (non-zero below, so that they choose).
+ModelConfig nemotron_config() {
+  ModelConfig c = hybrid_config();
+  c.squared_relu = true;
+  c.position_embedding_type = "none";
+  c.moe_router_score_function = "sigmoid";
+  c.moe_router_topk_scaling_factor = 2.5;
+  c.moe_router_enable_expert_bias = true;
+  c.moe_shared_expert_intermediate_size = 16;
+  return c;
+}
+
 at::Tensor init_value(const ParamSpec& s, const ModelConfig& cfg) {
+  if (s.name.size() > 11 && s.name.compare(s.name.size() - 11, 11, "expert_bias") == 0)
+    return torch::linspace(0.3, -0.3, s.shape[0], torch::kDouble);  // a trained-looking bias
   return init_param(s, cfg, kSeed).to(torch::kDouble);
 }
 
@@ -82,6 +97,7 @@ struct Reference {
   ModelConfig cfg;
   FullParams params;
   std::vector<std::unique_ptr<LocalExperts>> experts;
+  std::vector<std::unique_ptr<RouterBias>> biases;
   std::vector<LayerHandles> layers;
   ParamHandle emb, norm, out;
 
@@ -101,6 +117,14 @@ struct Reference {
         ex = experts.back().get();
       }
       layers.push_back(layer_handles(&params, first, specs, layer_prefix(l), ex));
+      if (cfg.is_moe_layer(l) && cfg.moe_router_enable_expert_bias) {
+        const ParamSpec b{router_bias_name(layer_prefix(l)), {cfg.num_experts}, InitKind::kZeros,
+                          false};
+        biases.push_back(std::make_unique<RouterBias>(
+            RouterBias{init_value(b, cfg).to(torch::kFloat), torch::zeros({cfg.num_experts},
+                                                                          torch::kDouble)}));
+        layers.back().router_bias = biases.back().get();
+      }
     }
     norm = add(final_norm_param_spec(cfg));
     out = cfg.tied() ? emb : add(output_param_spec(cfg));
@@ -150,7 +174,8 @@ struct Case {
 const Case kCases[] = {{"dense", dense_config},
                        {"qk-layernorm", qk_config},
                        {"moe", moe_config},
-                       {"hybrid", hybrid_config}};
+                       {"hybrid", hybrid_config},
+                       {"nemotron", nemotron_config}};
 
 TEST(Generate, CachedLogitsEqualFullForwardAtEveryPosition) {
   for (const Case& c : kCases) {
@@ -173,6 +198,16 @@ TEST(Generate, CachedLogitsEqualFullForwardAtEveryPosition) {
     std::printf("%s: cached vs full forward rel err %.2e (prompt + steps), %.2e (pieces)\n",
                 c.name, e1, e2);
   }
+}
+
+// The expert biases change the routing: the Nemotron model's logits without them differ.
+TEST(Generate, ExpertBiasesRoute) {
+  const ModelConfig cfg = nemotron_config();
+  ModelConfig unbiased = cfg;
+  unbiased.moe_router_enable_expert_bias = false;
+  const torch::Tensor tokens = random_tokens(2, cfg.seq_length, cfg.vocab_size, 3);
+  EXPECT_GT(rel_err(make_model(unbiased)->full_logits(tokens), make_model(cfg)->full_logits(tokens)),
+            1e-6);
 }
 
 TEST(Generate, PastSeqLengthMatchesFullForward) {
@@ -345,6 +380,12 @@ void expect_round_trip(const ModelConfig& m) {
   EXPECT_EQ(m.expert_ffn(), r.expert_ffn());
   EXPECT_EQ(m.mamba_heads(), r.mamba_heads());
   EXPECT_EQ(m.mtp_num_layers, r.mtp_num_layers);
+  EXPECT_EQ(m.squared_relu, r.squared_relu);
+  EXPECT_EQ(m.moe_router_enable_expert_bias, r.moe_router_enable_expert_bias);
+  EXPECT_EQ(m.moe_router_bias_update_rate, r.moe_router_bias_update_rate);
+  EXPECT_EQ(m.moe_router_dtype, r.moe_router_dtype);
+  EXPECT_EQ(m.moe_router_load_balancing_type, r.moe_router_load_balancing_type);
+  EXPECT_EQ(m.position_embedding_type, r.position_embedding_type);
 }
 
 TEST(ConfigJson, RoundTripDenseMoeHybrid) {
@@ -360,6 +401,12 @@ TEST(ConfigJson, RoundTripDenseMoeHybrid) {
   hyb.mamba_chunk_size = 128;  // not in the JSON (weft train's fixed chunk)
   apply_hybrid_layer_pattern("M*E|-ME/*E", &hyb);
   expect_round_trip(hyb);
+  ModelConfig nemo = nemotron_config();
+  nemo.mamba_chunk_size = 128;
+  nemo.moe_router_bias_update_rate = 0.01;
+  nemo.moe_router_dtype = "fp32";
+  nemo.moe_router_load_balancing_type = "seq_aux_loss";
+  expect_round_trip(nemo);
 }
 
 TEST(ConfigJson, MissingKeyIsNamed) {

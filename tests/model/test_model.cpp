@@ -681,6 +681,33 @@ TEST(ModelOps, LinearMatchesNativeAndDeliversGradWithoutInputGrad) {
   EXPECT_LE(rel_err(x16.grad(), dy.matmul(w0)), 0.03);
 }
 
+// --moe-router-dtype fp32: linear_in on bf16 input and weight computes the float32 product of
+// their float32 values (bitwise the native one), returns x's gradient in bf16 and accumulates W's
+// float32 gradient; plain linear refuses mixed dtypes instead of casting.
+TEST(ModelOps, LinearInComputesInTheGivenDtype) {
+  FullParams p16;
+  const ParamSpec s{"w", {5, 4}, InitKind::kNormal, true};
+  const torch::Tensor w16 = torch::randn({5, 4}, torch::kDouble).to(torch::kBFloat16);
+  const ParamHandle h = p16.add(s, w16);
+  const torch::Tensor x16 = torch::randn({3, 2, 4}).to(torch::kBFloat16).requires_grad_(true);
+  const torch::Tensor dy = torch::randn({3, 2, 5});
+  const torch::Tensor y = ops::linear_in(x16, h, torch::kFloat);
+  EXPECT_EQ(y.scalar_type(), torch::kFloat);
+  (y * dy).sum().backward();
+  const torch::Tensor xf = x16.detach().to(torch::kFloat).requires_grad_(true);
+  const torch::Tensor wf = w16.to(torch::kFloat).requires_grad_(true);
+  const torch::Tensor yf = torch::matmul(xf, wf.t());
+  (yf * dy).sum().backward();
+  EXPECT_TRUE(torch::equal(y.detach(), yf.detach()));
+  EXPECT_FALSE(torch::equal(y.detach(), torch::matmul(x16, w16.t()).detach().to(torch::kFloat)))
+      << "the bf16 product: the cast changed nothing";
+  EXPECT_EQ(x16.grad().scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(x16.grad(), xf.grad().to(torch::kBFloat16)));
+  EXPECT_LE(rel_err(p16.grad(0), wf.grad()), 1e-6);
+  EXPECT_EQ(p16.pending_uses(0), 0);
+  EXPECT_THROW(ops::linear(x16.detach().to(torch::kFloat), h), Error);
+}
+
 TEST(ModelOps, RmsNormMatchesNative) {
   FullParams params;
   const torch::Tensor w0 = torch::randn({6}, torch::kDouble);

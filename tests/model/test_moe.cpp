@@ -64,25 +64,36 @@ struct RefResult {
   std::vector<double> chosen;  // (token, slot) pairs per expert
 };
 // `bias` (defined: the sigmoid router's expert bias, [E]) shifts the scores that choose the
-// experts; the weights are the unshifted scores.
+// experts; the weights are the unshifted scores, and so are the aux loss's choices (Megatron's).
+// The x rows are `sequences` sequences one after the other; --moe-router-load-balancing-type
+// seq_aux_loss averages the aux loss of each over them.
 RefResult reference_moe(const torch::Tensor& x, const torch::Tensor& router,
                         const std::vector<torch::Tensor>& w1, const std::vector<torch::Tensor>& w2,
                         const torch::Tensor& s1, const torch::Tensor& s2, const ModelConfig& cfg,
-                        const torch::Tensor& bias = {}) {
+                        const torch::Tensor& bias = {}, int64_t sequences = 1) {
   const int64_t T = x.size(0), E = cfg.num_experts, k = cfg.moe_router_topk;
   const bool softmax = cfg.moe_router_score_function == "softmax";
+  const bool seq = cfg.moe_router_load_balancing_type == "seq_aux_loss";
+  const int64_t groups = seq ? sequences : 1, S = T / groups;  // tokens per aux group
   std::vector<torch::Tensor> ys;
   std::vector<double> chosen(E, 0.0);
-  torch::Tensor prob_sum = torch::zeros({E}, x.options());
+  std::vector<std::vector<double>> aux_chosen(groups, std::vector<double>(E, 0.0));
+  std::vector<torch::Tensor> prob_sum(groups, torch::zeros({E}, x.options()));
   for (int64_t t = 0; t < T; ++t) {
     const torch::Tensor logits = torch::matmul(router, x[t]);  // [E]
     const torch::Tensor score = softmax ? logits : torch::sigmoid(logits);
-    std::vector<int64_t> order(E);
-    std::iota(order.begin(), order.end(), 0);
-    std::vector<double> sv(E);
-    for (int64_t e = 0; e < E; ++e)
-      sv[e] = score[e].item<double>() + (bias.defined() ? bias[e].item<double>() : 0.0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return sv[a] > sv[b]; });
+    auto ranked = [&](bool biased) {  // experts by descending (biased) score
+      std::vector<int64_t> order(E);
+      std::iota(order.begin(), order.end(), 0);
+      std::vector<double> sv(E);
+      for (int64_t e = 0; e < E; ++e)
+        sv[e] = score[e].item<double>() + (biased && bias.defined() ? bias[e].item<double>() : 0.0);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t a, int64_t b) { return sv[a] > sv[b]; });
+      return order;
+    };
+    const std::vector<int64_t> order = ranked(true), unbiased = ranked(false);
+    for (int64_t j = 0; j < k; ++j) aux_chosen[t / S][unbiased[j]] += 1;
     std::vector<torch::Tensor> top;
     for (int64_t j = 0; j < k; ++j) top.push_back(score[order[j]]);
     torch::Tensor topv = torch::stack(top);
@@ -109,11 +120,12 @@ RefResult reference_moe(const torch::Tensor& x, const torch::Tensor& router,
     ys.push_back(y);
     const torch::Tensor all =
         softmax ? torch::softmax(logits, 0) : torch::sigmoid(logits) / (torch::sigmoid(logits).sum() + 1e-20);
-    prob_sum = prob_sum + all;
+    prob_sum[t / S] = prob_sum[t / S] + all;
   }
   torch::Tensor aux = torch::zeros({}, x.options());
-  for (int64_t e = 0; e < E; ++e) aux = aux + prob_sum[e] * chosen[e];
-  aux = aux * (static_cast<double>(E) / (static_cast<double>(k) * T * T));
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t e = 0; e < E; ++e) aux = aux + prob_sum[g][e] * aux_chosen[g][e];
+  aux = aux * (static_cast<double>(E) / (static_cast<double>(k) * S * S)) / groups;
   return {torch::stack(ys), aux, chosen};
 }
 
@@ -124,6 +136,7 @@ struct Case {
   double scaling = 0;        // --moe-router-topk-scaling-factor
   bool squared_relu = false; // --squared-relu experts and shared expert
   bool expert_bias = false;  // --moe-router-enable-expert-bias (sigmoid)
+  const char* balancing = "aux_loss";  // --moe-router-load-balancing-type
 };
 
 TEST(Moe, MatchesPerTokenReference) {
@@ -134,14 +147,17 @@ TEST(Moe, MatchesPerTokenReference) {
                          Case{4, 2, 6, "softmax", false, 0, true},
                          Case{6, 3, 4, "sigmoid", false, 2.5, true},
                          Case{6, 2, 0, "sigmoid", false, 0, false, true},
-                         Case{6, 3, 4, "sigmoid", false, 2.5, true, true}}) {
+                         Case{6, 3, 4, "sigmoid", false, 2.5, true, true},
+                         Case{4, 2, 0, "softmax", false, 0, false, false, "seq_aux_loss"},
+                         Case{6, 3, 4, "sigmoid", false, 2.5, true, true, "seq_aux_loss"}}) {
     SCOPED_TRACE(::testing::Message() << cs.experts << " experts top-" << cs.topk << " shared "
                                       << cs.shared << " " << cs.score << " pre-softmax "
                                       << cs.pre_softmax << " scaling " << cs.scaling
                                       << " squared relu " << cs.squared_relu << " expert bias "
-                                      << cs.expert_bias);
-    const ModelConfig cfg = moe_config(cs.experts, cs.topk, cs.shared, cs.score, cs.pre_softmax,
-                                       cs.scaling, cs.squared_relu);
+                                      << cs.expert_bias << " " << cs.balancing);
+    ModelConfig cfg = moe_config(cs.experts, cs.topk, cs.shared, cs.score, cs.pre_softmax,
+                                 cs.scaling, cs.squared_relu);
+    cfg.moe_router_load_balancing_type = cs.balancing;
     const auto opt = torch::TensorOptions().dtype(torch::kDouble);
     torch::manual_seed(3);
     const int64_t b = 2, s = 5, h = cfg.hidden_size;
@@ -192,7 +208,7 @@ TEST(Moe, MatchesPerTokenReference) {
       s2 = leaf("l.mlp.shared_experts.linear_fc2.weight");
     }
     RefResult ref = reference_moe(xr, router, w1, w2, s1, s2, cfg,
-                                  rb ? bias.bias.to(torch::kDouble) : torch::Tensor());
+                                  rb ? bias.bias.to(torch::kDouble) : torch::Tensor(), b);
     if (rb) {  // the pairs of this grad-mode forward were counted; a no-grad one adds nothing
       {
         torch::NoGradGuard no_grad;

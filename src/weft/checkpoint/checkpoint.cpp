@@ -457,6 +457,10 @@ std::vector<std::string> ckpt_expected_keys(const ModelConfig& cfg) {
     keys.push_back(n);
     for (const char* k : kStateKinds) keys.push_back(state_key(k, n));
   }
+  // The routers' expert biases: model keys without optimizer state. Missing ones (a checkpoint
+  // trained without --moe-router-enable-expert-bias) follow --dist-ckpt-strictness like any
+  // model key; where it lets them pass they start at zero.
+  for (const ParamSpec& b : router_bias_specs(cfg)) keys.push_back(b.name);
   std::sort(keys.begin(), keys.end());
   return keys;
 }
@@ -475,18 +479,6 @@ void check_keys(const std::string& dir, const CkptIndex& index, const ModelConfi
   const auto expected = ckpt_expected_keys(cfg);
   std::vector<std::string> missing, unexpected;
   std::set<std::string> exp(expected.begin(), expected.end());
-  // Expert biases are loaded where present; a checkpoint trained without them starts them at
-  // zero (the model's routing is then the checkpoint's until the first update).
-  std::vector<std::string> no_bias;
-  for (const ParamSpec& b : router_bias_specs(cfg)) {
-    exp.insert(b.name);
-    if (!index.count(b.name)) no_bias.push_back(b.name);
-  }
-  if (rank0 && !no_bias.empty())
-    fmt::print(stderr,
-               "weft: warning: checkpoint {}: no expert bias for {} MoE layer(s) (trained without "
-               "--moe-router-enable-expert-bias?); they start at zero: {}\n",
-               dir, no_bias.size(), first_keys(no_bias));
   auto is_opt = [](const std::string& k) { return k.rfind("optimizer.", 0) == 0; };
   for (const auto& k : expected)
     if (!index.count(k) && !(weights_only && is_opt(k))) missing.push_back(k);

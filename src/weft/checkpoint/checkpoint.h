@@ -140,7 +140,8 @@ void ckpt_seed_rng(uint64_t seed);
 std::string ckpt_dtype_name(c10::ScalarType t);
 c10::ScalarType ckpt_torch_dtype(const std::string& name);
 
-// Every global key a model with this config expects (weights and optimizer state), sorted.
+// Every global key a model with this config expects (weights, the routers' expert biases and
+// optimizer state), sorted.
 std::vector<std::string> ckpt_expected_keys(const ModelConfig& cfg);
 
 }  // namespace weft

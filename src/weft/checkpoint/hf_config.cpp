@@ -22,6 +22,8 @@
 #include <optional>
 
 #include "weft/checkpoint/format.h"
+#include "weft/checkpoint/hf_json.h"
+#include "weft/checkpoint/hf_nemotron_h.h"
 #include "weft/core/error.h"
 #include "weft/model/transformer.h"
 
@@ -29,9 +31,10 @@ namespace weft {
 namespace fs = std::filesystem;
 
 std::string hf_model_type(const ModelConfig& c) {
-  if (c.hybrid())
-    fail_usage("hf export: hybrid Mamba models (--hybrid-layer-pattern) have no standard Hugging "
-               "Face layout; export is refused");
+  if (c.hybrid()) {  // NemotronH, where the model is one (hf_nemotron_h.h)
+    hf_nemotron_h_check(c);
+    return "nemotron_h";
+  }
   if (!c.rotary())
     fail_usage("hf export: --position-embedding-type {}: Llama, Qwen3 and Mixtral rotate q and k",
                c.position_embedding_type);
@@ -65,6 +68,7 @@ std::string hf_model_type(const ModelConfig& c) {
 
 std::vector<HfTensorMap> hf_tensor_maps(const ModelConfig& c) {
   const std::string type = hf_model_type(c);
+  if (type == "nemotron_h") return hf_nemotron_h_tensor_maps(c);
   const int64_t h = c.hidden_size, nh = c.num_attention_heads, ng = c.num_query_groups;
   const int64_t hd = c.head_dim(), f = c.ffn_hidden_size, fe = c.expert_ffn(), V = c.vocab_size;
   std::vector<HfTensorMap> out;
@@ -154,6 +158,14 @@ at::Tensor hf_merge(const HfTensorMap& m, const std::vector<at::Tensor>& parts,
 nlohmann::json hf_config_from_model(const ModelConfig& c, const std::string& torch_dtype,
                                     const nlohmann::json& special_ids) {
   const std::string type = hf_model_type(c);
+  if (type == "nemotron_h") {
+    nlohmann::json j = hf_nemotron_h_config(c);
+    j["torch_dtype"] = torch_dtype;
+    j["dtype"] = torch_dtype;
+    for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
+      if (special_ids.contains(k) && !special_ids[k].is_null()) j[k] = special_ids[k];
+    return j;
+  }
   nlohmann::json j = {
       {"architectures", {type == "llama"   ? "LlamaForCausalLM"
                          : type == "qwen3" ? "Qwen3ForCausalLM"
@@ -214,41 +226,6 @@ nlohmann::json hf_config_from_model(const ModelConfig& c, const std::string& tor
 }
 
 namespace {
-
-template <typename T>
-bool hf_get(const nlohmann::json& j, const char* key, T* out, bool required) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) {
-    if (required) fail_usage("hf import: config.json is missing '{}'", key);
-    return false;
-  }
-  bool ok = true;
-  if constexpr (std::is_same_v<T, int>) {
-    // In range before the narrowing get<int>: 4294967297 would read as 1.
-    ok = it->is_number_integer() &&
-         (it->is_number_unsigned()
-              ? it->get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int>::max())
-              : it->get<int64_t>() >= std::numeric_limits<int>::min() &&
-                    it->get<int64_t>() <= std::numeric_limits<int>::max());
-    if (it->is_number_integer() && !ok)
-      fail_usage("hf import: config.json '{}' is {}, out of range", key, it->dump());
-  }
-  if constexpr (std::is_same_v<T, double>) ok = it->is_number();
-  if constexpr (std::is_same_v<T, bool>) ok = it->is_boolean();
-  if constexpr (std::is_same_v<T, std::string>) ok = it->is_string();
-  if (!ok) fail_usage("hf import: config.json '{}' has the wrong type ({})", key, it->dump());
-  *out = it->get<T>();
-  return true;
-}
-
-// Refuses `key` when present, non-null and not equal to `allowed` (JSON equality).
-void hf_refuse_unless(const nlohmann::json& j, const char* key, const nlohmann::json& allowed,
-                      const char* why) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null() || *it == allowed) return;
-  if (allowed.is_number() && it->is_number() && it->get<double>() == allowed.get<double>()) return;
-  fail_usage("hf import: config.json {} is {}; {}", key, it->dump(), why);
-}
 
 // One of config.json's RoPE descriptions: rope_scaling (transformers 4; null: none) or
 // rope_parameters (transformers 5, with rope_theta inside). weft has the default RoPE and
@@ -327,12 +304,13 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
   if (!j.is_object()) fail_usage("hf import: config.json is not a JSON object");
   std::string type;
   hf_get(j, "model_type", &type, true);
+  if (type == "nemotron_h") return hf_nemotron_h_model_config(j);
   // Mistral (with no sliding window, refused below otherwise) is Llama's architecture under
   // Llama's tensor names; it imports as a dense model and exports as LlamaForCausalLM. Qwen3
   // is Llama with an RMSNorm of each query and key head (q_norm, k_norm: --qk-layernorm).
   if (type != "llama" && type != "mistral" && type != "qwen3" && type != "mixtral")
-    fail_usage("hf import: config.json model_type '{}' is not supported (llama, mistral, qwen3 "
-               "or mixtral)", type);
+    fail_usage("hf import: config.json model_type '{}' is not supported (llama, mistral, qwen3, "
+               "mixtral or nemotron_h)", type);
   ModelConfig m;
   m.qk_layernorm = type == "qwen3";
   hf_get(j, "hidden_size", &m.hidden_size, true);

@@ -33,11 +33,13 @@ struct HfTensorMap {
   HfSplit split = HfSplit::kNone;
   std::vector<std::string> hf;                   // 1, 3 (q, k, v) or 2 (gate, up) names
   std::vector<std::vector<int64_t>> hf_shapes;   // their shapes
+  bool float32 = false;  // written as F32 whatever the export dtype (NemotronH's expert bias)
 };
 
-// "llama" (dense) or "mixtral" (every layer MoE with a softmax router, no shared expert).
-// Throws UsageError "hf export: ..." naming the weft flag for a model neither represents
-// (hybrid Mamba models, mixed dense/MoE layers, shared experts, the sigmoid router).
+// "llama" (dense), "qwen3" (dense with --qk-layernorm), "mixtral" (every layer MoE with a
+// softmax router, no shared expert) or "nemotron_h" (hybrid models, hf_nemotron_h.h). Throws
+// UsageError "hf export: ..." naming the weft flag for a model none represents (mixed
+// dense/MoE layers, shared experts or the sigmoid router outside hybrids, ...).
 std::string hf_model_type(const ModelConfig& cfg);
 
 // The tensors of the model in Hugging Face order (embedding, layer by layer, final norm, output

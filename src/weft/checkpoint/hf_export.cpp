@@ -54,18 +54,18 @@ namespace {
 
 struct HfOutTensor {
   std::string name;
-  at::Tensor data;  // contiguous CPU tensor in the export dtype
+  at::Tensor data;    // contiguous CPU tensor in the export dtype (or F32, HfTensorMap::float32)
+  std::string dtype;  // its safetensors dtype
 };
 
 int64_t tensor_bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
-void write_shard(const std::string& path, const std::vector<HfOutTensor>& tensors,
-                 const std::string& dtype) {
+void write_shard(const std::string& path, const std::vector<HfOutTensor>& tensors) {
   std::vector<SafetensorsWriteEntry> entries;
   for (const HfOutTensor& t : tensors) {
     SafetensorsWriteEntry e;
     e.name = t.name;
-    e.dtype = dtype;
+    e.dtype = t.dtype;
     e.shape = t.data.sizes().vec();
     e.data = t.data.data_ptr();
     e.nbytes = static_cast<size_t>(tensor_bytes(t.data));
@@ -111,7 +111,14 @@ void hf_export(const ModelConfig& cfg, const std::map<std::string, at::Tensor>& 
     const at::Tensor w = it->second.to(at::kCPU).to(at::kFloat);
     std::vector<at::Tensor> parts = hf_split(m, w, cfg);
     for (size_t i = 0; i < parts.size(); ++i)
-      all.push_back({m.hf[i], parts[i].to(dtype).contiguous()});
+      all.push_back({m.hf[i], parts[i].to(m.float32 ? at::kFloat : dtype).contiguous(),
+                     m.float32 ? "F32" : st_dtype});
+  }
+  // NemotronH's lm_head is always a weight of its own: a tied model writes the embedding again.
+  if (cfg.hybrid() && cfg.tied()) {
+    WEFT_CHECK(all.front().name == "backbone.embeddings.weight", "hf export: {} first",
+               all.front().name);
+    all.push_back({"lm_head.weight", all.front().data, st_dtype});
   }
 
   // Greedy shards in table order.
@@ -134,13 +141,13 @@ void hf_export(const ModelConfig& cfg, const std::map<std::string, at::Tensor>& 
         hf_config_from_model(cfg, opt.dtype == "bf16" ? "bfloat16" : "float32", special_ids);
     hf_write_text_file(tmp + "/config.json", config.dump(2) + "\n");
     if (shards.size() == 1) {
-      write_shard(tmp + "/model.safetensors", shards[0], st_dtype);
+      write_shard(tmp + "/model.safetensors", shards[0]);
     } else {
       nlohmann::json map = nlohmann::json::object();
       const size_t n = shards.size();
       for (size_t k = 0; k < n; ++k) {
         const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", k + 1, n);
-        write_shard(tmp + "/" + file, shards[k], st_dtype);
+        write_shard(tmp + "/" + file, shards[k]);
         for (const HfOutTensor& t : shards[k]) map[t.name] = file;
       }
       nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};

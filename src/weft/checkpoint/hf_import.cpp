@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -96,18 +97,33 @@ HfModel hf_read_model(const std::string& dir) {
       fail_usage("hf import: tensor '{}' listed in model.safetensors.index.json is not in {}",
                  name, file.get<std::string>());
 
+  // NemotronH: the routers' e_score_correction_bias tensors, where the files hold them, are
+  // weft's expert biases (--moe-router-enable-expert-bias); without them transformers routes
+  // with zeros, as weft does without the flag.
+  if (out.model.hybrid() && out.model.moe())
+    for (const auto& [name, src] : where)
+      if (name.size() > 23 && name.compare(name.size() - 23, 23, "e_score_correction_bias") == 0)
+        out.model.moe_router_enable_expert_bias = true;
   const ModelConfig& cfg = out.model;
   const std::vector<HfTensorMap> maps = hf_tensor_maps(cfg);
   std::set<std::string> expected;
   for (const HfTensorMap& m : maps)
     for (const std::string& n : m.hf) expected.insert(n);
   const bool extra_lm_head = cfg.tied() && where.count("lm_head.weight");
+  int mtp = 0;  // NemotronH's multi-token-prediction tensors: transformers ignores them too
   for (const auto& [name, src] : where) {
     if (expected.count(name) || (extra_lm_head && name == "lm_head.weight")) continue;
     if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;
+    if (cfg.hybrid() && name.rfind("mtp.", 0) == 0) {
+      ++mtp;
+      continue;
+    }
     fail_usage("hf import: unknown tensor '{}' in {} (not part of a {} model with this "
                "config.json)", name, src.file, out.config.value("model_type", "?"));
   }
+  if (mtp > 0)
+    std::fprintf(stderr, "weft: warning: hf import: %d multi-token-prediction tensor(s) (mtp.*) "
+                 "skipped; the imported model has no MTP layers\n", mtp);
   auto read = [&](const std::string& name, const std::vector<int64_t>& shape) {
     auto it = where.find(name);
     if (it == where.end()) fail_usage("hf import: tensor '{}' is missing", name);
@@ -141,8 +157,8 @@ HfModel hf_read_model(const std::string& dir) {
   if (extra_lm_head) {
     const at::Tensor lm = read("lm_head.weight", {cfg.vocab_size, cfg.hidden_size});
     if (!at::equal(lm, out.weights.at("embedding.word_embeddings.weight")))
-      fail_usage("hf import: lm_head.weight differs from model.embed_tokens.weight but "
-                 "config.json tie_word_embeddings is true");
+      fail_usage("hf import: lm_head.weight differs from the embedding ({}) but config.json "
+                 "tie_word_embeddings is true", maps.front().hf[0]);
   }
   return out;
 }

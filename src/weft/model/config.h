@@ -65,6 +65,9 @@ struct ModelConfig {
   // --moe-router-bias-update-rate towards balance: + for experts that got fewer than the mean
   // of the step's (token, slot) pairs over all ranks of the stage, - for those that got more.
   bool moe_router_enable_expert_bias = false;
+  // --moe-router-dtype fp32 | fp64 (empty: none): the router's GEMM in that dtype, input and
+  // weight cast up (Megatron's router_gating_linear); otherwise in the compute dtype.
+  std::string moe_router_dtype;
   double moe_router_bias_update_rate = 1e-3;
   // --moe-layer-freq resolved to one entry per decoder layer (1: MoE, 0: dense); empty means
   // every layer is MoE when num_experts > 0 (Megatron's default frequency 1).

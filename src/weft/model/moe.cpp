@@ -188,7 +188,7 @@ at::Tensor grouped_expert_mlp(const at::Tensor& rows, const std::vector<int64_t>
 }
 
 MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg,
-                        const at::Tensor& expert_bias) {
+                        const at::Tensor& expert_bias, int64_t sequences) {
   const int64_t T = logits.size(0), E = logits.size(1), k = cfg.moe_router_topk;
   WEFT_CHECK(E == cfg.num_experts && k >= 1 && k <= E, "route_tokens: logits [{}, {}], topk {}",
              T, E, k);
@@ -225,9 +225,20 @@ MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg,
   }
   if (cfg.moe_router_topk_scaling_factor > 0)
     r.probs = r.probs * cfg.moe_router_topk_scaling_factor;
-  const at::Tensor per_expert = pairs_per_expert(r.experts, E).to(z.scalar_type());
-  const double c = static_cast<double>(E) / (static_cast<double>(k) * T * T);
-  r.aux_loss = (scores.sum(0) * per_expert).sum() * c;
+  // The aux loss counts the top k of the scores without the expert bias (Megatron's
+  // compute_routing_scores_for_aux_loss), which are the routing's own choices without one.
+  const at::Tensor aux_experts =
+      expert_bias.defined() ? std::get<1>(at::topk(scores, k, -1, true, true)) : r.experts;
+  // seq_aux_loss: the loss of each sequence (T / sequences consecutive tokens), averaged.
+  const int64_t groups = cfg.moe_router_load_balancing_type == "seq_aux_loss" ? sequences : 1;
+  WEFT_CHECK(groups >= 1 && T % groups == 0, "route_tokens: {} tokens in {} sequences", T, groups);
+  const int64_t S = T / groups;
+  const at::Tensor chosen = aux_experts.reshape({groups, S * k});
+  const at::Tensor per_expert = at::zeros({groups, E}, chosen.options())
+                                    .scatter_add_(1, chosen, at::ones_like(chosen))
+                                    .to(z.scalar_type());
+  const double c = static_cast<double>(E) / (static_cast<double>(k) * S * S);
+  r.aux_loss = (scores.view({groups, S, E}).sum(1) * per_expert).sum() * (c / groups);
   return r;
 }
 
@@ -244,7 +255,15 @@ at::Tensor moe_mlp(const at::Tensor& xn, ParamHandle router, ParamHandle shared_
   const int64_t h = xn.size(-1), k = cfg.moe_router_topk, E = cfg.num_experts;
   const at::Tensor x = xn.reshape({-1, h});
   const int64_t T = x.size(0);
-  MoeRouting r = route_tokens(ops::linear(x, router), cfg, bias ? bias->bias : at::Tensor());
+  // --moe-router-dtype: the router's GEMM in float32/float64 where the compute dtype is narrower.
+  const c10::ScalarType rt = cfg.moe_router_dtype == "fp64"   ? at::kDouble
+                             : cfg.moe_router_dtype == "fp32" ? at::kFloat
+                                                              : x.scalar_type();
+  const at::Tensor logits = c10::elementSize(rt) > c10::elementSize(x.scalar_type())
+                                ? ops::linear_in(x, router, rt)
+                                : ops::linear(x, router);
+  MoeRouting r = route_tokens(logits, cfg, bias ? bias->bias : at::Tensor(),
+                              xn.dim() == 3 ? xn.size(0) : 1);
   if (aux_loss) *aux_loss = aux_loss->defined() ? *aux_loss + r.aux_loss : r.aux_loss;
 
   // Pairs p = t*k + slot, stably sorted by expert: rows of one expert keep token order.

@@ -83,9 +83,12 @@ struct MoeRouting {
 // logits [T, E] in any floating dtype. With `expert_bias` ([E] float32; the sigmoid router,
 // --moe-router-enable-expert-bias) the top k are those of sigmoid(logits) + expert_bias, and
 // the combine weights are their sigmoid scores without the bias (normalised, scaled), as
-// Megatron's; the aux loss is unchanged.
+// Megatron's; the aux loss counts the choices without the bias, as Megatron's. The T rows are
+// `sequences` sequences of T / sequences tokens each: with --moe-router-load-balancing-type
+// seq_aux_loss the aux loss is that of each sequence (T / sequences tokens in the formula
+// above), averaged over them (Megatron's, DeepSeek-V3's sequence-wise balance loss).
 MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg,
-                        const at::Tensor& expert_bias = {});
+                        const at::Tensor& expert_bias = {}, int64_t sequences = 1);
 
 // One MoE layer's --moe-router-enable-expert-bias state, on the layer's device: `bias` float32
 // [E] (checkpointed as router_bias_name), and `pairs` float64 [E], the (token, slot) pairs this

@@ -94,7 +94,8 @@ struct LinearFn : Function<LinearFn> {
     ctx->save_for_backward({x});
     ctx->saved_data["weft_out"] = w.value.size(0);
     ctx->saved_data["weft_in"] = w.value.size(1);
-    return at::matmul(x, w.value.t());
+    // linear_in: the weight in x's dtype (linear checked that they agree).
+    return at::matmul(x, w.value.to(x.scalar_type()).t());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -107,7 +108,7 @@ struct LinearFn : Function<LinearFn> {
     at::Tensor dx;
     if (ctx->needs_input_grad(0)) {
       const at::Tensor w = h.source->backward_weight(h.index);
-      dx = at::matmul(dy, w);
+      dx = at::matmul(dy, w.to(dy.scalar_type()));
     }
 
     // dW = dy2d^T @ x2d, summed over every token: written by the GEMM into a fresh buffer,
@@ -281,16 +282,31 @@ at::Tensor param_value(ParamHandle weight) {
   return ValueFn::apply(anchor, WeightRef{std::move(w)}, weight);
 }
 
-at::Tensor linear(const at::Tensor& x, ParamHandle weight) {
+namespace {
+
+at::Tensor linear_impl(const at::Tensor& x, ParamHandle weight, bool cast) {
   check_handle(weight);
   const bool grad_mode = at::GradMode::is_enabled();
   at::Tensor w = weight.source->forward_weight(weight.index);
   WEFT_CHECK(w.dim() == 2 && x.size(-1) == w.size(1),
              "linear: input [..., {}] does not match weight {} of shape [{}]", x.size(-1),
              weight.index, fmt::join(w.sizes(), ", "));
-  if (!grad_mode) return at::matmul(x, w.t());
+  WEFT_CHECK(cast || w.scalar_type() == x.scalar_type(),
+             "linear: input {} and weight {} {} differ in dtype", c10::toString(x.scalar_type()),
+             weight.index, c10::toString(w.scalar_type()));
+  if (!grad_mode) return at::matmul(x, w.to(x.scalar_type()).t());
   auto anchor = grad_anchor(grad_mode, x, w);
   return LinearFn::apply(x, anchor, WeightRef{std::move(w)}, weight);
+}
+
+}  // namespace
+
+at::Tensor linear(const at::Tensor& x, ParamHandle weight) {
+  return linear_impl(x, weight, /*cast=*/false);
+}
+
+at::Tensor linear_in(const at::Tensor& x, ParamHandle weight, c10::ScalarType dtype) {
+  return linear_impl(x.to(dtype), weight, /*cast=*/true);
 }
 
 namespace {

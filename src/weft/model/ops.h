@@ -23,8 +23,12 @@
 
 namespace weft::ops {
 
-// y = x @ W^T. x [..., in], W [out, in] -> y [..., out].
+// y = x @ W^T. x [..., in], W [out, in] -> y [..., out], x and W of one dtype.
 at::Tensor linear(const at::Tensor& x, ParamHandle weight);
+// linear with x and W cast to `dtype` and the product (and y) in it: Megatron's
+// --moe-router-dtype router GEMM. x's gradient comes back in x's dtype; W's is accumulated in
+// its gradient buffer as linear's (Megatron rounds it to W's dtype first).
+at::Tensor linear_in(const at::Tensor& x, ParamHandle weight, c10::ScalarType dtype);
 
 // y = x * rsqrt(mean(x^2, last dim) + eps) * w, w [h]. The normalisation runs in float32
 // (float64 for float64 x) and is cast back to x's dtype before the multiply by w.

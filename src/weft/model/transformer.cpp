@@ -165,6 +165,9 @@ void check_moe_config(const ModelConfig& cfg) {
       !std::isfinite(cfg.moe_router_topk_scaling_factor))
     fail_usage("--moe-router-topk-scaling-factor must be a finite number >= 0 (got {}; 0: none)",
                cfg.moe_router_topk_scaling_factor);
+  if (!cfg.moe_router_dtype.empty() && cfg.moe_router_dtype != "fp32" &&
+      cfg.moe_router_dtype != "fp64")
+    fail_usage("--moe-router-dtype must be fp32 or fp64 (got '{}')", cfg.moe_router_dtype);
   if (cfg.moe_router_enable_expert_bias && cfg.moe_router_score_function != "sigmoid")
     fail_usage("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (got "
                "{}), as Megatron's aux-loss-free routing", cfg.moe_router_score_function);
@@ -172,9 +175,11 @@ void check_moe_config(const ModelConfig& cfg) {
     fail_usage("--moe-router-bias-update-rate must be a finite number >= 0 (got {})",
                cfg.moe_router_bias_update_rate);
   if (cfg.moe_router_load_balancing_type != "aux_loss" &&
+      cfg.moe_router_load_balancing_type != "seq_aux_loss" &&
       cfg.moe_router_load_balancing_type != "none")
-    fail_usage("--moe-router-load-balancing-type must be aux_loss or none (got '{}'; weft has no "
-               "seq_aux_loss, global_aux_loss or sinkhorn)", cfg.moe_router_load_balancing_type);
+    fail_usage("--moe-router-load-balancing-type must be aux_loss, seq_aux_loss or none (got "
+               "'{}'; weft has no global_aux_loss or sinkhorn)",
+               cfg.moe_router_load_balancing_type);
   if (!cfg.moe_layer_pattern.empty() &&
       static_cast<int>(cfg.moe_layer_pattern.size()) != cfg.num_layers)
     fail_usage("--moe-layer-freq gives {} layers, but --num-layers is {}",

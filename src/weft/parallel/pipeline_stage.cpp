@@ -199,7 +199,7 @@ void PipelineStage::reset_losses() { losses_.zero_(); }
 at::Tensor PipelineStage::account_aux(const at::Tensor& aux, double weight) {
   if (!aux.defined()) return {};
   losses_.select(0, 1).add_(aux.detach().to(at::kDouble) * (weight / cfg_.num_moe_layers()));
-  if (cfg_.moe_router_load_balancing_type != "aux_loss" || cfg_.moe_aux_loss_coeff == 0) return {};
+  if (cfg_.moe_router_load_balancing_type == "none" || cfg_.moe_aux_loss_coeff == 0) return {};
   return aux * (cfg_.moe_aux_loss_coeff * weight);
 }
 

@@ -71,6 +71,7 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   get(j, "moe_router_load_balancing_type", &m.moe_router_load_balancing_type, false);
   get(j, "moe_router_enable_expert_bias", &m.moe_router_enable_expert_bias, false);
   get(j, "moe_router_bias_update_rate", &m.moe_router_bias_update_rate, false);
+  get(j, "moe_router_dtype", &m.moe_router_dtype, false);
   get(j, "moe_layer_pattern", &m.moe_layer_pattern, false);
   get(j, "moe_grouped_gemm", &m.moe_grouped_gemm, false);
   get(j, "mtp_num_layers", &m.mtp_num_layers, false);
@@ -126,7 +127,7 @@ std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelCon
     cmp("--moe-router-topk-scaling-factor", run.moe_router_topk_scaling_factor,
         saved.moe_router_topk_scaling_factor);
     // The biases shift every choice; a run without them drops what the checkpoint learnt. A
-    // run that adds them to a checkpoint without starts them at zero (ckpt_load warns).
+    // run that adds them to a checkpoint without has missing keys (--dist-ckpt-strictness).
     if (saved.moe_router_enable_expert_bias)
       cmp("--moe-router-enable-expert-bias", run.moe_router_enable_expert_bias, true);
   }
@@ -185,8 +186,6 @@ bool take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,
        saved.moe_router_topk_scaling_factor);
   take("--moe-router-enable-expert-bias", m.moe_router_enable_expert_bias,
        saved.moe_router_enable_expert_bias);
-  take("--moe-router-bias-update-rate", m.moe_router_bias_update_rate,
-       saved.moe_router_bias_update_rate);
   take("--mamba-state-dim", m.mamba_state_dim, saved.mamba_state_dim);
   take("--mamba-head-dim", m.mamba_head_dim, saved.mamba_head_dim);
   take("--mamba-num-groups", m.mamba_num_groups, saved.mamba_num_groups);

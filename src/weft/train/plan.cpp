@@ -13,10 +13,11 @@
 //                (3 B nh hd), the float32 softmax (4 nh s) and its compute-dtype copy
 //                (B nh s, bf16 only), the re-laid-out output (B h)
 //   SwiGLU MLP   fc1 output (2 B f) + the activation (B f)    ATen chain: + silu(gate) (B f)
+//   squared ReLU relu's output (B f, which square saves too) + the activation (B f)
 //   MoE          router: softmax over experts (4 E) + top-k bookkeeping (k (4 + B) + 16 k
 //                int64 permutations, 32 k with ep > 1); per routed copy (k per token): the
-//                permuted input (B h), the expert's SwiGLU as above (3 B fe, 4 B fe ATen),
-//                the un-permuted output (B h); shared experts: a SwiGLU of fs
+//                permuted input (B h), the expert's MLP as above (3 B fe, 4 B fe ATen, 2 B fe
+//                squared ReLU), the un-permuted output (B h); shared experts: an MLP of fs
 //   Mamba-2      (an estimate of the ATen op chain of model/mamba.cpp, chunk Q = min(128, s),
 //                di = nh_m * p, c = di + 2 g n, io = B, float32 = 4):
 //                norm + in_proj input, conv (padded, pre- and post-SiLU in fp32: 12 c), dt
@@ -143,12 +144,14 @@ struct ActModel {
   // Cross-entropy over V classes: saved part, and the backward's working set.
   int64_t logits() const { return fused ? B * m.vocab_size + 4 : 4 * m.vocab_size; }
   int64_t dlogits() const { return fused ? B * m.vocab_size : 8 * m.vocab_size; }
-  // A layer's backward working set (its gradients), per token.
+  // A layer's backward working set (its gradients), per token: fc1's output gradient and the
+  // activation's (3 f for SwiGLU and the Mamba mixer's 2 H P, 2 f for squared ReLU).
   int64_t layer_backward(char sym, bool moe) const {
     const int64_t h = m.hidden_size;
     int64_t f = sym == 'M' ? 2 * m.mamba_heads() * m.mamba_head_dim : m.ffn_hidden_size;
     if (moe || sym == 'E') f = m.moe_router_topk * m.expert_ffn();
-    return B * (3 * f + 2 * h);
+    const int64_t per_f = sym != 'M' && m.squared_relu ? 2 : 3;
+    return B * (per_f * f + 2 * h);
   }
 };
 
@@ -220,6 +223,7 @@ TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, do
   plan.checkpoint_bytes =
       plan.total_params * (B + 4 + dtype_bytes(cfg.adam.exp_avg_dtype) +
                            dtype_bytes(cfg.adam.exp_avg_sq_dtype));
+  for (const ParamSpec& s : router_bias_specs(m)) plan.checkpoint_bytes += 4 * numel(s);
   plan.flops_per_token = plan_flops_per_token(m);
   plan.step_seconds = plan.flops_per_token * static_cast<double>(plan.tokens_per_step) /
                       (world_size * mfu * peak_tflops * 1e12);

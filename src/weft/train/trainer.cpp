@@ -73,6 +73,7 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
         {"moe_router_load_balancing_type", m.moe_router_load_balancing_type},
         {"moe_router_enable_expert_bias", m.moe_router_enable_expert_bias},
         {"moe_router_bias_update_rate", m.moe_router_bias_update_rate},
+        {"moe_router_dtype", m.moe_router_dtype},
         {"moe_layer_pattern", m.moe_layer_pattern}, {"moe_grouped_gemm", m.moe_grouped_gemm},
         {"mtp_num_layers", m.mtp_num_layers}, {"layer_symbols", m.layer_symbols},
         {"hybrid_stage_layers", m.hybrid_stage_layers},
