@@ -534,6 +534,13 @@ void resolve_train_args(TrainArgs* a) {
   resolve_schedule_lengths(a);
   resolve_pipeline_split(a, t.model.hybrid());
   resolve_tokenizer(a);
+  // Megatron's TransformerConfig refuses the same: the softmax over one chosen expert is 1.
+  const ModelConfig& m = t.model;
+  if (m.moe() && m.moe_router_topk == 1 && m.moe_router_score_function == "softmax" &&
+      !m.moe_router_pre_softmax)
+    fail_usage("--moe-router-topk 1 with the softmax router needs --moe-router-pre-softmax: the "
+               "softmax over the one chosen expert is 1 and gives the router no gradient "
+               "(Megatron refuses it too)");
   fused::set_enabled(!a->no_fused);
 }
 

@@ -23,6 +23,8 @@
 #   bash bench/gpu/run.sh profhyb     a Kineto trace of weft's hybrid step, summarised
 #   bash bench/gpu/run.sh hfcheck     Hugging Face export/import against transformers'
 #                                     LlamaForCausalLM (docs/hf-interop.md)
+#   bash bench/gpu/run.sh hfnemo      a Nemotron 3 shaped hybrid exported as NemotronH against
+#                                     transformers' NemotronHForCausalLM (docs/hf-interop.md)
 #   bash bench/gpu/run.sh hfrope      Llama 3 RoPE scaling (--use-rope-scaling) and a head dim
 #                                     other than hidden / heads (--kv-channels) against
 #                                     transformers (docs/hf-interop.md)
@@ -189,6 +191,32 @@ hfcheck)
   echo "finetune pp2xdp2 rc=$?"
   python3 tests/gpu/hf_llama_check.py loss "$H/random" "$H/b1p.npy" "$H/ft4.jsonl" 1
   echo "hf_llama_check import pp2xdp2 rc=$?"
+  ;;
+hfnemo)
+  # A Nemotron 3 shaped hybrid (Mamba, squared-ReLU MLP, attention without positions, MoE with
+  # the sigmoid router, a scaling factor, a shared expert and trained expert biases), fp32 on
+  # CUDA: weft's iteration-3 loss against transformers' NemotronHForCausalLM on the export of
+  # the iteration-2 checkpoint. Sequences of 64 stay within one SSD chunk (transformers' PyTorch
+  # scan summed the inter-chunk states over the wrong axis in some versions; docs/hf-interop.md).
+  # Written in a session without a GPU machine: not run yet.
+  H="$OUT/hfnemo"; rm -rf "$H"; mkdir -p "$H"
+  NT=(--hybrid-layer-pattern "M-*EM-E*" --squared-relu --position-embedding-type none
+      --hidden-size 256 --num-attention-heads 8 --num-query-groups 4 --ffn-hidden-size 512
+      --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 256
+      --moe-shared-expert-intermediate-size 128 --moe-router-score-function sigmoid
+      --moe-router-topk-scaling-factor 2.5 --moe-router-enable-expert-bias
+      --moe-router-bias-update-rate 0.01 --mamba-state-dim 16 --mamba-head-dim 32
+      --mamba-num-groups 2 --untie-embeddings-and-output-weights --vocab-size 1024
+      --seq-length 64 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3 --device cuda
+      --deterministic --mock-data)
+  ./$B/app/weft train --log-interval 1 "${NT[@]}" --train-iters 2 --save "$H/ck" > "$H/train.log" 2>&1
+  echo "train rc=$?"
+  ./$B/app/weft train --log-interval 1 "${NT[@]}" --train-iters 3 --load "$H/ck" \
+    --dump-first-batch "$H/b3.npy" --log-jsonl "$H/resume.jsonl" > "$H/resume.log" 2>&1
+  echo "resume rc=$?"
+  ./$B/app/weft ckpt export --format hf "$H/ck" "$H/export"; echo "export rc=$?"
+  python3 tests/gpu/hf_llama_check.py loss "$H/export" "$H/b3.npy" "$H/resume.jsonl" 3
+  echo "hf_llama_check nemotron_h export rc=$?"
   ;;
 hfrope)
   # Llama 3's RoPE scaling (--use-rope-scaling) against transformers' llama3 rope_type, the

@@ -97,6 +97,8 @@ refuse "--num-layers-per-virtual-pipeline-stage is not implemented" \
   --num-layers-per-virtual-pipeline-stage 1
 refuse "--moe-expert-capacity-factor is not implemented" --moe-expert-capacity-factor 1.0
 refuse "--vocab-file is not implemented" --vocab-file v.json
+refuse "--moe-router-topk 1 with the softmax router needs --moe-router-pre-softmax" \
+  --num-experts 4 --moe-router-topk 1
 refuse "--ckpt-format torch:" --ckpt-format torch
 refuse "--rotary-percent 0.5:" --rotary-percent 0.5
 refuse "--optimizer sgd:" --optimizer sgd

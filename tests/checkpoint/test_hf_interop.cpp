@@ -22,11 +22,13 @@
 #include "support/tiny_config.h"
 #include "weft/checkpoint/full_read.h"
 #include "weft/checkpoint/hf_config.h"
+#include "weft/checkpoint/hf_export.h"
 #include "weft/checkpoint/hf_import.h"
 #include "weft/checkpoint/safetensors.h"
 #include "weft/comm/process_groups.h"
 #include "weft/core/error.h"
 #include "weft/model/hybrid.h"
+#include "weft/model/transformer.h"
 #include "weft/train/config_json.h"
 #include "weft/train/hf_convert.h"
 
@@ -603,7 +605,8 @@ TEST(HfInterop, BadInputNamesTheKey) {
     // Models with no Hugging Face layout.
     ModelConfig hybrid = tiny().model;
     hybrid.layer_symbols = "M*M*";
-    expect_refused([&] { hf_model_type(hybrid); }, "hybrid", ck + "/none");
+    // A hybrid with rotary attention: NemotronH's attention has no positional encoding.
+    expect_refused([&] { hf_model_type(hybrid); }, "--position-embedding-type rope", ck + "/none");
     ModelConfig shared = tiny().model;
     shared.num_experts = 4;
     shared.moe_shared_expert_intermediate_size = 16;
@@ -621,7 +624,8 @@ TEST(HfInterop, BadInputNamesTheKey) {
 // trained on pp 2 x ep 2, exported as NemotronH: config.json and the header against literals,
 // the tensors against the weft ones they copy (the MTP depth dropped), import back bitwise
 // (the expert biases found from the files), export again byte-identical; bf16 keeps the bias in
-// float32; a tied model writes lm_head as the embedding and imports tied.
+// float32; a tied model writes lm_head as the embedding, untied (transformers' NemotronH never
+// ties), and imports untied with the same values.
 TrainConfig nemotron(bool untied) {
   TrainConfig c = tiny(untied);
   ModelConfig& m = c.model;
@@ -654,8 +658,7 @@ TEST(HfInterop, NemotronHRoundTripNamesAndConfig) {
       EXPECT_EQ(cfg["model_type"], "nemotron_h");
       EXPECT_EQ(cfg["architectures"], nlohmann::json::array({"NemotronHForCausalLM"}));
       EXPECT_EQ(cfg["hybrid_override_pattern"], "M-*EM");
-      EXPECT_EQ(cfg["layers_block_type"],
-                nlohmann::json::array({"mamba", "mlp", "attention", "moe", "mamba"}));
+      EXPECT_FALSE(cfg.contains("layers_block_type"));  // read-only in NVIDIA's and vLLM's code
       EXPECT_EQ(cfg["mlp_hidden_act"], "relu2");
       EXPECT_EQ(cfg["n_routed_experts"], 4);
       EXPECT_EQ(cfg["num_experts_per_tok"], 2);
@@ -669,7 +672,7 @@ TEST(HfInterop, NemotronHRoundTripNamesAndConfig) {
       EXPECT_EQ(cfg["ssm_state_size"], 8);
       EXPECT_EQ(cfg["n_groups"], 2);
       EXPECT_EQ(cfg["layer_norm_epsilon"], 1e-5);
-      EXPECT_EQ(cfg["tie_word_embeddings"], !untied);
+      EXPECT_EQ(cfg["tie_word_embeddings"], false);
       const std::string f = ck + "/ex/model.safetensors";
       const nlohmann::json h = raw_header(f);
       const auto w = weights_of(ck);
@@ -703,12 +706,14 @@ TEST(HfInterop, NemotronHRoundTripNamesAndConfig) {
       for (const auto& [name, e] : h.items()) EXPECT_EQ(name.find("mtp"), std::string::npos) << name;
 
       hf_import_checkpoint(ck + "/ex", ck + "/im");
-      std::map<std::string, at::Tensor> main;  // the checkpoint less its MTP depth
+      std::map<std::string, at::Tensor> main;  // the checkpoint less its MTP depth, untied
       for (const auto& [k, t] : w)
         if (k.rfind("mtp.", 0) != 0) main[k] = t;
+      if (!untied) main["output_layer.weight"] = w.at("embedding.word_embeddings.weight");
       expect_same_weights(main, weights_of(ck + "/im"));
       EXPECT_EQ(model_of(ck + "/im").moe_router_enable_expert_bias, true);
-      EXPECT_EQ(model_of(ck + "/im").tied(), !untied);
+      EXPECT_EQ(model_of(ck + "/im").tied(), false);
+      EXPECT_EQ(model_of(ck + "/im").moe_router_dtype, "fp32");
       hf_export_checkpoint(ck + "/im", ck + "/ex2", {});
       expect_same_files(ck + "/ex", ck + "/ex2");
 
@@ -773,7 +778,52 @@ TEST(HfInterop, NemotronHRefusals) {
   bad("layer_norm_epsilon", 1e-6, "layer_norm_epsilon");
   bad("conv_kernel", 3, "conv_kernel");
   bad("use_conv_bias", false, "use_conv_bias");
-  bad("hybrid_override_pattern", "M-*E-", "disagree");
+  bad("layers_block_type", nlohmann::json::array({"mamba", "mlp", "attention", "moe", "mlp"}),
+      "disagree");
+  bad("moe_shared_expert_intermediate_size", 0, "hf import: config.json moe_shared_expert");
+  bad("mamba_dt_limit", nlohmann::json::array({0.0, 0.1}), "mamba_dt_limit");
+  // dt unclamped, as transformers 4, transformers 5 and converters write it: accepted.
+  for (const nlohmann::json& limit :
+       {nlohmann::json::array({0.0, 1e308}), nlohmann::json::parse(R"([0.0, {"__float__": "Infinity"}])"),
+        nlohmann::json::array({0.0, 1e20})}) {
+    nlohmann::json j = good;
+    j["time_step_limit"] = limit;
+    EXPECT_NO_THROW(hf_model_config_from_json(j)) << limit.dump();
+  }
+  // Python's bare Infinity in a config.json file parses (the files are checked next).
+  const std::string dir = fs::temp_directory_path() / "weft-nemotron-inf";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::string text = good.dump();
+  text.insert(text.size() - 1, R"(,"time_step_limit": [0.0, Infinity], "note": "NaN Infinity")");
+  std::ofstream(dir + "/config.json") << text;
+  try {
+    hf_read_model(dir);
+    ADD_FAILURE() << "no safetensors, yet imported";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("has neither model.safetensors"), std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
+  // Without --moe-router-enable-expert-bias the export writes zero biases (vLLM requires the
+  // tensors) and the import leaves the flag off.
+  ModelConfig unbiased = ok;
+  unbiased.moe_router_enable_expert_bias = false;
+  unbiased.untie_embeddings_and_output_weights = true;
+  unbiased.mtp_num_layers = 0;
+  unbiased.mtp_layer_symbols.clear();
+  std::map<std::string, at::Tensor> init;
+  for (const ParamSpec& s : all_param_specs(unbiased)) init[s.name] = init_param(s, unbiased, 3);
+  const std::string hf = fs::temp_directory_path() / "weft-nemotron-unbiased";
+  fs::remove_all(hf);
+  hf_export(unbiased, init, {}, hf, {});
+  EXPECT_TRUE(at::equal(hf_tensor(hf + "/model.safetensors",
+                                  "backbone.layers.3.mixer.gate.e_score_correction_bias"),
+                        at::zeros({4})));
+  const HfModel back = hf_read_model(hf);
+  EXPECT_FALSE(back.model.moe_router_enable_expert_bias);
+  expect_same_weights(init, back.weights);
+  fs::remove_all(hf);
   bad("moe_latent_size", 64, "moe_latent_size");
   bad("layers_block_type", nlohmann::json::array({"mamba", "conv"}), "'conv'");
 }

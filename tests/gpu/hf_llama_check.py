@@ -18,8 +18,8 @@ transformers 5.x, safetensors):
       error would hide under the tolerance.
 
   loss HFDIR BATCH_NPY LOG_JSONL ITERATION [--drop-rope-scaling]
-      loads HFDIR with AutoModelForCausalLM.from_pretrained in float32 (LlamaForCausalLM or
-      Qwen3ForCausalLM, as its config.json says), computes the mean
+      loads HFDIR with AutoModelForCausalLM.from_pretrained in float32 (LlamaForCausalLM,
+      Qwen3ForCausalLM or NemotronHForCausalLM, as its config.json says), computes the mean
       cross-entropy on the tokens and labels weft dumped with --dump-first-batch (an .npy of
       int64 [2, G, S]: tokens, then labels = tokens shifted by one inside each sample), and
       compares it with weft's lm_loss of iteration ITERATION in LOG_JSONL (the loss of the batch
@@ -105,7 +105,8 @@ def cmd_loss(a):
         cfg.rope_parameters = {"rope_type": "default", "rope_theta": theta}
         kwargs["config"] = cfg
     model = AutoModelForCausalLM.from_pretrained(a.hfdir, dtype=torch.float32, **kwargs).to(dev).eval()
-    rope_type = model.config.rope_parameters.get("rope_type")
+    rope = getattr(model.config, "rope_parameters", None) or {}  # NemotronH has none
+    rope_type = rope.get("rope_type")
     with torch.no_grad():
         logits = model(input_ids=tokens.to(dev)).logits.float()
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.to(dev).reshape(-1),

@@ -5,6 +5,7 @@
 // tensor would push the current one past the limit, so the file set is deterministic.
 #include "weft/checkpoint/hf_export.h"
 
+#include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -104,6 +105,12 @@ void hf_export(const ModelConfig& cfg, const std::map<std::string, at::Tensor>& 
   std::vector<HfOutTensor> all;
   for (const HfTensorMap& m : maps) {
     auto it = weights.find(m.weft);
+    if (it == weights.end() && m.float32 && !cfg.moe_router_enable_expert_bias) {
+      // NemotronH's e_score_correction_bias of a model without expert biases: zeros, the same
+      // routing (hf_nemotron_h_tensor_maps).
+      all.push_back({m.hf[0], at::zeros(m.shape, at::kFloat), "F32"});
+      continue;
+    }
     if (it == weights.end()) fail_usage("hf export: the checkpoint has no tensor '{}'", m.weft);
     if (it->second.sizes().vec() != m.shape)
       fail_usage("hf export: tensor '{}' has shape [{}], the model config implies [{}]", m.weft,

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include "weft/checkpoint/crc32c.h"
 #include "weft/checkpoint/format.h"
@@ -29,11 +30,43 @@ namespace weft {
 namespace fs = std::filesystem;
 namespace {
 
+// Python's json writes float('inf') and float('nan') as the bare tokens Infinity and NaN, which
+// JSON lacks (NemotronH configs hold time_step_limit [0.0, Infinity]): outside strings they
+// become 1e308 (-Infinity: -1e308) and null before parsing.
+std::string python_json_to_json(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      out += ch;
+      if (escaped) escaped = false;
+      else if (ch == '\\') escaped = true;
+      else if (ch == '"') in_string = false;
+    } else if (ch == '"') {
+      in_string = true;
+      out += ch;
+    } else if (text.compare(i, 8, "Infinity") == 0) {
+      out += "1e308";
+      i += 7;
+    } else if (text.compare(i, 3, "NaN") == 0) {
+      out += "null";
+      i += 2;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 nlohmann::json read_json_file(const std::string& path) {
   std::ifstream f(path);
   if (!f) fail_usage("hf import: {} not found", path);
+  std::stringstream text;
+  text << f.rdbuf();
   try {
-    return nlohmann::json::parse(f);
+    return nlohmann::json::parse(python_json_to_json(text.str()));
   } catch (const std::exception& e) {
     fail_usage("hf import: {} is not valid JSON ({})", path, e.what());
   }
@@ -97,13 +130,6 @@ HfModel hf_read_model(const std::string& dir) {
       fail_usage("hf import: tensor '{}' listed in model.safetensors.index.json is not in {}",
                  name, file.get<std::string>());
 
-  // NemotronH: the routers' e_score_correction_bias tensors, where the files hold them, are
-  // weft's expert biases (--moe-router-enable-expert-bias); without them transformers routes
-  // with zeros, as weft does without the flag.
-  if (out.model.hybrid() && out.model.moe())
-    for (const auto& [name, src] : where)
-      if (name.size() > 23 && name.compare(name.size() - 23, 23, "e_score_correction_bias") == 0)
-        out.model.moe_router_enable_expert_bias = true;
   const ModelConfig& cfg = out.model;
   const std::vector<HfTensorMap> maps = hf_tensor_maps(cfg);
   std::set<std::string> expected;
@@ -138,9 +164,14 @@ HfModel hf_read_model(const std::string& dir) {
       fail_usage("hf import: {}", s.message());
     return t.to(at::kFloat);
   };
+  // NemotronH's e_score_correction_bias (HfTensorMap::float32): absent, transformers routes
+  // with zeros; all zeros, it is weft's model without --moe-router-enable-expert-bias; any
+  // non-zero (a model trained with aux-loss-free balancing) turns the flag on, so that a
+  // fine-tune goes on balancing as the model was trained.
+  auto optional = [&](const HfTensorMap& m) { return m.float32 && !where.count(m.hf[0]); };
   // Check every name and shape before reading any data.
   for (const HfTensorMap& m : maps)
-    for (size_t i = 0; i < m.hf.size(); ++i) {
+    for (size_t i = 0; i < m.hf.size() && !optional(m); ++i) {
       auto it = where.find(m.hf[i]);
       if (it == where.end()) fail_usage("hf import: tensor '{}' is missing", m.hf[i]);
       const SafetensorsEntry& e = it->second.header->entries.at(m.hf[i]);
@@ -149,11 +180,17 @@ HfModel hf_read_model(const std::string& dir) {
                    fmt::join(e.shape, ","), fmt::join(m.hf_shapes[i], ","));
       (void)hf_dtype(m.hf[i], e.dtype);
     }
+  bool biased = false;
   for (const HfTensorMap& m : maps) {
+    if (optional(m)) continue;
     std::vector<at::Tensor> parts;
     for (size_t i = 0; i < m.hf.size(); ++i) parts.push_back(read(m.hf[i], m.hf_shapes[i]));
     out.weights[m.weft] = hf_merge(m, parts, cfg);
+    if (m.float32) biased |= out.weights[m.weft].ne(0).any().item<bool>();
   }
+  for (const HfTensorMap& m : maps)
+    if (m.float32 && !biased) out.weights.erase(m.weft);
+  out.model.moe_router_enable_expert_bias = biased;
   if (extra_lm_head) {
     const at::Tensor lm = read("lm_head.weight", {cfg.vocab_size, cfg.hidden_size});
     if (!at::equal(lm, out.weights.at("embedding.word_embeddings.weight")))

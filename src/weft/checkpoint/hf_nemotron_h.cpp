@@ -5,7 +5,6 @@
 
 #include <fmt/format.h>
 
-#include <cfloat>
 #include <cstdio>
 #include <string>
 
@@ -133,11 +132,11 @@ std::vector<HfTensorMap> hf_nemotron_h_tensor_maps(const ModelConfig& c) {
     std::vector<ParamSpec> specs = layer_param_specs(c, l);
     if (c.is_moe_layer(l)) {
       for (ParamSpec& s : expert_param_specs(c, p, 0, c.num_experts)) specs.push_back(s);
-      if (c.moe_router_enable_expert_bias) {
-        out.push_back({router_bias_name(p), {c.num_experts}, HfSplit::kNone,
-                       {q + "mixer.gate.e_score_correction_bias"}, {{c.num_experts}}});
-        out.back().float32 = true;  // transformers keeps it in float32
-      }
+      // Always written (zeros without --moe-router-enable-expert-bias: hf_export): vLLM's
+      // NemotronH requires the tensor; transformers keeps it in float32.
+      out.push_back({router_bias_name(p), {c.num_experts}, HfSplit::kNone,
+                     {q + "mixer.gate.e_score_correction_bias"}, {{c.num_experts}}});
+      out.back().float32 = true;
     }
     for (const ParamSpec& s : specs) {
       const std::string suffix = s.name.substr(p.size());
@@ -152,21 +151,20 @@ std::vector<HfTensorMap> hf_nemotron_h_tensor_maps(const ModelConfig& c) {
     }
   }
   one(final_norm_param_spec(c), "backbone.norm_f.weight");
+  // A tied model's lm_head.weight is the embedding again (hf_export); import is always untied.
   if (!c.tied()) one(output_param_spec(c), "lm_head.weight");
   return out;
 }
 
 nlohmann::json hf_nemotron_h_config(const ModelConfig& c) {
   hf_nemotron_h_check(c);
-  nlohmann::json types = nlohmann::json::array();
-  for (char s : c.layer_symbols)
-    types.push_back(s == 'M' ? "mamba" : s == '*' ? "attention" : s == '-' ? "mlp" : "moe");
   const int64_t di = static_cast<int64_t>(c.mamba_heads()) * c.mamba_head_dim;
   nlohmann::json j = {
       {"architectures", {"NemotronHForCausalLM"}},
       {"model_type", "nemotron_h"},
+      // The pattern only: NVIDIA's remote code and vLLM make layers_block_type a read-only
+      // property derived from it (and refuse the key); transformers derives it too.
       {"hybrid_override_pattern", c.layer_symbols},
-      {"layers_block_type", types},
       {"num_hidden_layers", c.num_layers},
       {"hidden_size", c.hidden_size},
       {"intermediate_size", c.ffn_hidden_size},
@@ -197,9 +195,8 @@ nlohmann::json hf_nemotron_h_config(const ModelConfig& c) {
       {"hidden_dropout", 0.0},
       {"vocab_size", c.vocab_size},
       // transformers' NemotronH never ties (its lm_head is always its own weight): a tied weft
-      // model writes lm_head.weight as a copy of the embedding, and the flag lets an import
-      // find the tie again.
-      {"tie_word_embeddings", c.tied()},
+      // model writes lm_head.weight as a copy of the embedding, untied.
+      {"tie_word_embeddings", false},
       {"max_position_embeddings", c.seq_length},
       {"initializer_range", c.init_method_std},
       {"num_nextn_predict_layers", 0},
@@ -237,6 +234,8 @@ ModelConfig hf_nemotron_h_model_config(const nlohmann::json& j) {
   m.num_query_groups = 8;
   m.ffn_hidden_size = 21504;
   hf_get(j, "num_attention_heads", &m.num_attention_heads, false);
+  if (j.contains("num_key_value_heads") && j["num_key_value_heads"].is_null())
+    m.num_query_groups = m.num_attention_heads;  // transformers: None means one per head
   hf_get(j, "num_key_value_heads", &m.num_query_groups, false);
   if (m.num_attention_heads < 1 || m.num_query_groups < 1 ||
       m.num_attention_heads % m.num_query_groups)
@@ -290,20 +289,28 @@ ModelConfig hf_nemotron_h_model_config(const nlohmann::json& j) {
     hf_refuse_unless(j, k, true, "weft's Mamba conv has a bias");
   for (const char* k : {"use_bias", "mlp_bias", "attention_bias", "mamba_proj_bias"})
     hf_refuse_unless(j, k, false, "weft's linear layers have no biases");
-  if (auto it = j.find("time_step_limit"); it != j.end() && !it->is_null()) {
+  // dt's clamp: (0, inf) is none. transformers 4 writes [0.0, Infinity] (read as 1e308, see
+  // hf_import.cpp), transformers 5 [0.0, {"__float__": "Infinity"}], converters 1e20 or more.
+  for (const char* k : {"time_step_limit", "mamba_dt_limit"}) {
+    auto it = j.find(k);
+    if (it == j.end() || it->is_null()) continue;
+    auto upper_none = [](const nlohmann::json& v) {
+      if (v.is_number()) return v.get<double>() >= 1e20;
+      if (v.is_object() && v.contains("__float__")) return v["__float__"] == "Infinity";
+      return v.is_string() && (v == "Infinity" || v == "inf");
+    };
     const bool unclamped = it->is_array() && it->size() == 2 && (*it)[0].is_number() &&
-                           (*it)[0].get<double>() == 0 && (*it)[1].is_number() &&
-                           (*it)[1].get<double>() >= FLT_MAX;
+                           (*it)[0].get<double>() <= 0 && upper_none((*it)[1]);
     if (!unclamped)
-      fail_usage("hf import: config.json time_step_limit is {}; weft's Mamba dt is unclamped "
-                 "(0, inf), as Megatron's", it->dump());
+      fail_usage("hf import: config.json {} is {}; weft's Mamba dt is unclamped (0, inf), as "
+                 "Megatron's", k, it->dump());
   }
   hf_refuse_unless(j, "attention_dropout", 0.0, "weft has no attention dropout");
   hf_refuse_unless(j, "sliding_window", nullptr, "weft's attention is full causal");
   hf_refuse_unless(j, "quantization_config", nullptr, "weft imports unquantised weights only");
-  bool tie = false;
-  hf_get(j, "tie_word_embeddings", &tie, false);
-  m.untie_embeddings_and_output_weights = !tie;
+  // transformers' NemotronH never ties, whatever tie_word_embeddings says: lm_head.weight is
+  // always a weight of its own.
+  m.untie_embeddings_and_output_weights = true;
   m.seq_length = 4096;
   hf_get(j, "max_position_embeddings", &m.seq_length, false);
   hf_get(j, "initializer_range", &m.init_method_std, false);
@@ -319,6 +326,10 @@ ModelConfig hf_nemotron_h_model_config(const nlohmann::json& j) {
     hf_get(j, "moe_shared_expert_intermediate_size", &m.moe_shared_expert_intermediate_size,
            false);
     m.moe_router_score_function = "sigmoid";
+    if (m.moe_shared_expert_intermediate_size < 1)
+      fail_usage("hf import: config.json moe_shared_expert_intermediate_size is {}; NemotronH's "
+                 "MoE layers have a shared expert", m.moe_shared_expert_intermediate_size);
+    m.moe_router_dtype = "fp32";  // transformers' and vLLM's router GEMM is in float32
     hf_refuse_unless(j, "moe_latent_size", nullptr, "weft's experts have no latent projection");
     int groups = 1, topk_groups = 1;
     hf_get(j, "n_group", &groups, false);

@@ -86,29 +86,35 @@ ParamSource::WriteTarget fetch_grad_write_target(ParamHandle h, at::IntArrayRef 
 
 // --- linear: y = x @ W^T ---------------------------------------------------------------------
 
+// `compute` (linear_in; -1: x's dtype) is the dtype of the product: x and W are cast to it in
+// forward and again in backward, so that x is saved in its own (narrower) dtype, as Megatron's
+// router_gating_linear saves it.
 struct LinearFn : Function<LinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
                             const c10::optional<at::Tensor>& /*anchor*/, const WeightRef& w,
-                            ParamHandle h) {
+                            ParamHandle h, int64_t compute) {
     save_handle(ctx, h);
     ctx->save_for_backward({x});
     ctx->saved_data["weft_out"] = w.value.size(0);
     ctx->saved_data["weft_in"] = w.value.size(1);
-    // linear_in: the weight in x's dtype (linear checked that they agree).
-    return at::matmul(x, w.value.to(x.scalar_type()).t());
+    ctx->saved_data["weft_compute"] = compute;
+    const c10::ScalarType dt = compute < 0 ? x.scalar_type() : static_cast<c10::ScalarType>(compute);
+    return at::matmul(x.to(dt), w.value.to(dt).t());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const ParamHandle h = load_handle(ctx);
-    const at::Tensor x = ctx->get_saved_variables()[0];
+    const at::Tensor x_saved = ctx->get_saved_variables()[0];
     const int64_t out = ctx->saved_data.at("weft_out").toInt();
     const int64_t in = ctx->saved_data.at("weft_in").toInt();
-    const at::Tensor& dy = grads[0];
+    const int64_t compute = ctx->saved_data.at("weft_compute").toInt();
+    const at::Tensor& dy = grads[0];  // in the product's dtype
+    const at::Tensor x = compute < 0 ? x_saved : x_saved.to(dy.scalar_type());
 
     at::Tensor dx;
     if (ctx->needs_input_grad(0)) {
       const at::Tensor w = h.source->backward_weight(h.index);
-      dx = at::matmul(dy, w.to(dy.scalar_type()));
+      dx = at::matmul(dy, w.to(dy.scalar_type())).to(x_saved.scalar_type());
     }
 
     // dW = dy2d^T @ x2d, summed over every token: written by the GEMM into a fresh buffer,
@@ -121,7 +127,7 @@ struct LinearFn : Function<LinearFn> {
     else
       compat::addmm_accumulate(t.buffer, dy2.t(), x2);
     h.source->grad_ready(h.index);
-    return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -284,29 +290,35 @@ at::Tensor param_value(ParamHandle weight) {
 
 namespace {
 
-at::Tensor linear_impl(const at::Tensor& x, ParamHandle weight, bool cast) {
+// `compute`: linear_in's product dtype, or nullopt for linear (x and W of one dtype).
+at::Tensor linear_impl(const at::Tensor& x, ParamHandle weight,
+                       c10::optional<c10::ScalarType> compute) {
   check_handle(weight);
   const bool grad_mode = at::GradMode::is_enabled();
   at::Tensor w = weight.source->forward_weight(weight.index);
   WEFT_CHECK(w.dim() == 2 && x.size(-1) == w.size(1),
              "linear: input [..., {}] does not match weight {} of shape [{}]", x.size(-1),
              weight.index, fmt::join(w.sizes(), ", "));
-  WEFT_CHECK(cast || w.scalar_type() == x.scalar_type(),
+  WEFT_CHECK(compute || w.scalar_type() == x.scalar_type(),
              "linear: input {} and weight {} {} differ in dtype", c10::toString(x.scalar_type()),
              weight.index, c10::toString(w.scalar_type()));
-  if (!grad_mode) return at::matmul(x, w.to(x.scalar_type()).t());
+  if (!grad_mode) {
+    const c10::ScalarType dt = compute ? *compute : x.scalar_type();
+    return at::matmul(x.to(dt), w.to(dt).t());
+  }
   auto anchor = grad_anchor(grad_mode, x, w);
-  return LinearFn::apply(x, anchor, WeightRef{std::move(w)}, weight);
+  return LinearFn::apply(x, anchor, WeightRef{std::move(w)}, weight,
+                         compute ? static_cast<int64_t>(*compute) : int64_t{-1});
 }
 
 }  // namespace
 
 at::Tensor linear(const at::Tensor& x, ParamHandle weight) {
-  return linear_impl(x, weight, /*cast=*/false);
+  return linear_impl(x, weight, c10::nullopt);
 }
 
 at::Tensor linear_in(const at::Tensor& x, ParamHandle weight, c10::ScalarType dtype) {
-  return linear_impl(x.to(dtype), weight, /*cast=*/true);
+  return linear_impl(x, weight, dtype);
 }
 
 namespace {
