@@ -120,9 +120,8 @@ struct Reference {
       if (cfg.is_moe_layer(l) && cfg.moe_router_enable_expert_bias) {
         const ParamSpec b{router_bias_name(layer_prefix(l)), {cfg.num_experts}, InitKind::kZeros,
                           false};
-        biases.push_back(std::make_unique<RouterBias>(
-            RouterBias{init_value(b, cfg).to(torch::kFloat), torch::zeros({cfg.num_experts},
-                                                                          torch::kDouble)}));
+        biases.push_back(
+            std::make_unique<RouterBias>(make_router_bias(init_value(b, cfg).to(torch::kFloat))));
         layers.back().router_bias = biases.back().get();
       }
     }

@@ -42,6 +42,13 @@ inline bool hf_get(const nlohmann::json& j, const char* key, T* out, bool requir
   return true;
 }
 
+// The value of `key`, or `fallback` when it is absent or null (checked as hf_get).
+template <typename T>
+inline T hf_get_or(const nlohmann::json& j, const char* key, T fallback) {
+  hf_get(j, key, &fallback, false);
+  return fallback;
+}
+
 // Refuses `key` when present, non-null and not equal to `allowed` (JSON equality).
 inline void hf_refuse_unless(const nlohmann::json& j, const char* key,
                              const nlohmann::json& allowed, const char* why) {

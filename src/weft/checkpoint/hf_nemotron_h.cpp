@@ -230,13 +230,10 @@ ModelConfig hf_nemotron_h_model_config(const nlohmann::json& j) {
   hf_get(j, "hidden_size", &m.hidden_size, true);
   hf_get(j, "vocab_size", &m.vocab_size, true);
   // transformers' defaults where a key is absent (configuration_nemotron_h.py).
-  m.num_attention_heads = 32;
-  m.num_query_groups = 8;
-  m.ffn_hidden_size = 21504;
-  hf_get(j, "num_attention_heads", &m.num_attention_heads, false);
-  if (j.contains("num_key_value_heads") && j["num_key_value_heads"].is_null())
-    m.num_query_groups = m.num_attention_heads;  // transformers: None means one per head
-  hf_get(j, "num_key_value_heads", &m.num_query_groups, false);
+  m.num_attention_heads = hf_get_or(j, "num_attention_heads", 32);
+  // transformers: an absent key is 8, None one per head.
+  const bool kv_null = j.contains("num_key_value_heads") && j["num_key_value_heads"].is_null();
+  m.num_query_groups = hf_get_or(j, "num_key_value_heads", kv_null ? m.num_attention_heads : 8);
   if (m.num_attention_heads < 1 || m.num_query_groups < 1 ||
       m.num_attention_heads % m.num_query_groups)
     fail_usage("hf import: config.json num_key_value_heads {} does not divide num_attention_heads "
@@ -252,34 +249,26 @@ ModelConfig hf_nemotron_h_model_config(const nlohmann::json& j) {
   if (head_dim < 2 || head_dim % 2)
     fail_usage("hf import: config.json head_dim {} must be a positive even number", head_dim);
   if (int64_t{head_dim} * m.num_attention_heads != m.hidden_size) m.kv_channels = head_dim;
-  hf_get(j, "intermediate_size", &m.ffn_hidden_size, false);
+  m.ffn_hidden_size = hf_get_or(j, "intermediate_size", 21504);
   m.position_embedding_type = "none";  // NemotronH's attention has no positional encoding
   m.squared_relu = true;
   const bool mlps = has(m, '-') || has(m, 'E');
-  std::string act = "relu2";
-  hf_get(j, "mlp_hidden_act", &act, false);
+  const std::string act = hf_get_or(j, "mlp_hidden_act", std::string("relu2"));
   if (mlps && act != "relu2")
     fail_usage("hf import: config.json mlp_hidden_act is '{}'; weft's ungated MLP is squared "
                "ReLU (relu2)", act);
-  m.norm_epsilon = 1e-5;
-  hf_get(j, "layer_norm_epsilon", &m.norm_epsilon, false);
+  m.norm_epsilon = hf_get_or(j, "layer_norm_epsilon", 1e-5);
   if (has(m, 'M') && m.norm_epsilon != 1e-5)
     fail_usage("hf import: config.json layer_norm_epsilon is {}; NemotronH's Mamba gated norm "
                "takes it too, and weft's is fixed at 1e-5", m.norm_epsilon);
   for (const char* k : {"rms_norm_eps", "norm_eps"})
     hf_refuse_unless(j, k, m.norm_epsilon, "weft has one norm epsilon (layer_norm_epsilon)");
   // The Mamba mixer (n_groups' alias mamba_n_groups wins, as in transformers).
-  m.mamba_num_heads = 128;
-  m.mamba_head_dim = 64;
-  m.mamba_state_dim = 128;
-  m.mamba_num_groups = 8;
-  hf_get(j, "mamba_num_heads", &m.mamba_num_heads, false);
-  hf_get(j, "mamba_head_dim", &m.mamba_head_dim, false);
-  hf_get(j, "ssm_state_size", &m.mamba_state_dim, false);
-  hf_get(j, "n_groups", &m.mamba_num_groups, false);
-  hf_get(j, "mamba_n_groups", &m.mamba_num_groups, false);
-  std::string mact = "silu";
-  hf_get(j, "mamba_hidden_act", &mact, false);
+  m.mamba_num_heads = hf_get_or(j, "mamba_num_heads", 128);
+  m.mamba_head_dim = hf_get_or(j, "mamba_head_dim", 64);
+  m.mamba_state_dim = hf_get_or(j, "ssm_state_size", 128);
+  m.mamba_num_groups = hf_get_or(j, "mamba_n_groups", hf_get_or(j, "n_groups", 8));
+  const std::string mact = hf_get_or(j, "mamba_hidden_act", std::string("silu"));
   if (mact != "silu")
     fail_usage("hf import: config.json mamba_hidden_act is '{}'; weft's Mamba conv is followed "
                "by SiLU", mact);
@@ -311,40 +300,30 @@ ModelConfig hf_nemotron_h_model_config(const nlohmann::json& j) {
   // transformers' NemotronH never ties, whatever tie_word_embeddings says: lm_head.weight is
   // always a weight of its own.
   m.untie_embeddings_and_output_weights = true;
-  m.seq_length = 4096;
-  hf_get(j, "max_position_embeddings", &m.seq_length, false);
+  m.seq_length = hf_get_or(j, "max_position_embeddings", 4096);
   hf_get(j, "initializer_range", &m.init_method_std, false);
   if (has(m, 'E')) {
-    m.num_experts = 8;
-    m.moe_router_topk = 2;
-    m.moe_ffn_hidden_size = 7688;
-    m.moe_shared_expert_intermediate_size = 7688;
-    hf_get(j, "n_routed_experts", &m.num_experts, false);
-    hf_get(j, "num_local_experts", &m.num_experts, false);
-    hf_get(j, "num_experts_per_tok", &m.moe_router_topk, false);
-    hf_get(j, "moe_intermediate_size", &m.moe_ffn_hidden_size, false);
-    hf_get(j, "moe_shared_expert_intermediate_size", &m.moe_shared_expert_intermediate_size,
-           false);
+    m.num_experts = hf_get_or(j, "num_local_experts", hf_get_or(j, "n_routed_experts", 8));
+    m.moe_router_topk = hf_get_or(j, "num_experts_per_tok", 2);
+    m.moe_ffn_hidden_size = hf_get_or(j, "moe_intermediate_size", 7688);
+    m.moe_shared_expert_intermediate_size =
+        hf_get_or(j, "moe_shared_expert_intermediate_size", 7688);
     m.moe_router_score_function = "sigmoid";
     if (m.moe_shared_expert_intermediate_size < 1)
       fail_usage("hf import: config.json moe_shared_expert_intermediate_size is {}; NemotronH's "
                  "MoE layers have a shared expert", m.moe_shared_expert_intermediate_size);
     m.moe_router_dtype = "fp32";  // transformers' and vLLM's router GEMM is in float32
     hf_refuse_unless(j, "moe_latent_size", nullptr, "weft's experts have no latent projection");
-    int groups = 1, topk_groups = 1;
-    hf_get(j, "n_group", &groups, false);
-    hf_get(j, "topk_group", &topk_groups, false);
+    const int groups = hf_get_or(j, "n_group", 1), topk_groups = hf_get_or(j, "topk_group", 1);
     if (groups != 1 && topk_groups != groups)
       fail_usage("hf import: config.json n_group {} with topk_group {}: weft has no "
                  "group-limited routing", groups, topk_groups);
-    bool norm = true;
-    hf_get(j, "norm_topk_prob", &norm, false);
+    const bool norm = hf_get_or(j, "norm_topk_prob", true);
     if (norm != (m.moe_router_topk > 1))
       fail_usage("hf import: config.json norm_topk_prob {} with num_experts_per_tok {}: weft "
                  "normalises the top-k weights exactly when k > 1 (as Megatron)", norm,
                  m.moe_router_topk);
-    double scaling = 1.0;
-    hf_get(j, "routed_scaling_factor", &scaling, false);
+    const double scaling = hf_get_or(j, "routed_scaling_factor", 1.0);
     m.moe_router_topk_scaling_factor = scaling == 1.0 ? 0.0 : scaling;
   }
   try {

@@ -132,9 +132,8 @@ InferenceModel::InferenceModel(const ModelConfig& cfg, const ValueFn& value, c10
       const at::Tensor v = value({name, {cfg_.num_experts}, InitKind::kZeros, false});
       if (!v.defined() || v.numel() != cfg_.num_experts)
         fail_usage("expert bias '{}' (float32 [{}]) is missing", name, cfg_.num_experts);
-      biases_.push_back(std::make_unique<RouterBias>(RouterBias{
-          v.to(device_, at::kFloat).reshape({-1}).contiguous(),
-          at::zeros({cfg_.num_experts}, at::TensorOptions().dtype(at::kDouble).device(device_))}));
+      biases_.push_back(std::make_unique<RouterBias>(
+          make_router_bias(v.to(device_, at::kFloat).reshape({-1}).contiguous())));
       layers_.back().router_bias = biases_.back().get();
     }
   }

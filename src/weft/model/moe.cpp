@@ -242,6 +242,12 @@ MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg,
   return r;
 }
 
+RouterBias make_router_bias(const at::Tensor& bias) {
+  WEFT_CHECK(bias.dim() == 1 && bias.scalar_type() == at::kFloat,
+             "make_router_bias: a float32 [E] bias");
+  return {bias, at::zeros(bias.sizes(), bias.options().dtype(at::kDouble))};
+}
+
 at::Tensor updated_expert_bias(const at::Tensor& pairs, const at::Tensor& bias, double rate) {
   WEFT_CHECK(pairs.sizes() == bias.sizes() && bias.scalar_type() == at::kFloat,
              "updated_expert_bias: pairs and float32 bias of one shape");

@@ -97,6 +97,8 @@ MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg,
 struct RouterBias {
   at::Tensor bias, pairs;
 };
+// The state of a layer whose bias is `bias` (float32 [E], on the layer's device): no pairs yet.
+RouterBias make_router_bias(const at::Tensor& bias);
 // Megatron's aux-loss-free update from the pairs of a step summed over every rank of the stage,
 // pairs [n, E] float64: bias + rate * sign(mean over E of pairs - pairs), with the step in
 // float32 as Megatron's (sign * rate, then the add). Returns the new bias [n, E] float32.

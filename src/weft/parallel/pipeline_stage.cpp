@@ -139,10 +139,8 @@ PipelineStage::Block PipelineStage::make_block(const std::string& name,
     b.dispatch.push_back(std::make_unique<ExpertParallel>(
         units_.back().get(), ep, cfg_.num_experts, cfg_.expert_mlp(), cfg_.moe_grouped_gemm));
     if (cfg_.moe_router_enable_expert_bias) {
-      const auto on = at::TensorOptions().device(opt_.device);
-      b.biases.push_back(std::make_unique<RouterBias>(
-          RouterBias{at::zeros({cfg_.num_experts}, on.dtype(at::kFloat)),
-                     at::zeros({cfg_.num_experts}, on.dtype(at::kDouble))}));
+      b.biases.push_back(std::make_unique<RouterBias>(make_router_bias(at::zeros(
+          {cfg_.num_experts}, at::TensorOptions().dtype(at::kFloat).device(opt_.device)))));
       router_biases_.emplace_back(router_bias_name(prefix), b.biases.back().get());
     }
   }
