@@ -685,27 +685,34 @@ TEST(ModelOps, LinearMatchesNativeAndDeliversGradWithoutInputGrad) {
 // their float32 values (bitwise the native one), returns x's gradient in bf16 and accumulates W's
 // float32 gradient; plain linear refuses mixed dtypes instead of casting.
 TEST(ModelOps, LinearInComputesInTheGivenDtype) {
-  FullParams p16;
-  const ParamSpec s{"w", {5, 4}, InitKind::kNormal, true};
-  const torch::Tensor w16 = torch::randn({5, 4}, torch::kDouble).to(torch::kBFloat16);
-  const ParamHandle h = p16.add(s, w16);
-  const torch::Tensor x16 = torch::randn({3, 2, 4}).to(torch::kBFloat16).requires_grad_(true);
-  const torch::Tensor dy = torch::randn({3, 2, 5});
-  const torch::Tensor y = ops::linear_in(x16, h, torch::kFloat);
-  EXPECT_EQ(y.scalar_type(), torch::kFloat);
-  (y * dy).sum().backward();
-  const torch::Tensor xf = x16.detach().to(torch::kFloat).requires_grad_(true);
-  const torch::Tensor wf = w16.to(torch::kFloat).requires_grad_(true);
-  const torch::Tensor yf = torch::matmul(xf, wf.t());
-  (yf * dy).sum().backward();
-  EXPECT_TRUE(torch::equal(y.detach(), yf.detach()));
-  EXPECT_FALSE(torch::equal(y.detach(), torch::matmul(x16, w16.t()).detach().to(torch::kFloat)))
-      << "the bf16 product: the cast changed nothing";
-  EXPECT_EQ(x16.grad().scalar_type(), torch::kBFloat16);
-  EXPECT_TRUE(torch::equal(x16.grad(), xf.grad().to(torch::kBFloat16)));
-  EXPECT_LE(rel_err(p16.grad(0), wf.grad()), 1e-6);
-  EXPECT_EQ(p16.pending_uses(0), 0);
-  EXPECT_THROW(ops::linear(x16.detach().to(torch::kFloat), h), Error);
+  std::vector<torch::Device> devices = {torch::kCPU};
+  if (torch::cuda::is_available()) devices.emplace_back(torch::kCUDA);
+  for (const torch::Device dev : devices) {
+    SCOPED_TRACE(dev.str());
+    const auto on = torch::TensorOptions().device(dev);
+    FullParams p16;
+    const ParamSpec s{"w", {5, 4}, InitKind::kNormal, true};
+    const torch::Tensor w16 = torch::randn({5, 4}, torch::kDouble).to(on.dtype(torch::kBFloat16));
+    const ParamHandle h = p16.add(s, w16);
+    const torch::Tensor x16 =
+        torch::randn({3, 2, 4}).to(on.dtype(torch::kBFloat16)).requires_grad_(true);
+    const torch::Tensor dy = torch::randn({3, 2, 5}).to(on.dtype(torch::kFloat));
+    const torch::Tensor y = ops::linear_in(x16, h, torch::kFloat);
+    EXPECT_EQ(y.scalar_type(), torch::kFloat);
+    (y * dy).sum().backward();
+    const torch::Tensor xf = x16.detach().to(torch::kFloat).requires_grad_(true);
+    const torch::Tensor wf = w16.to(torch::kFloat).requires_grad_(true);
+    const torch::Tensor yf = torch::matmul(xf, wf.t());
+    (yf * dy).sum().backward();
+    EXPECT_TRUE(torch::equal(y.detach(), yf.detach()));
+    EXPECT_FALSE(torch::equal(y.detach(), torch::matmul(x16, w16.t()).detach().to(torch::kFloat)))
+        << "the bf16 product: the cast changed nothing";
+    EXPECT_EQ(x16.grad().scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(x16.grad(), xf.grad().to(torch::kBFloat16)));
+    EXPECT_LE(rel_err(p16.grad(0).cpu(), wf.grad().cpu()), 1e-6);
+    EXPECT_EQ(p16.pending_uses(0), 0);
+    EXPECT_THROW(ops::linear(x16.detach().to(torch::kFloat), h), Error);
+  }
 }
 
 TEST(ModelOps, RmsNormMatchesNative) {

@@ -146,4 +146,14 @@ at::Tensor ssd_decay_weighted(const at::Tensor& cb, const at::Tensor& cs) {
   return SsdDecayFn::apply(cb, cs);
 }
 
+at::Tensor ssd_decay_weighted_forward(const at::Tensor& cb, const at::Tensor& cs) {
+  return ssd_decay_forward_impl(cb, cs);
+}
+
+std::pair<at::Tensor, at::Tensor> ssd_decay_weighted_backward(const at::Tensor& dout,
+                                                              const at::Tensor& cb,
+                                                              const at::Tensor& cs) {
+  return ssd_decay_backward_impl(dout, cb, cs);
+}
+
 }  // namespace weft::fused

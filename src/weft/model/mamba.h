@@ -25,17 +25,18 @@
 
 namespace weft {
 
-// The SSD scan. x [b, s, nh, hd], dt [b, s, nh] (positive), A [nh] (negative), B and C
-// [b, s, ng, ds]. Returns y [b, s, nh, hd] (without the D skip) in x's dtype, for any s (the
-// last chunk is padded). With autograd. The decays (cumulative sums of dt A and their
+// The SSD scan (ssd.cpp). x [b, s, nh, hd], dt [b, s, nh] (positive), A [nh] (negative), B
+// and C [b, s, ng, ds], D [nh] or undefined. Returns y [b, s, nh, hd] in x's dtype, with the D
+// skip (y += D x) where D is given, for any s (the last chunk is padded). With autograd, through
+// its own backward (every input's gradient). The decays (cumulative sums of dt A and their
 // exponentials) are computed in x's accumulation dtype; the matmul operands (dt x, B, C, the
 // decay-weighted C.B, the chunk states) in `io_dtype` (Undefined: the accumulation dtype).
 // bf16 models pass bf16, as Mamba-2's fused kernels do: tensor-core matmuls with float32
 // accumulation, half the memory traffic.
 at::Tensor ssd_chunked(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
                        const at::Tensor& B, const at::Tensor& C, int64_t chunk,
-                       c10::ScalarType io_dtype = c10::ScalarType::Undefined);
-
+                       c10::ScalarType io_dtype = c10::ScalarType::Undefined,
+                       const at::Tensor& D = {});
 // The io_dtype mamba_mixer gives ssd_chunked for a model of `model_dtype`.
 c10::ScalarType mamba_ssd_io_dtype(c10::ScalarType model_dtype);
 
@@ -56,7 +57,7 @@ at::Tensor mamba_mixer(const at::Tensor& x, const MambaHandles& w, const ModelCo
 
 // mamba_mixer's pieces, for incremental decoding (model/generate.h). mamba_mixer(x) is
 //   p = mamba_in_proj(x); xbc = silu(causal_conv1d(p.xbc in acc dtype, conv weight, bias));
-//   in = mamba_scan_inputs(xbc, p.dt); y = ssd_chunked(in...) + in.x * D;
+//   in = mamba_scan_inputs(xbc, p.dt); y = ssd_chunked(in..., D);
 //   mamba_out_proj(y, p.z, .., x's dtype)
 // with acc = ops::accum_dtype(x's dtype).
 struct MambaProjections {
