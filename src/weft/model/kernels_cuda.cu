@@ -562,72 +562,113 @@ __global__ void gated_norm_bwd_kernel(const T* dout, const float* y, const T* z,
 // --- Mamba-2 depthwise causal conv + SiLU -------------------------------------------------------
 // out[b, t, c] = silu(bias[c] + sum_j x[b, t - K + 1 + j, c] w[c, j]) (x = 0 before the start),
 // x in T with rows xs elements apart (b * S + t indexes rows), everything else float32.
+// One thread per channel walks a tile of kConvTile rows of one sequence, the K taps and the
+// sliding window of inputs in registers (K is a template parameter, so nothing spills), loading
+// kConvAhead rows at a time so that their loads are in flight together; no integer division per
+// element. A warp reads 32 consecutive channels of a row.
 constexpr int kConvMaxK = 8;
-constexpr int64_t kConvTile = 64;  // rows per backward block
+constexpr int64_t kConvTile = 64;  // rows per block
+constexpr int kConvAhead = 8;      // rows loaded before any is used
 
-template <typename T>
-__device__ __forceinline__ float conv_pre(const T* x, int64_t xs, const float* wk, float bias,
-                                          int64_t row0, int64_t t, int64_t c, int K) {
-  float pre = bias;
-  for (int j = 0; j < K; ++j) {
-    const int64_t tt = t - K + 1 + j;
-    if (tt >= 0) pre += ld(x + (row0 + tt) * xs + c) * wk[j];
-  }
-  return pre;
+__device__ __forceinline__ float silu_grad(float pre) {
+  const float s = sigmoidf_(pre);
+  return s * (1.f + pre * (1.f - s));
 }
 
-template <typename T>
-__global__ void conv_silu_fwd_kernel(const T* x, int64_t xs, const float* w, const float* bias,
-                                     float* out, int64_t B, int64_t S, int64_t C, int K) {
-  const int64_t total = B * S * C;
-  for (int64_t idx = global_index(); idx < total; idx += grid_stride()) {
-    const int64_t c = idx % C, t = (idx / C) % S, bi = idx / (C * S);
-    float wk[kConvMaxK];
-    for (int j = 0; j < K; ++j) wk[j] = w[c * K + j];
-    const float pre = conv_pre(x, xs, wk, bias[c], bi * S, t, c, K);
-    out[idx] = pre * sigmoidf_(pre);
-  }
-}
-
-// One thread per channel walks a tile of rows of one sequence backwards, keeping the K - 1
-// later rows' dpre in registers (recomputed for the rows past the tile's end): dx[t] =
-// sum_j w[j] dpre[t + K - 1 - j]; per tile partial dw[c, j] = sum_t dpre[t] x[t - K + 1 + j]
-// and dbias[c] = sum_t dpre[t], summed over tiles by the caller.
-template <typename T>
-__global__ void conv_silu_bwd_kernel(const float* dout, const T* x, int64_t xs, const float* w,
-                                     const float* bias, T* dx, float* dw_partial,
-                                     float* db_partial, int64_t S, int64_t C, int K,
-                                     int64_t tiles) {
+template <typename T, int K>
+__global__ void conv_silu_fwd_kernel(const T* __restrict__ x, int64_t xs,
+                                     const float* __restrict__ w, const float* __restrict__ bias,
+                                     float* __restrict__ out, int64_t S, int64_t C, int64_t tiles) {
   const int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int64_t bi = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * kConvTile;
   const int64_t t1 = min(S, t0 + kConvTile), row0 = bi * S;
-  float wk[kConvMaxK], later[kConvMaxK], dw[kConvMaxK];
-  for (int j = 0; j < K; ++j) wk[j] = w[c * K + j], later[j] = 0.f, dw[j] = 0.f;
+  float wk[K], win[K];  // win[j] = x[t - K + 1 + j] for the row t being computed
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    wk[j] = w[c * K + j];
+    const int64_t tt = t0 - K + 1 + j;
+    win[j] = j < K - 1 && tt >= 0 ? ld(x + (row0 + tt) * xs + c) : 0.f;
+  }
+  const float bc = bias[c];
+  for (int64_t tb = t0; tb < t1; tb += kConvAhead) {
+    float xv[kConvAhead];
+#pragma unroll
+    for (int u = 0; u < kConvAhead; ++u)
+      xv[u] = tb + u < t1 ? ld(x + (row0 + tb + u) * xs + c) : 0.f;
+#pragma unroll
+    for (int u = 0; u < kConvAhead; ++u) {
+      win[K - 1] = xv[u];
+      float pre = bc;
+#pragma unroll
+      for (int j = 0; j < K; ++j) pre += wk[j] * win[j];
+      if (tb + u < t1) out[(row0 + tb + u) * C + c] = pre * sigmoidf_(pre);
+#pragma unroll
+      for (int j = 0; j + 1 < K; ++j) win[j] = win[j + 1];
+    }
+  }
+}
+
+// The backward walks the tile forwards and K - 1 rows past it (their dpre, 0 past the end):
+// at row t it has dpre[t - K + 1 .. t], emits dx[t - K + 1] = sum_j w[j] dpre[t - j], and for
+// t inside the tile adds the per-tile partials dw[c, j] += dpre[t] x[t - K + 1 + j] and
+// dbias[c] += dpre[t], summed over tiles by the caller.
+template <typename T, int K>
+__global__ void conv_silu_bwd_kernel(const float* __restrict__ dout, const T* __restrict__ x,
+                                     int64_t xs, const float* __restrict__ w,
+                                     const float* __restrict__ bias, T* __restrict__ dx,
+                                     float* __restrict__ dw_partial,
+                                     float* __restrict__ db_partial, int64_t S, int64_t C,
+                                     int64_t tiles) {
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int64_t bi = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * kConvTile;
+  const int64_t t1 = min(S, t0 + kConvTile), row0 = bi * S, tend = t1 + K - 1;
+  float wk[K], win[K], dq[K], dw[K];  // dq[j] = dpre[t - K + 1 + j]
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    wk[j] = w[c * K + j];
+    const int64_t tt = t0 - K + 1 + j;
+    win[j] = j < K - 1 && tt >= 0 ? ld(x + (row0 + tt) * xs + c) : 0.f;
+    dq[j] = 0.f;
+    dw[j] = 0.f;
+  }
   const float bc = bias[c];
   float db = 0.f;
-  auto dpre_at = [&](int64_t t) {
-    const float pre = conv_pre(x, xs, wk, bc, row0, t, c, K), s = sigmoidf_(pre);
-    return dout[(row0 + t) * C + c] * s * (1.f + pre * (1.f - s));
-  };
-  // later[k] holds dpre[t + 1 + k] for the row t about to be processed.
-  for (int64_t t = min(S - 1, t1 + K - 2); t >= t1; --t) {
-    for (int k = K - 2; k > 0; --k) later[k] = later[k - 1];
-    later[0] = dpre_at(t);
-  }
-  for (int64_t t = t1 - 1; t >= t0; --t) {
-    const float d = dpre_at(t);
-    float g = wk[K - 1] * d;
-    for (int j = K - 2; j >= 0; --j) g += wk[j] * later[K - 2 - j];
-    st(dx + (row0 + t) * C + c, g);
-    for (int j = 0; j < K; ++j) {
-      const int64_t tt = t - K + 1 + j;
-      if (tt >= 0) dw[j] += d * ld(x + (row0 + tt) * xs + c);
+  for (int64_t tb = t0; tb < tend; tb += kConvAhead) {
+    float xv[kConvAhead], dv[kConvAhead];
+#pragma unroll
+    for (int u = 0; u < kConvAhead; ++u) {
+      const int64_t t = tb + u;
+      const bool in = t < tend && t < S;
+      xv[u] = in ? ld(x + (row0 + t) * xs + c) : 0.f;
+      dv[u] = in ? dout[(row0 + t) * C + c] : 0.f;
     }
-    db += d;
-    for (int k = K - 2; k > 0; --k) later[k] = later[k - 1];
-    if (K > 1) later[0] = d;
+#pragma unroll
+    for (int u = 0; u < kConvAhead; ++u) {
+      const int64_t t = tb + u;
+      win[K - 1] = xv[u];
+      float pre = bc;
+#pragma unroll
+      for (int j = 0; j < K; ++j) pre += wk[j] * win[j];
+      const float d = dv[u] * silu_grad(pre);  // 0 past the end: dout loaded as 0
+      dq[K - 1] = d;
+      if (t < t1) {
+#pragma unroll
+        for (int j = 0; j < K; ++j) dw[j] += d * win[j];
+        db += d;
+      }
+      if (t >= t0 + K - 1 && t < tend) {
+        float g = 0.f;
+#pragma unroll
+        for (int j = 0; j < K; ++j) g += wk[j] * dq[K - 1 - j];
+        st(dx + (row0 + t - K + 1) * C + c, g);
+      }
+#pragma unroll
+      for (int j = 0; j + 1 < K; ++j) win[j] = win[j + 1], dq[j] = dq[j + 1];
+    }
   }
+#pragma unroll
   for (int j = 0; j < K; ++j) dw_partial[(blockIdx.x * C + c) * K + j] = dw[j];
   db_partial[blockIdx.x * C + c] = db;
 }
@@ -926,14 +967,37 @@ std::string gated_norm_backward(Elem t, const void* dout, const float* y, const 
 int conv_silu_max_kernel() { return kConvMaxK; }
 int64_t conv_silu_tiles(int64_t B, int64_t S) { return B * ((S + kConvTile - 1) / kConvTile); }
 
+namespace {
+
+// Calls f.template operator()<K>() for the runtime K in 1..kConvMaxK.
+template <typename F>
+void dispatch_taps(int K, F&& f) {
+  switch (K) {
+    case 1: f.template operator()<1>(); break;
+    case 2: f.template operator()<2>(); break;
+    case 3: f.template operator()<3>(); break;
+    case 4: f.template operator()<4>(); break;
+    case 5: f.template operator()<5>(); break;
+    case 6: f.template operator()<6>(); break;
+    case 7: f.template operator()<7>(); break;
+    default: f.template operator()<kConvMaxK>(); break;
+  }
+}
+
+}  // namespace
+
 std::string conv_silu_forward(Elem t, const void* x, int64_t x_row_stride, const float* w,
                               const float* bias, float* out, int64_t B, int64_t S, int64_t C,
                               int K, void* stream) {
   if (B * S * C == 0) return {};
+  if (K < 1 || K > kConvMaxK) return "conv_silu: kernel size out of range";
+  const int64_t tiles = (S + kConvTile - 1) / kConvTile;
+  const dim3 grid(static_cast<unsigned>(B * tiles), static_cast<unsigned>((C + kThreads - 1) / kThreads));
   dispatch(t, false, [&]<typename T, int N>() {
-    conv_silu_fwd_kernel<T><<<static_cast<unsigned>(grid_for(B * S * C)), kThreads, 0,
-                              as_stream(stream)>>>(static_cast<const T*>(x), x_row_stride, w, bias,
-                                                   out, B, S, C, K);
+    dispatch_taps(K, [&]<int KK>() {
+      conv_silu_fwd_kernel<T, KK><<<grid, kThreads, 0, as_stream(stream)>>>(
+          static_cast<const T*>(x), x_row_stride, w, bias, out, S, C, tiles);
+    });
   });
   return launched();
 }
@@ -943,12 +1007,15 @@ std::string conv_silu_backward(Elem t, const float* dout, const void* x, int64_t
                                float* db_partial, int64_t B, int64_t S, int64_t C, int K,
                                void* stream) {
   if (B * S * C == 0) return {};
+  if (K < 1 || K > kConvMaxK) return "conv_silu: kernel size out of range";
   const int64_t tiles = (S + kConvTile - 1) / kConvTile;
   const dim3 grid(static_cast<unsigned>(B * tiles), static_cast<unsigned>((C + kThreads - 1) / kThreads));
   dispatch(t, false, [&]<typename T, int N>() {
-    conv_silu_bwd_kernel<T><<<grid, kThreads, 0, as_stream(stream)>>>(
-        dout, static_cast<const T*>(x), x_row_stride, w, bias, static_cast<T*>(dx), dw_partial,
-        db_partial, S, C, K, tiles);
+    dispatch_taps(K, [&]<int KK>() {
+      conv_silu_bwd_kernel<T, KK><<<grid, kThreads, 0, as_stream(stream)>>>(
+          dout, static_cast<const T*>(x), x_row_stride, w, bias, static_cast<T*>(dx), dw_partial,
+          db_partial, S, C, tiles);
+    });
   });
   return launched();
 }

@@ -34,6 +34,7 @@
 #include "weft/model/fused.h"
 #include "weft/model/mamba.h"
 #include "weft/model/ops.h"
+#include "weft/model/ssd_edges.h"
 
 namespace weft {
 namespace {
@@ -128,9 +129,23 @@ struct SsdFn : torch::autograd::Function<SsdFn> {
     const at::Tensor dt5 = pad_steps(dt_in.to(acc), d.T).reshape({b, nc, Q, G, R});
     const at::Tensor Ag = A.to(acc).view({G, R});
     const at::Tensor cs = (dt5 * Ag).permute({0, 1, 3, 4, 2}).cumsum(-1).contiguous();  // [b,nc,G,R,Q]
-    at::Tensor u = at::empty({b, nc, G, R, Q, P}, x_in.options().dtype(io));
-    at::Tensor u_nat = u.permute({0, 1, 4, 2, 3, 5});
-    at::mul_out(u_nat, x6, dt5.unsqueeze(-1));
+    const bool edges = ssd_edges::usable(x6, io);
+    const at::Tensor Dacc = D.numel() > 0 ? D.to(acc) : D;
+    at::Tensor u, wu;  // head; folded (only with several chunks)
+    if (edges) {
+      const auto uw = ssd_edges::scale_inputs(x6, dt5, cs, io, nc > 1);
+      u = uw[0];
+      wu = uw[1];
+    } else {
+      u = at::empty({b, nc, G, R, Q, P}, x_in.options().dtype(io));
+      at::Tensor u_nat = u.permute({0, 1, 4, 2, 3, 5});
+      at::mul_out(u_nat, x6, dt5.unsqueeze(-1));
+      if (nc > 1) {
+        wu = at::empty({b, nc, G, Q, R, P}, u.options());
+        at::Tensor wu_head = wu.permute({0, 1, 2, 4, 3, 5});
+        at::mul_out(wu_head, u, (cs.narrow(-1, Q - 1, 1) - cs).exp().unsqueeze(-1));
+      }
+    }
     const at::Tensor Bg = chunk_groups(pad_steps(B_in, d.T), d, io);
     const at::Tensor Cg = chunk_groups(pad_steps(C_in, d.T), d, io);
 
@@ -138,15 +153,9 @@ struct SsdFn : torch::autograd::Function<SsdFn> {
     const at::Tensor cb = at::matmul(Cg, Bg.transpose(-1, -2));  // [b,nc,G,Q,Q]
     const at::Tensor y_diag = at::matmul(decay_weighted(cb, cs), u);  // [b,nc,G,R,Q,P]
 
-    at::Tensor y = at::empty({b, d.T, G * R, P}, x_in.options());
-    at::Tensor y6 = y.view({b, nc, Q, G, R, P});
-    at::Tensor wu, m, Sh, Ec;
+    at::Tensor m, Sh, Ec, Z;
     if (nc > 1) {
-      // 2. the chunks' end states, folded: S [b,nc,G,N,R*P] = B^T (u * decay to the end).
-      const at::Tensor to_end = (cs.narrow(-1, Q - 1, 1) - cs).exp();  // [b,nc,G,R,Q]
-      wu = at::empty({b, nc, G, Q, R, P}, u.options());
-      at::Tensor wu_head = wu.permute({0, 1, 2, 4, 3, 5});
-      at::mul_out(wu_head, u, to_end.unsqueeze(-1));
+      // 2. the chunks' end states, folded: S [b,nc,G,N,R*P] = B^T wu, wu = u * decay to the end.
       const at::Tensor S = at::matmul(Bg.transpose(-1, -2), wu.view({b, nc, G, Q, R * P}));
       // 3. the state entering each chunk, per head: E [b,G,R,nc,N*P] = m S.
       const at::Tensor ct = cs.select(-1, Q - 1).permute({0, 2, 3, 1}).cumsum(-1);  // [b,G,R,nc]
@@ -154,15 +163,25 @@ struct SsdFn : torch::autograd::Function<SsdFn> {
       Sh = S.view({b, nc, G, N, R, P}).permute({0, 2, 4, 1, 3, 5}).reshape({b, G, R, nc, N * P});
       const at::Tensor E = at::matmul(m.to(io), Sh);
       Ec = E.view({b, G, R, nc, N, P}).permute({0, 3, 1, 4, 2, 5}).reshape({b, nc, G, N, R * P});
-      // 4. its contribution, decayed to each step, in the natural layout.
-      const at::Tensor Z = at::matmul(Cg, Ec).view({b, nc, G, Q, R, P});
-      at::mul_out(y6, Z.permute({0, 1, 3, 2, 4, 5}),
-                  cs.exp().permute({0, 1, 4, 2, 3}).unsqueeze(-1));
-      y6.add_(y_diag.permute({0, 1, 4, 2, 3, 5}));
-    } else {
-      y6.copy_(y_diag.permute({0, 1, 4, 2, 3, 5}));
+      // 4. its contribution before the decay to each step: Z [b,nc,G,Q,R,P] = C E.
+      Z = at::matmul(Cg, Ec).view({b, nc, G, Q, R, P});
     }
-    if (D.numel() > 0) y6.addcmul_(x6, D.to(acc).view({G, R, 1}));
+    // y = Z exp(cs) + y_diag (+ x D), in the natural layout.
+    at::Tensor y;
+    if (edges) {
+      y = ssd_edges::combine_outputs(y_diag, Z, cs, x6, Dacc);
+    } else {
+      y = at::empty({b, d.T, G * R, P}, x_in.options());
+      at::Tensor y6 = y.view({b, nc, Q, G, R, P});
+      if (Z.defined()) {
+        at::mul_out(y6, Z.permute({0, 1, 3, 2, 4, 5}),
+                    cs.exp().permute({0, 1, 4, 2, 3}).unsqueeze(-1));
+        y6.add_(y_diag.permute({0, 1, 4, 2, 3, 5}));
+      } else {
+        y6.copy_(y_diag.permute({0, 1, 4, 2, 3, 5}));
+      }
+      if (Dacc.numel() > 0) y6.addcmul_(x6, Dacc.view({G, R, 1}));
+    }
 
     ctx->save_for_backward({x_in, dt_in, A, B_in, C_in, D, u, Bg, Cg, cb, cs, wu, m, Sh, Ec});
     ctx->saved_data["weft_chunk"] = chunk;
@@ -183,20 +202,34 @@ struct SsdFn : torch::autograd::Function<SsdFn> {
     const at::Tensor dt5 = pad_steps(dt_in.to(acc), d.T).reshape({b, nc, Q, G, R});
     const at::Tensor dy6 = pad_steps(grads[0], d.T).reshape({b, nc, Q, G, R, P});
 
+    const bool edges = ssd_edges::usable(x6, io);
+    const at::Tensor Dacc = D.numel() > 0 ? D.to(acc) : D;
+    // dy in the head layout, and dZ = dy exp(cs) folded (only with several chunks).
+    at::Tensor dyh, dZ;
+    if (edges) {
+      const auto g = ssd_edges::grad_inputs(dy6, cs, io, nc > 1);
+      dyh = g[0];
+      dZ = g[1];
+    } else {
+      dyh = at::empty({b, nc, G, R, Q, P}, u.options());
+      dyh.permute({0, 1, 4, 2, 3, 5}).copy_(dy6);
+      if (nc > 1) {
+        dZ = at::empty({b, nc, G, Q, R, P}, u.options());
+        at::Tensor dZ_nat = dZ.permute({0, 1, 3, 2, 4, 5});
+        at::mul_out(dZ_nat, dy6, cs.exp().permute({0, 1, 4, 2, 3}).unsqueeze(-1));
+      }
+    }
+
     // 1. y_diag = W u per head; W recomputed from C.B and the decays.
-    at::Tensor dyh = at::empty({b, nc, G, R, Q, P}, u.options());
-    dyh.permute({0, 1, 4, 2, 3, 5}).copy_(dy6);
     const at::Tensor w = decay_weighted(cb, cs);
     at::Tensor du = at::matmul(w.transpose(-1, -2), dyh);  // [b,nc,G,R,Q,P]
     auto [dcb, dcs] = decay_weighted_backward(at::matmul(dyh, u.transpose(-1, -2)), cb, cs);
     at::Tensor dCg = at::matmul(dcb, Bg);                    // [b,nc,G,Q,N]
     at::Tensor dBg = at::matmul(dcb.transpose(-1, -2), Cg);  // [b,nc,G,Q,N]
 
+    at::Tensor dwu;  // folded [b,nc,G,Q,R,P]
     if (nc > 1) {
-      // 4. y += exp(cs) Z with Z = C E: dZ, and exp(cs)'s share of dcs (sum over P of dZ Z).
-      at::Tensor dZ = at::empty({b, nc, G, Q, R, P}, u.options());
-      at::Tensor dZ_nat = dZ.permute({0, 1, 3, 2, 4, 5});
-      at::mul_out(dZ_nat, dy6, cs.exp().permute({0, 1, 4, 2, 3}).unsqueeze(-1));
+      // 4. y += exp(cs) Z with Z = C E: exp(cs)'s share of dcs is the sum over P of dZ Z.
       const at::Tensor dZf = dZ.view({b, nc, G, Q, R * P});
       const at::Tensor Z = at::matmul(Cg, Ec).view({b, nc, G, Q, R, P});
       dcs.add_(at::sum(dZ * Z, {-1}, false, acc).permute({0, 1, 2, 4, 3}));
@@ -213,29 +246,45 @@ struct SsdFn : torch::autograd::Function<SsdFn> {
       // 2. S = B^T wu, wu = u * exp(cs_last - cs).
       const at::Tensor dS =
           dSh.view({b, G, R, nc, N, P}).permute({0, 3, 1, 4, 2, 5}).reshape({b, nc, G, N, R * P});
-      const at::Tensor dwu = at::matmul(Bg, dS).view({b, nc, G, Q, R, P}).permute({0, 1, 2, 4, 3, 5});
+      dwu = at::matmul(Bg, dS).view({b, nc, G, Q, R, P});
       dBg.add_(at::matmul(wu.view({b, nc, G, Q, R * P}), dS.transpose(-1, -2)));
-      const at::Tensor to_end = (cs.narrow(-1, Q - 1, 1) - cs).exp();  // [b,nc,G,R,Q]
-      const at::Tensor g2 = at::sum(dwu * u, {-1}, false, acc) * to_end;
-      dcs.sub_(g2);
-      dcs.select(-1, Q - 1).add_(g2.sum(-1));
-      du.addcmul_(dwu, to_end.to(io).unsqueeze(-1));  // (one dtype: CPU kernels do not cast)
     }
 
-    // u = x dt: dx = du dt (+ dy D), ddt = sum over P of du x (+ the decays' share).
-    const at::Tensor du_nat = du.permute({0, 1, 4, 2, 3, 5});  // [b,nc,Q,G,R,P]
-    at::Tensor dx = at::empty({b, d.T, G * R, P}, x_in.options());
-    at::Tensor dx6 = dx.view({b, nc, Q, G, R, P});
-    at::mul_out(dx6, du_nat, dt5.unsqueeze(-1));
-    at::Tensor dD;
-    if (D.numel() > 0) {
-      dx6.addcmul_(dy6, D.to(acc).view({G, R, 1}));
-      dD = at::sum(dy6 * x6, {0, 1, 2, 5}, false, acc).reshape({G * R}).to(D.scalar_type());
+    // wu's share of du and dcs; u = x dt: dx = du dt (+ dy D), ddt = sum over P of du x (+ the
+    // decays' share below).
+    at::Tensor dx, ddt, g2, dD;
+    if (edges) {
+      const auto o = ssd_edges::grad_outputs(du, dwu, u, cs, x6, dt5, dy6, Dacc);
+      dx = o[0];
+      ddt = o[1];
+      g2 = o[2];
+      if (Dacc.numel() > 0) dD = o[3].sum({0, 1, 2}).reshape({G * R}).to(D.scalar_type());
+    } else {
+      at::Tensor gu = du.to(acc);  // du's two shares summed in acc, as the kernel does
+      if (nc > 1) {
+        const at::Tensor dwu_head = dwu.permute({0, 1, 2, 4, 3, 5});
+        const at::Tensor to_end = (cs.narrow(-1, Q - 1, 1) - cs).exp();  // [b,nc,G,R,Q]
+        g2 = at::sum(dwu_head.to(acc) * u, {-1}, false, acc) * to_end;
+        gu.add_(dwu_head.to(acc) * to_end.unsqueeze(-1));
+      }
+      const at::Tensor du_nat = gu.permute({0, 1, 4, 2, 3, 5});  // [b,nc,Q,G,R,P]
+      dx = at::empty({b, d.T, G * R, P}, x_in.options());
+      at::Tensor dx6 = dx.view({b, nc, Q, G, R, P});
+      at::mul_out(dx6, du_nat, dt5.unsqueeze(-1));
+      if (Dacc.numel() > 0) {
+        dx6.addcmul_(dy6, Dacc.view({G, R, 1}));
+        dD = at::sum(dy6 * x6, {0, 1, 2, 5}, false, acc).reshape({G * R}).to(D.scalar_type());
+      }
+      ddt = at::sum(du_nat * x6, {-1}, false, acc);
+    }
+    if (g2.defined()) {
+      dcs.sub_(g2);
+      dcs.select(-1, Q - 1).add_(g2.sum(-1));
     }
     // cs = cumsum over Q of dt A: da = reversed cumsum of dcs.
     const at::Tensor da = reverse_cumsum(dcs).permute({0, 1, 4, 2, 3});  // [b,nc,Q,G,R]
     const at::Tensor Ag = A.to(acc).view({G, R});
-    const at::Tensor ddt = at::sum(du_nat * x6, {-1}, false, acc).add_(da * Ag);
+    ddt = ddt + da * Ag;
     const at::Tensor dA = at::sum(da * dt5, {0, 1, 2}).reshape({G * R}).to(A.scalar_type());
 
     auto natural = [&](const at::Tensor& g1, const at::Tensor& like) {  // [b,nc,G,Q,N] -> [b,s,G,N]
