@@ -15,9 +15,11 @@
 // more than the scan's matmuls (bench/gpu/run.sh profhyb). Here every elementwise pass writes its
 // result straight into the layout the next batched matmul reads, each matmul's batch dims
 // collapse to one (no copy inside matmul), and the backward recomputes the decay-weighted blocks
-// instead of keeping them. Only matmuls, elementwise ops and sums in a fixed order: deterministic
-// on CPU and CUDA. Checked against the per-step recurrence, forward and every gradient
-// (tests/model/test_mamba.cpp).
+// instead of keeping them. On CUDA the elementwise passes at the edges (x dt into the matmul
+// layouts, the output's sum, the gradient's layouts, dx and the sums over channels) run as the
+// fused kernels of ssd_edges.h; the ATen passes here are the CPU path and their reference. Only
+// matmuls, elementwise ops and sums in a fixed order: deterministic on CPU and CUDA. Checked
+// against the per-step recurrence, forward and every gradient (tests/model/test_mamba.cpp).
 //
 // Layouts (b batch, nc chunks, Q steps, G groups, R heads per group, P head dim, N state dim):
 //   natural  [b, nc, Q, G, R, P]   the caller's [b, s, heads, hd]
