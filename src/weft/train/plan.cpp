@@ -18,16 +18,18 @@
 //                int64 permutations, 32 k with ep > 1); per routed copy (k per token): the
 //                permuted input (B h), the expert's MLP as above (3 B fe, 4 B fe ATen, 2 B fe
 //                squared ReLU), the un-permuted output (B h); shared experts: an MLP of fs
-//   Mamba-2      (an estimate of the ATen op chain of model/mamba.cpp, chunk Q = min(128, s),
-//                di = nh_m * p, c = di + 2 g n, io = B, float32 = 4):
-//                norm + in_proj input, conv (padded, pre- and post-SiLU in fp32: 12 c), dt
-//                (3 x 4 nh_m), the SSD's u, its copy for the matmul and weighted u (3 io di), B and C per group
-//                (2 io g n), C.B^T (io g Q), the decay matrix (4 + 1 + io) nh_m Q, states and
-//                their inter-chunk forms (3 io di n / Q, only with s > Q), the gated norm
-//                (5 x 4 di, and its squares under libtorch 1.x) and out_proj's input (B di).
-//                With the fused CUDA kernels instead of the conv, decay and gated-norm chains:
-//                the in_proj output B (2 di + 2 g n + nh_m) held by their views, xbc (4 c), the
-//                weighted C.B blocks (io nh_m Q) and cs (4 nh_m), y (4 di) and rstd (4 g)
+//   Mamba-2      (model/mamba.cpp and ssd.cpp, chunk Q = min(128, s), di = nh_m * p,
+//                c = di + 2 g n, io = B, float32 = 4):
+//                norm + in_proj input, dt before and after softplus (2 x 4 nh_m), what the
+//                scan keeps for its backward: u (io di), B and C per group (2 io g n), C.B^T
+//                (io g Q), cs (4 nh_m), and with s > Q the decayed u and the chunk states in
+//                two layouts (io di + 2 io di n / Q); out_proj's input (B di). The ATen chains
+//                of the conv (padded, pre- and post-SiLU in fp32: 12 c) and the gated norm (5 x
+//                4 di, and its squares under libtorch 1.x), and in fp32 the in_proj output held
+//                by the gate's and the conv's views (4 (di + 2 g n + nh_m) beyond the gate).
+//                With the fused CUDA kernels instead of the conv and gated-norm chains: the
+//                in_proj output B (2 di + 2 g n + nh_m) held by their views, xbc (4 c), y (4 di)
+//                and rstd (4 g)
 //   last stage   final norm + output input (B h) + logits (fused cross-entropy: B V + 4;
 //                ATen: the float32 log-softmax, 4 V) + int64 labels; per MTP depth: its
 //                tokens, enorm, hnorm (rstd only, fused), eh_proj's input (2 B h), its layers,
@@ -121,14 +123,14 @@ struct ActModel {
     const int64_t h = m.hidden_size, H = m.mamba_heads(), P = m.mamba_head_dim;
     const int64_t G = m.mamba_num_groups, N = m.mamba_state_dim, di = H * P, c = di + 2 * G * N;
     const int64_t Q = std::min<int64_t>(m.mamba_chunk_size, m.seq_length), io = B;
-    int64_t a = norm() + B * h + 12 * H + 3 * io * di + 2 * io * G * N + io * G * Q +
-                2 * (4 + io) * H + B * di;
-    if (fused)  // the projection (held by the conv's and the gated norm's views), xbc, the
-                // weighted C.B blocks and cs, y and the norm's rstd (fused.h)
-      a += B * (2 * di + 2 * G * N + H) + 4 * c + io * H * Q + 4 * H + 4 * di + 4 * G;
+    int64_t a = norm() + B * h + 8 * H + io * di + 2 * io * G * N + io * G * Q + 4 * H + B * di;
+    if (fused)  // the projection (held by the conv's and the gated norm's views), xbc, y and
+                // the norm's rstd (fused.h)
+      a += B * (2 * di + 2 * G * N + H) + 4 * c + 4 * di + 4 * G;
     else
-      a += 12 * c + (5 + io) * H * Q + (TORCH_VERSION_MAJOR < 2 ? 6 : 5) * 4 * di;
-    if (m.seq_length > Q) a += 3 * io * di * N / Q + io * di;
+      a += 12 * c + (TORCH_VERSION_MAJOR < 2 ? 6 : 5) * 4 * di +
+           (B == 4 ? 4 * (di + 2 * G * N + H) : 0);
+    if (m.seq_length > Q) a += io * di + 2 * io * di * N / Q;
     return a;
   }
   // A decoder layer of symbol `sym` ('T' transformer, '*', '-', 'E', 'M').
