@@ -109,6 +109,8 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--vocab-size", m.vocab_size, "vocabulary size");
   opt("--init-method-std", m.init_method_std, "std of the normal initialisation");
   opt("--rotary-base", m.rotary_base, "RoPE base");
+  opt("--rotary-percent", m.rotary_percent,
+      "share of each head's channels RoPE rotates (the first int(head dim x percent))");
   c->add_flag("--use-rope-scaling", m.use_rope_scaling,
               "Llama 3.x RoPE scaling of the low frequencies (original context 8192, low/high "
               "frequency factors 1 and 4)");
@@ -311,8 +313,8 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       "without --vocab-size, pad the tokenizer's vocabulary to a multiple of this");
   a->vocab_size_opt = c->get_option("--vocab-size");
   c->add_flag("--override-checkpoint-rope", t.override_checkpoint_rope,
-              "load a checkpoint trained with another --rotary-base or RoPE scaling (context "
-              "extension) instead of refusing it");
+              "load a checkpoint trained with another --rotary-base, --rotary-percent or RoPE "
+              "scaling (context extension) instead of refusing it");
   c->add_flag("--override-tokenizer", t.override_tokenizer,
               "load a checkpoint trained with another tokenizer");
   add_layout_flags(c, &t.layout);

@@ -191,7 +191,6 @@ void add_megatron_flags(CLI::App* c, MegatronFlags* f) {
       "(--check-for-nan-in-loss-and-grad) stands for the rerun machine; report_stats warns");
   opt("--weight-decay-incr-style", f->wd_incr_style, "constant");
   opt("--cross-entropy-fusion-impl", f->ce_fusion_impl, "native | te: kernel choice");
-  opt("--rotary-percent", f->rotary_percent, "1.0 (weft rotates the whole head)");
   opt("--num-workers", f->num_workers, "data-loader workers (weft prefetches on a thread)");
   opt("--num-dataset-builder-threads", f->dataset_builder_threads, "accepted");
   opt("--tensorboard-queue-size", f->tensorboard_queue_size, "accepted (flushed every iteration)");
@@ -253,9 +252,6 @@ std::vector<std::string> check_megatron_flags(const MegatronFlags& f) {
                       "must be native or te");
   one_of<std::string>("--timing-log-option", f.timing_log_option, {"minmax", "max", "all"},
                       "must be minmax, max or all");
-  if (f.rotary_percent != 1.0)
-    fail_usage("--rotary-percent {}: weft rotates the whole head dimension; give 1.0",
-               f.rotary_percent);
   one_of<int>("--timing-log-level", f.timing_log_level, {0, 1, 2}, "must be 0, 1 or 2");
   one_of<int>("--empty-unused-memory-level", f.empty_unused_memory_level, {0, 1, 2},
               "must be 0, 1 or 2");

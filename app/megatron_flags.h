@@ -33,7 +33,6 @@ struct MegatronFlags {
   std::string wd_incr_style = "constant";    // --weight-decay-incr-style
   std::string ce_fusion_impl = "native";     // --cross-entropy-fusion-impl
   std::string timing_log_option = "minmax";  // --timing-log-option
-  double rotary_percent = 1.0;               // --rotary-percent
   int num_workers = 2, dataset_builder_threads = 1, tensorboard_queue_size = 1000;
   int timing_log_level = 0, empty_unused_memory_level = 0, logging_level = 0;
   int manual_gc_interval = 0;

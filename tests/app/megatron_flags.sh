@@ -63,6 +63,13 @@ run accepted --train-iters 4 --log-throughput --exit-signal-handler \
   --log-validation-ppl-to-tensorboard --log-memory-to-tensorboard --empty-unused-memory-level 1 \
   --rerun-mode validate_results --initial-loss-scale 4096 --hysteresis 2 --fp8-recipe delayed
 same "accepted Megatron flags change no bit" plain accepted
+# --rotary-percent 0.5 (Nemotron-H 8B's): half of each head rotates, so the losses change.
+run partial --train-iters 4 --rotary-percent 0.5
+if [ -s "$tmp/partial.txt" ] && ! cmp -s "$tmp/plain.txt" "$tmp/partial.txt"; then
+  ok "--rotary-percent 0.5 trains another function"
+else
+  bad "--rotary-percent 0.5 gave the whole-head losses (or none)"
+fi
 [ -s "$tmp/accepted.err" ] && bad "accepted flags printed to stderr: $(head -2 "$tmp/accepted.err")"
 
 # --- warned: logging weft has not; the run trains the same --------------------------------------
@@ -100,7 +107,8 @@ refuse "--vocab-file is not implemented" --vocab-file v.json
 refuse "--moe-router-topk 1 with the softmax router needs --moe-router-pre-softmax" \
   --num-experts 4 --moe-router-topk 1
 refuse "--ckpt-format torch:" --ckpt-format torch
-refuse "--rotary-percent 0.5:" --rotary-percent 0.5
+refuse "--rotary-percent must be" --rotary-percent 1.5
+refuse "--rotary-percent 0.1 rotates int(8 x 0.1) = 0 channels" --rotary-percent 0.1
 refuse "--optimizer sgd:" --optimizer sgd
 refuse "--dataloader-type cyclic:" --dataloader-type cyclic
 refuse "--attention-backend x:" --attention-backend x

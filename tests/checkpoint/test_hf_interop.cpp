@@ -557,6 +557,7 @@ TEST(HfInterop, BadInputNamesTheKey) {
     refused_config("rope_scaling", llama3, "describe different RoPE scalings");  // vs default
     refused_config("num_hidden_layers", 4294967300ULL, "'num_hidden_layers' is 4294967300, out of range");
     refused_config("attention_bias", true, "attention_bias");
+    refused_config("partial_rotary_factor", 0.5, "partial_rotary_factor");
     refused_config("mlp_bias", true, "mlp_bias");
     refused_config("hidden_act", "gelu", "hidden_act");
     refused_config("head_dim", 16, "has shape");  // a head dim the tensors do not have
@@ -615,6 +616,9 @@ TEST(HfInterop, BadInputNamesTheKey) {
     mixed.num_experts = 4;
     mixed.moe_layer_pattern = {0, 1, 1, 1};
     expect_refused([&] { hf_model_type(mixed); }, "--moe-layer-freq", ck + "/none");
+    ModelConfig partial = tiny().model;
+    partial.rotary_percent = 0.5;  // transformers' Llama rotates whole heads
+    expect_refused([&] { hf_model_type(partial); }, "--rotary-percent 0.5", ck + "/none");
   }();
   barrier();
 }

@@ -44,6 +44,13 @@ ModelConfig qk_config() {
   return c;
 }
 
+// --rotary-percent 0.5: half of each head rotates (the tables are half as wide).
+ModelConfig partial_rotary_config() {
+  ModelConfig c = dense_config();
+  c.rotary_percent = 0.5;
+  return c;
+}
+
 ModelConfig moe_config() {
   ModelConfig c = dense_config();
   c.untie_embeddings_and_output_weights = true;
@@ -172,6 +179,7 @@ struct Case {
 };
 const Case kCases[] = {{"dense", dense_config},
                        {"qk-layernorm", qk_config},
+                       {"partial-rotary", partial_rotary_config},
                        {"moe", moe_config},
                        {"hybrid", hybrid_config},
                        {"nemotron", nemotron_config}};
@@ -372,6 +380,7 @@ void expect_round_trip(const ModelConfig& m) {
   }
   EXPECT_EQ(m.tied(), r.tied());
   EXPECT_EQ(m.rotary_base, r.rotary_base);
+  EXPECT_EQ(m.rotary_percent, r.rotary_percent);
   EXPECT_EQ(m.norm_epsilon, r.norm_epsilon);
   EXPECT_EQ(m.bf16, r.bf16);
   EXPECT_EQ(m.moe_router_topk, r.moe_router_topk);
@@ -390,6 +399,7 @@ void expect_round_trip(const ModelConfig& m) {
 TEST(ConfigJson, RoundTripDenseMoeHybrid) {
   ModelConfig dense = dense_config();
   dense.rotary_base = 500000;
+  dense.rotary_percent = 0.5;
   dense.norm_epsilon = 1e-6;
   dense.bf16 = true;
   expect_round_trip(dense);

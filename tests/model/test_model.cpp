@@ -146,15 +146,18 @@ struct Reference {
     return (1 - smooth) * f / factor + smooth * f;
   }
 
-  // x [b, s, heads, hd]: pairs (i, i + hd/2) rotated by pos * frequency(i); unchanged with
-  // --position-embedding-type none.
+  // x [b, s, heads, hd]: of the first rd = int(hd * --rotary-percent) channels, pairs
+  // (i, i + rd/2) rotated by pos * frequency(i) (frequencies over rd); the channels past rd, and
+  // every channel with --position-embedding-type none, unchanged.
   torch::Tensor rope(const torch::Tensor& x) const {
     if (cfg.position_embedding_type == "none") return x;
-    const int64_t s = x.size(1), hd = x.size(3), half = hd / 2;
+    const int64_t s = x.size(1), hd = x.size(3);
+    const auto rd = static_cast<int64_t>(static_cast<double>(hd) * cfg.rotary_percent);
+    const int64_t half = rd / 2;
     std::vector<double> c, sn;
     for (int64_t p = 0; p < s; ++p) {
       for (int64_t i = 0; i < half; ++i) {
-        const double theta = static_cast<double>(p) * frequency(i, hd);
+        const double theta = static_cast<double>(p) * frequency(i, rd);
         c.push_back(std::cos(theta));
         sn.push_back(std::sin(theta));
       }
@@ -162,8 +165,8 @@ struct Reference {
     auto opts = torch::TensorOptions().dtype(torch::kDouble);
     const torch::Tensor cs = torch::tensor(c, opts).view({1, s, 1, half}).to(x.scalar_type());
     const torch::Tensor sns = torch::tensor(sn, opts).view({1, s, 1, half}).to(x.scalar_type());
-    const torch::Tensor a = x.slice(3, 0, half), b = x.slice(3, half, hd);
-    return torch::cat({a * cs - b * sns, b * cs + a * sns}, 3);
+    const torch::Tensor a = x.slice(3, 0, half), b = x.slice(3, half, rd);
+    return torch::cat({a * cs - b * sns, b * cs + a * sns, x.slice(3, rd, hd)}, 3);
   }
 
   torch::Tensor layer(const torch::Tensor& x, int l) const {
@@ -343,6 +346,45 @@ TEST(ModelReference, Float64Llama3RopeScaling) {
   const RotaryTables b = make_rotary_tables(plain, torch::kCPU, torch::kDouble);
   EXPECT_TRUE(torch::equal(a.cos[0], b.cos[0]));
   EXPECT_GT((a.sin - b.sin).abs().max().item<double>(), 1e-3);
+}
+
+// --rotary-percent (Megatron's flag; Nemotron-H 8B uses 0.5): only the first int(hd x percent)
+// channels of each head rotate, at frequencies over that width; against the reference, with
+// Llama 3 scaling too, and the loss differs from the whole-head rotation's. An odd or empty
+// rotated width is refused naming the flag.
+void expect_config_refused(const ModelConfig& cfg, const std::string& flag);
+
+TEST(ModelReference, Float64PartialRotary) {
+  ModelConfig cfg = small_config(false, 2, 1);
+  ASSERT_EQ(cfg.head_dim() % 4, 0);
+  cfg.rotary_percent = 0.5;
+  check_against_reference(cfg, torch::kDouble, 1e-10);
+  check_against_reference(cfg, torch::kFloat, 1e-5);
+  const RotaryTables t = make_rotary_tables(cfg, torch::kCPU, torch::kDouble);
+  EXPECT_EQ(t.cos.size(1), cfg.head_dim() / 2);
+  ModelConfig scaled = cfg;
+  scaled.rotary_base = 1e6;
+  scaled.use_rope_scaling = true;
+  check_against_reference(scaled, torch::kDouble, 1e-10);
+  const Batch batch = make_batch(cfg, 2, 7);
+  double losses[2];
+  for (int i = 0; i < 2; ++i) {
+    ModelConfig c = cfg;
+    if (i == 1) c.rotary_percent = 1.0;
+    FullParams params;
+    const Handles h = register_model(params, c, /*seed=*/1234, torch::kDouble);
+    torch::NoGradGuard no_grad;
+    losses[i] = lm_loss_sum(model_logits(h, c, batch.tokens, torch::kDouble), batch.labels)
+                    .item<double>();
+  }
+  EXPECT_GT(std::abs(losses[0] - losses[1]), 1e-6 * std::abs(losses[1]));
+  ModelConfig odd = cfg;
+  odd.rotary_percent = 1.0 / static_cast<double>(cfg.head_dim());  // one channel
+  expect_config_refused(odd, "--rotary-percent");
+  odd.rotary_percent = 0;
+  expect_config_refused(odd, "--rotary-percent");
+  odd.rotary_percent = 1.5;
+  expect_config_refused(odd, "--rotary-percent");
 }
 
 // --position-embedding-type none (the attention of Megatron's hybrid Mamba models): q and k

@@ -40,6 +40,9 @@ std::string hf_model_type(const ModelConfig& c) {
                c.position_embedding_type);
   if (c.squared_relu)
     fail_usage("hf export: --squared-relu: the MLPs of Llama, Qwen3 and Mixtral are SwiGLU");
+  if (c.rotary_percent != 1.0)
+    fail_usage("hf export: --rotary-percent {}: Llama, Qwen3 and Mixtral rotate every channel of "
+               "the head", c.rotary_percent);
   if (!c.moe()) return c.qk_layernorm ? "qwen3" : "llama";  // Qwen3: Llama with q/k norms
   if (c.qk_layernorm)
     fail_usage("hf export: --qk-layernorm in an MoE model has no Mixtral equivalent (Mixtral "
@@ -358,6 +361,7 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
   if (act != "silu")
     fail_usage("hf import: config.json hidden_act is '{}'; weft's MLP is SwiGLU (silu)", act);
   hf_refuse_unless(j, "attention_bias", false, "weft's attention has no biases");
+  hf_refuse_unless(j, "partial_rotary_factor", 1.0, "Llama, Qwen3 and Mixtral rotate every channel");
   hf_refuse_unless(j, "mlp_bias", false, "weft's MLP has no biases");
   hf_refuse_unless(j, "attention_dropout", 0.0, "weft has no attention dropout");
   if (type == "qwen3") {  // its sliding_window applies only with use_sliding_window

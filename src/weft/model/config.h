@@ -31,6 +31,10 @@ struct ModelConfig {
   int vocab_size = 128;          // --vocab-size
   double init_method_std = 0.02; // --init-method-std
   double rotary_base = 10000.0;  // --rotary-base
+  // --rotary-percent (Megatron's flag and default): the share of each head's channels rotated,
+  // the first rotary_dim() = int(head dim * percent); the rest pass unrotated. Frequencies are
+  // base^(-2i / rotary_dim()).
+  double rotary_percent = 1.0;
   // Llama 3.x RoPE scaling (--use-rope-scaling, --rope-scaling-factor; Megatron's flags and
   // default): the frequencies whose wavelength exceeds kRopeOriginalContext / kRopeLowFreqFactor
   // positions are divided by the factor, those below kRopeOriginalContext / kRopeHighFreqFactor
@@ -45,6 +49,9 @@ struct ModelConfig {
   // the attention layers of Megatron's hybrid Mamba models, whose Mamba layers carry the order).
   std::string position_embedding_type = "rope";
   bool rotary() const { return position_embedding_type == "rope"; }
+  int rotary_dim() const {  // the rotated channels per head (all of them without rope)
+    return rotary() ? static_cast<int>(head_dim() * rotary_percent) : head_dim();
+  }
   bool untie_embeddings_and_output_weights = false;  // --untie-embeddings-and-output-weights
   bool bf16 = false;             // --bf16: bf16 compute and weights; fp32 otherwise
 

@@ -54,13 +54,16 @@ ParamSpec spec(std::string name, std::vector<int64_t> shape, InitKind init, bool
   return s;
 }
 
-// Rotate-half RoPE on x [b, heads, s, hd] at positions [pos, pos + s); cos/sin [>= pos + s, hd].
+// Rotate-half RoPE on x [b, heads, s, hd] at positions [pos, pos + s); cos/sin [>= pos + s, rd]
+// rotate the first rd channels (--rotary-percent), the others pass unchanged.
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& rope, int64_t pos) {
-  const int64_t s = x.size(2), half = x.size(3) / 2;
+  const int64_t s = x.size(2), hd = x.size(3), rd = rope.cos.size(1), half = rd / 2;
   const at::Tensor cos = rope.cos.narrow(0, pos, s);
   const at::Tensor sin = rope.sin.narrow(0, pos, s);
-  const at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos + rotated * sin;
+  const at::Tensor xr = rd == hd ? x : x.narrow(-1, 0, rd);
+  const at::Tensor rotated = at::cat({-xr.narrow(-1, half, half), xr.narrow(-1, 0, half)}, -1);
+  const at::Tensor out = xr * cos + rotated * sin;
+  return rd == hd ? out : at::cat({out, x.narrow(-1, rd, hd - rd)}, -1);
 }
 
 }  // namespace
@@ -94,6 +97,12 @@ void check_model_config(const ModelConfig& cfg) {
   }
   if (!(cfg.init_method_std > 0)) fail_usage("--init-method-std must be positive");
   if (!(cfg.rotary_base > 0)) fail_usage("--rotary-base must be positive");
+  if (!(cfg.rotary_percent > 0 && cfg.rotary_percent <= 1))
+    fail_usage("--rotary-percent must be in (0, 1] (got {})", cfg.rotary_percent);
+  if (cfg.rotary_dim() < 2 || cfg.rotary_dim() % 2 != 0)
+    fail_usage("--rotary-percent {} rotates int({} x {}) = {} channels of each head; that must be "
+               "even and at least 2", cfg.rotary_percent, cfg.head_dim(), cfg.rotary_percent,
+               cfg.rotary_dim());
   if (cfg.position_embedding_type != "rope" && cfg.position_embedding_type != "none")
     fail_usage("--position-embedding-type must be rope or none (got '{}')",
                cfg.position_embedding_type);
@@ -451,13 +460,13 @@ at::Tensor llama3_scaled_frequencies(const at::Tensor& inv_freq, double factor) 
 RotaryTables make_rotary_tables(const ModelConfig& cfg, c10::Device device, c10::ScalarType dtype) {
   check_model_config(cfg);
   // Angles in float64 on the CPU, then cast: the tables are exact to the target dtype.
-  const int64_t hd = cfg.head_dim();
+  const int64_t rd = cfg.rotary_dim();  // the head dim unless --rotary-percent < 1
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
-  const at::Tensor exponent = at::arange(0, hd / 2, f64) * (-2.0 / static_cast<double>(hd));
-  at::Tensor inv_freq = at::pow(cfg.rotary_base, exponent);                        // base^(-2i/hd)
+  const at::Tensor exponent = at::arange(0, rd / 2, f64) * (-2.0 / static_cast<double>(rd));
+  at::Tensor inv_freq = at::pow(cfg.rotary_base, exponent);                        // base^(-2i/rd)
   if (cfg.use_rope_scaling) inv_freq = llama3_scaled_frequencies(inv_freq, cfg.rope_scaling_factor);
-  const at::Tensor angles = at::outer(at::arange(cfg.seq_length, f64), inv_freq);  // [s, hd/2]
-  const at::Tensor full = at::cat({angles, angles}, -1);                           // [s, hd]
+  const at::Tensor angles = at::outer(at::arange(cfg.seq_length, f64), inv_freq);  // [s, rd/2]
+  const at::Tensor full = at::cat({angles, angles}, -1);                           // [s, rd]
   RotaryTables t;
   t.cos = full.cos().to(device, dtype);
   t.sin = full.sin().to(device, dtype);
@@ -488,14 +497,15 @@ AttentionQkv attention_qkv_normed(const at::Tensor& xn, const LayerHandles& w,
   const int64_t hd = cfg.head_dim(), r = nh / ng;
   const int64_t b = xn.size(0), s = xn.size(1);
   WEFT_CHECK(rope.cos.defined() && pos >= 0 && pos + s <= rope.cos.size(0) &&
-                 rope.cos.size(1) == hd,
+                 rope.cos.size(1) == cfg.rotary_dim(),
              "decoder_layer: positions [{}, {}) need rotary tables of at least [{}, {}]", pos,
-             pos + s, pos + s, hd);
+             pos + s, pos + s, cfg.rotary_dim());
   // Fused rows per group g: r query heads, then g's key head, then its value head.
   const at::Tensor qkv = ops::linear(xn, w.linear_qkv).view({b, s, ng, r + 2, hd});
   AttentionQkv out;
-  const bool fused_rope =
-      cfg.rotary() && fused::usable(qkv) && rope.cos.scalar_type() == qkv.scalar_type();
+  // The fused kernel rotates whole heads; --rotary-percent < 1 takes the ATen rotation.
+  const bool fused_rope = cfg.rotary() && cfg.rotary_dim() == hd && fused::usable(qkv) &&
+                          rope.cos.scalar_type() == qkv.scalar_type();
   at::Tensor rope_in = qkv;  // what the fused kernel rotates
   at::Tensor q, k;           // [b, s, heads, hd], for the unfused rotation
   if (cfg.qk_layernorm) {

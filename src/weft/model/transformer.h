@@ -117,9 +117,9 @@ MtpHandles mtp_handles(ParamSource* source, int first, const ModelConfig& cfg, i
 struct RotaryTables {
   at::Tensor cos, sin;
 };
-// cos and sin of position * frequency, [seq_length, head_dim] (each frequency twice, rotate-half
-// form), computed in float64 and cast to `dtype`; with --use-rope-scaling the frequencies are
-// llama3_scaled_frequencies'.
+// cos and sin of position * frequency, [seq_length, rotary_dim()] (each frequency twice,
+// rotate-half form; the head dim unless --rotary-percent < 1), computed in float64 and cast to
+// `dtype`; with --use-rope-scaling the frequencies are llama3_scaled_frequencies'.
 RotaryTables make_rotary_tables(const ModelConfig& cfg, c10::Device device, c10::ScalarType dtype);
 // Llama 3.x RoPE scaling of the frequencies inv_freq (float64, one per rotated pair) by `factor`,
 // with ModelConfig's fixed low/high-frequency factors 1 and 4 and original context 8192.

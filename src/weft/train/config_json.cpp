@@ -54,6 +54,7 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   get(j, "vocab_size", &m.vocab_size, true);
   get(j, "init_method_std", &m.init_method_std, false);
   get(j, "rotary_base", &m.rotary_base, true);
+  get(j, "rotary_percent", &m.rotary_percent, false);  // absent before: the whole head
   get(j, "use_rope_scaling", &m.use_rope_scaling, false);  // absent before: no scaling
   get(j, "rope_scaling_factor", &m.rope_scaling_factor, false);
   get(j, "norm_epsilon", &m.norm_epsilon, true);
@@ -112,6 +113,8 @@ std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelCon
   }
   if (rope) to = rope;
   cmp("--rotary-base", run.rotary_base, saved.rotary_base);
+  if (run.rotary() && saved.rotary())
+    cmp("--rotary-percent", run.rotary_percent, saved.rotary_percent);
   cmp("--use-rope-scaling", run.use_rope_scaling, saved.use_rope_scaling);
   if (run.use_rope_scaling && saved.use_rope_scaling)
     cmp("--rope-scaling-factor", run.rope_scaling_factor, saved.rope_scaling_factor);
@@ -168,6 +171,7 @@ bool take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,
   take("--seq-length", m.seq_length, saved.seq_length);
   take("--vocab-size", m.vocab_size, saved.vocab_size);
   take("--rotary-base", m.rotary_base, saved.rotary_base);
+  take("--rotary-percent", m.rotary_percent, saved.rotary_percent);
   take("--use-rope-scaling", m.use_rope_scaling, saved.use_rope_scaling);
   take("--rope-scaling-factor", m.rope_scaling_factor, saved.rope_scaling_factor);
   take("--norm-epsilon", m.norm_epsilon, saved.norm_epsilon);

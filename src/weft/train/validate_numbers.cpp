@@ -47,6 +47,7 @@ void validate_numeric_flags(const TrainConfig& c) {
   check_int("--vocab-size", m.vocab_size, 2);
   check_real("--init-method-std", m.init_method_std, 0, kInf, true);
   check_real("--rotary-base", m.rotary_base, 0, kInf, true);
+  check_real("--rotary-percent", m.rotary_percent, 0, 1, true);
   if (m.use_rope_scaling) check_real("--rope-scaling-factor", m.rope_scaling_factor, 1, kInf);
   check_real("--norm-epsilon", m.norm_epsilon, 0, kInf, true);
   check_int("--num-experts", m.num_experts, 0);
