@@ -12,6 +12,8 @@
 
 #include <cstdlib>
 #include <map>
+#include <utility>
+#include <vector>
 
 #include "weft/checkpoint/safetensors.h"
 #include "weft/core/error.h"
@@ -282,48 +284,57 @@ TEST(MambaCuda, FusedDecayBlocksMatchTheAtenChain) {
 
 // The SSD's edge kernels (ssd_edges.h) against ssd.cpp's ATen passes: the whole scan with the
 // fused kernels on and off (fused::set_enabled), output and every gradient, for float32 and
-// bfloat16 matmul operands, several chunks with a padded last one and a single chunk, with and
-// without D, and x a strided view of a wider projection (as the mixer passes it).
+// bfloat16 matmul operands; several chunks with a padded last one (s 300: x becomes a contiguous
+// copy), several unpadded chunks with x a strided view of a wider projection (s 256, as the mixer
+// trains) and a single chunk; with and without D; head dims 16 and 64.
 TEST(MambaCuda, SsdEdgeKernelsMatchTheAtenPasses) {
   if (!torch::cuda::is_available() || !fused::compiled()) GTEST_SKIP() << "no CUDA fused kernels";
   const torch::Device dev(torch::kCUDA, 0);
   torch::manual_seed(13);
-  const int64_t b = 2, s = 300, H = 8, P = 16, G = 2, N = 16;
-  const torch::Tensor proj = torch::randn({b, s, H * P + 12}).to(dev);
-  const torch::Tensor dt0 = torch::softplus(torch::randn({b, s, H}) - 1).to(dev);
-  const torch::Tensor A = -torch::exp(torch::rand({H}) * std::log(16.0)).to(dev);
-  const torch::Tensor D0 = torch::randn({H}).to(dev);
-  const torch::Tensor B0 = torch::randn({b, s, G, N}).to(dev);
-  const torch::Tensor C0 = torch::randn({b, s, G, N}).to(dev);
-  const torch::Tensor R = torch::randn({b, s, H, P}).to(dev);
-  for (const int64_t chunk : {64, 512}) {
-    for (const bool with_d : {true, false}) {
-      for (const auto io : {c10::ScalarType::Undefined, c10::ScalarType::BFloat16}) {
-        SCOPED_TRACE(::testing::Message() << "chunk " << chunk << " D " << with_d << " io "
-                                          << (io == c10::ScalarType::Undefined ? "f32" : "bf16"));
-        auto run = [&](bool fused_on) {
-          fused::set_enabled(fused_on);
-          const torch::Tensor p = proj.clone().requires_grad_(true);
-          const torch::Tensor x = p.narrow(-1, 0, H * P).view({b, s, H, P});
-          std::vector<torch::Tensor> leaves;
-          for (const torch::Tensor& t : {dt0, B0, C0, D0}) leaves.push_back(t.clone().requires_grad_(true));
-          const torch::Tensor y = ssd_chunked(x, leaves[0], A, leaves[1], leaves[2], chunk, io,
-                                              with_d ? leaves[3] : torch::Tensor());
-          (y * R).sum().backward();
-          fused::set_enabled(true);
-          std::vector<torch::Tensor> out = {y.detach().cpu().to(torch::kDouble),
-                                            p.grad().cpu().to(torch::kDouble)};
-          for (int i = 0; i < (with_d ? 4 : 3); ++i) out.push_back(leaves[i].grad().cpu().to(torch::kDouble));
-          return out;
-        };
-        const auto f = run(true), r = run(false);
-        const bool bf16 = io == c10::ScalarType::BFloat16;
-        const char* names[] = {"output", "x", "dt", "B", "C", "D"};
-        for (size_t i = 0; i < f.size(); ++i) {
-          const double e = rel_err(f[i], r[i]);
-          EXPECT_LE(e, bf16 ? 1e-4 : 1e-5) << names[i];
-          std::printf("ssd edges chunk %lld%s %s: %s rel err %.3g\n", static_cast<long long>(chunk),
-                      with_d ? " D" : "", bf16 ? "bf16" : "fp32", names[i], e);
+  const int64_t b = 2, H = 8, G = 2, N = 16;
+  for (const auto& shape : {std::pair<int64_t, int64_t>{300, 16}, {256, 64}}) {
+    const int64_t s = shape.first, P = shape.second;
+    const torch::Tensor proj = torch::randn({b, s, H * P + 12}).to(dev);
+    const torch::Tensor dt0 = torch::softplus(torch::randn({b, s, H}) - 1).to(dev);
+    const torch::Tensor A0 = -torch::exp(torch::rand({H}) * std::log(16.0)).to(dev);
+    const torch::Tensor D0 = torch::randn({H}).to(dev);
+    const torch::Tensor B0 = torch::randn({b, s, G, N}).to(dev);
+    const torch::Tensor C0 = torch::randn({b, s, G, N}).to(dev);
+    const torch::Tensor R = torch::randn({b, s, H, P}).to(dev);
+    for (const int64_t chunk : {64, 512}) {
+      for (const bool with_d : {true, false}) {
+        for (const auto io : {c10::ScalarType::Undefined, c10::ScalarType::BFloat16}) {
+          SCOPED_TRACE(::testing::Message()
+                       << "s " << s << " P " << P << " chunk " << chunk << " D " << with_d << " io "
+                       << (io == c10::ScalarType::Undefined ? "f32" : "bf16"));
+          auto run = [&](bool fused_on) {
+            fused::set_enabled(fused_on);
+            const torch::Tensor p = proj.clone().requires_grad_(true);
+            const torch::Tensor x = p.narrow(-1, 0, H * P).view({b, s, H, P});
+            std::vector<torch::Tensor> leaves;
+            for (const torch::Tensor& t : {dt0, A0, B0, C0, D0})
+              leaves.push_back(t.clone().requires_grad_(true));
+            const torch::Tensor y = ssd_chunked(x, leaves[0], leaves[1], leaves[2], leaves[3], chunk,
+                                                io, with_d ? leaves[4] : torch::Tensor());
+            (y * R).sum().backward();
+            fused::set_enabled(true);
+            std::vector<torch::Tensor> out = {y.detach().cpu().to(torch::kDouble),
+                                              p.grad().cpu().to(torch::kDouble)};
+            for (int i = 0; i < (with_d ? 5 : 4); ++i)
+              out.push_back(leaves[i].grad().cpu().to(torch::kDouble));
+            return out;
+          };
+          const auto f = run(true), r = run(false);
+          const bool bf16 = io == c10::ScalarType::BFloat16;
+          const char* names[] = {"output", "x", "dt", "A", "B", "C", "D"};
+          for (size_t i = 0; i < f.size(); ++i) {
+            const double e = rel_err(f[i], r[i]);
+            EXPECT_LE(e, bf16 ? 1e-4 : 1e-5) << names[i];
+            std::printf("ssd edges s %lld P %lld chunk %lld%s %s: %s rel err %.3g\n",
+                        static_cast<long long>(s), static_cast<long long>(P),
+                        static_cast<long long>(chunk), with_d ? " D" : "", bf16 ? "bf16" : "fp32",
+                        names[i], e);
+          }
         }
       }
     }

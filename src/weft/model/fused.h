@@ -72,7 +72,7 @@ bool gated_rms_norm_supports(const at::Tensor& y, const at::Tensor& z, int64_t n
 // above; equal to (cb.unsqueeze(-3) * exp(causal differences of cs)).to(cb's dtype) without
 // materialising the decay matrices (forward or backward).
 at::Tensor ssd_decay_weighted(const at::Tensor& cb, const at::Tensor& cs);
-// The same kernels without autograd, for a scan that writes its own backward (mamba.cpp):
+// The same kernels without autograd, for a scan that writes its own backward (ssd.cpp):
 // the forward, and the backward's {dcb in cb's dtype (summed over R), dcs float32}.
 at::Tensor ssd_decay_weighted_forward(const at::Tensor& cb, const at::Tensor& cs);
 std::pair<at::Tensor, at::Tensor> ssd_decay_weighted_backward(const at::Tensor& dout,

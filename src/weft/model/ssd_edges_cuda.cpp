@@ -29,6 +29,12 @@ void check_launch(const std::string& err, const char* what) {
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
+// t contiguous and 16-byte aligned for the kernels' vector loads (a misaligned view is copied).
+at::Tensor aligned(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  return aligned16(c) ? c : c.clone();
+}
+
 // x6 [b, nc, Q, G, R, P] with rows (b, nc, Q) `xs` apart and each row's H * P contiguous.
 bool rows_uniform(const at::Tensor& x6) {
   const int64_t xs = x6.stride(2), Q = x6.size(2), nc = x6.size(1);
@@ -98,7 +104,7 @@ std::array<at::Tensor, 2> grad_inputs(const at::Tensor& dy6, const at::Tensor& c
   const int64_t b = dy6.size(0), nc = dy6.size(1), Q = dy6.size(2), G = dy6.size(3),
                 R = dy6.size(4), P = dy6.size(5);
   c10::cuda::CUDAGuard guard(dy6.device());
-  const at::Tensor dy = dy6.contiguous(), c = cs.contiguous();
+  const at::Tensor dy = aligned(dy6), c = cs.contiguous();
   check_contiguous(dy, at::kFloat, "dy");
   const auto opt = dy.options().dtype(io);
   at::Tensor dyh = at::empty({b, nc, G, R, Q, P}, opt);
@@ -122,7 +128,8 @@ std::array<at::Tensor, 4> grad_outputs(const at::Tensor& du, const at::Tensor& d
   check_contiguous(du, io, "du");
   check_contiguous(dwu, io, "dwu");
   check_contiguous(u, io, "u");
-  const at::Tensor dt = dt5.contiguous(), c = cs.contiguous(), dy = dy6.contiguous();
+  const at::Tensor dt = dt5.contiguous(), c = cs.contiguous(), dy = aligned(dy6);
+  check_contiguous(dy, at::kFloat, "dy");
   const at::Tensor d = D.contiguous();
   const auto f32 = x6.options();
   at::Tensor dx = at::empty({b, nc * Q, G * R, P}, f32);

@@ -113,7 +113,7 @@ std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelCon
   }
   if (rope) to = rope;
   cmp("--rotary-base", run.rotary_base, saved.rotary_base);
-  if (run.rotary() && saved.rotary())
+  if (run.rotary() && saved.rotary() && run.rotary_dim() != saved.rotary_dim())
     cmp("--rotary-percent", run.rotary_percent, saved.rotary_percent);
   cmp("--use-rope-scaling", run.use_rope_scaling, saved.use_rope_scaling);
   if (run.use_rope_scaling && saved.use_rope_scaling)
