@@ -354,6 +354,22 @@ TEST(ModelReference, Float64Llama3RopeScaling) {
 // rotated width is refused naming the flag.
 void expect_config_refused(const ModelConfig& cfg, const std::string& flag);
 
+// The float64 losses of two configs on one batch, each model initialised from the same seed,
+// differ (the setting between them changes the function).
+void expect_losses_differ(const ModelConfig& a, const ModelConfig& b) {
+  const Batch batch = make_batch(a, 2, 7);
+  double losses[2];
+  for (int i = 0; i < 2; ++i) {
+    const ModelConfig& c = i == 0 ? a : b;
+    FullParams params;
+    const Handles h = register_model(params, c, /*seed=*/1234, torch::kDouble);
+    torch::NoGradGuard no_grad;
+    losses[i] = lm_loss_sum(model_logits(h, c, batch.tokens, torch::kDouble), batch.labels)
+                    .item<double>();
+  }
+  EXPECT_GT(std::abs(losses[0] - losses[1]), 1e-6 * std::abs(losses[1]));
+}
+
 TEST(ModelReference, Float64PartialRotary) {
   ModelConfig cfg = small_config(false, 2, 1);
   ASSERT_EQ(cfg.head_dim() % 4, 0);
@@ -366,18 +382,9 @@ TEST(ModelReference, Float64PartialRotary) {
   scaled.rotary_base = 1e6;
   scaled.use_rope_scaling = true;
   check_against_reference(scaled, torch::kDouble, 1e-10);
-  const Batch batch = make_batch(cfg, 2, 7);
-  double losses[2];
-  for (int i = 0; i < 2; ++i) {
-    ModelConfig c = cfg;
-    if (i == 1) c.rotary_percent = 1.0;
-    FullParams params;
-    const Handles h = register_model(params, c, /*seed=*/1234, torch::kDouble);
-    torch::NoGradGuard no_grad;
-    losses[i] = lm_loss_sum(model_logits(h, c, batch.tokens, torch::kDouble), batch.labels)
-                    .item<double>();
-  }
-  EXPECT_GT(std::abs(losses[0] - losses[1]), 1e-6 * std::abs(losses[1]));
+  ModelConfig whole = cfg;
+  whole.rotary_percent = 1.0;
+  expect_losses_differ(cfg, whole);
   ModelConfig odd = cfg;
   odd.rotary_percent = 1.0 / static_cast<double>(cfg.head_dim());  // one channel
   expect_config_refused(odd, "--rotary-percent");
@@ -398,17 +405,7 @@ TEST(ModelReference, Float64NoPositionEmbedding) {
   check_against_reference(cfg, torch::kDouble, 1e-10);
   ModelConfig rotary = cfg;
   rotary.position_embedding_type = "rope";
-  const Batch batch = make_batch(cfg, 2, 7);
-  double losses[2];
-  for (int i = 0; i < 2; ++i) {
-    const ModelConfig& c = i == 0 ? cfg : rotary;
-    FullParams params;
-    const Handles h = register_model(params, c, /*seed=*/1234, torch::kDouble);
-    torch::NoGradGuard no_grad;
-    losses[i] = lm_loss_sum(model_logits(h, c, batch.tokens, torch::kDouble), batch.labels)
-                    .item<double>();
-  }
-  EXPECT_GT(std::abs(losses[0] - losses[1]), 1e-6 * std::abs(losses[1]));
+  expect_losses_differ(cfg, rotary);
 }
 
 // --squared-relu (Nemotron-H's MLP): fc1 [ffn, h] and relu(x)^2, tied and untied.

@@ -4,8 +4,6 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 
-#include <cmath>
-#include <limits>
 #include <vector>
 
 #include "weft/core/error.h"

@@ -86,14 +86,20 @@ void dispatch_io(Elem io, F&& f) {
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
+// Calls f(locate(v, d)) for every vector v of the geometry, grid-stride.
+template <typename F>
+__device__ __forceinline__ void for_each_vector(const SsdGeometry& d, F&& f) {
+  const int64_t n = total_vectors(d);
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < n;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    f(locate(v, d));
+}
+
 template <typename IO>
 __global__ void scale_inputs_kernel(SsdGeometry d, const float* __restrict__ x,
                                     const float* __restrict__ dt, const float* __restrict__ cs,
                                     IO* __restrict__ u, IO* __restrict__ wu) {
-  const int64_t n = total_vectors(d);
-  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < n;
-       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const At a = locate(v, d);
+  for_each_vector(d, [&](const At& a) {
     float xv[4], uv[4];
     load4(x + a.x, xv);
     const float s = dt[a.dt];
@@ -106,7 +112,7 @@ __global__ void scale_inputs_kernel(SsdGeometry d, const float* __restrict__ x,
       for (int k = 0; k < 4; ++k) uv[k] *= te;
       store4(wu + a.folded, uv);
     }
-  }
+  });
 }
 
 template <typename IO>
@@ -114,10 +120,7 @@ __global__ void combine_outputs_kernel(SsdGeometry d, const IO* __restrict__ y_d
                                        const IO* __restrict__ Z, const float* __restrict__ cs,
                                        const float* __restrict__ x, const float* __restrict__ D,
                                        float* __restrict__ y) {
-  const int64_t n = total_vectors(d);
-  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < n;
-       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const At a = locate(v, d);
+  for_each_vector(d, [&](const At& a) {
     float out[4], t[4];
     load4(y_diag + a.head, t);
     if (Z != nullptr) {
@@ -137,17 +140,14 @@ __global__ void combine_outputs_kernel(SsdGeometry d, const IO* __restrict__ y_d
       for (int k = 0; k < 4; ++k) out[k] += t[k] * dh;
     }
     store4(y + a.natural, out);
-  }
+  });
 }
 
 template <typename IO>
 __global__ void grad_inputs_kernel(SsdGeometry d, const float* __restrict__ dy,
                                    const float* __restrict__ cs, IO* __restrict__ dyh,
                                    IO* __restrict__ dZ) {
-  const int64_t n = total_vectors(d);
-  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < n;
-       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const At a = locate(v, d);
+  for_each_vector(d, [&](const At& a) {
     float g[4];
     load4(dy + a.natural, g);
     store4(dyh + a.head, g);
@@ -157,7 +157,7 @@ __global__ void grad_inputs_kernel(SsdGeometry d, const float* __restrict__ dy,
       for (int k = 0; k < 4; ++k) g[k] *= e;
       store4(dZ + a.folded, g);
     }
-  }
+  });
 }
 
 // Sum over the `width` consecutive lanes of a (row, head), a power of two: a fixed tree.
