@@ -12,6 +12,7 @@
 
 #include "weft/core/error.h"
 #include "weft/data/preprocess.h"
+#include "tokenizer_flags.h"
 #include "weft/data/tokenizer.h"
 
 namespace weft::app {
@@ -19,7 +20,7 @@ namespace {
 
 struct PreprocessFlags {
   PreprocessOptions opt;
-  std::string tokenizer_type, tokenizer_model;
+  TokenizerFiles tokenizer;
 };
 
 struct TrainTokenizerFlags {
@@ -30,7 +31,7 @@ struct TrainTokenizerFlags {
 };
 
 void run_preprocess(const PreprocessFlags& f) {
-  auto tok = make_tokenizer(f.tokenizer_type, f.tokenizer_model);
+  auto tok = make_tokenizer(f.tokenizer);
   PreprocessResult r = preprocess_corpus(f.opt, *tok);
   for (size_t k = 0; k < r.output_prefixes.size(); ++k)
     fmt::print("wrote {}.bin/.idx: {} documents, {} tokens\n", r.output_prefixes[k], r.documents,
@@ -85,8 +86,10 @@ void add_data_command(CLI::App* app) {
       ->capture_default_str();
   pre->add_option("--output-prefix", p->opt.output_prefix, "output path without suffix")
       ->required();
-  pre->add_option("--tokenizer-type", p->tokenizer_type, "SentencePieceTokenizer")->required();
-  pre->add_option("--tokenizer-model", p->tokenizer_model, "SentencePiece .model file");
+  add_tokenizer_flags(pre, &p->tokenizer);
+  pre->get_option("--tokenizer-type")->required();
+  pre->add_option("--vocab-size", p->tokenizer.vocab_size,
+                  "NullTokenizer's V: ids 0..V-1, the end of document V");
   pre->add_flag("--append-eod", p->opt.append_eod, "append the eod token to each document");
   pre->add_option("--workers", p->opt.workers, "tokenizing threads")->capture_default_str();
   pre->add_option("--log-interval", p->opt.log_interval, "documents between progress lines")

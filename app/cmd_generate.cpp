@@ -22,6 +22,7 @@
 #include "weft/checkpoint/full_read.h"
 #include "weft/comm/device.h"
 #include "weft/core/error.h"
+#include "tokenizer_flags.h"
 #include "weft/data/tokenizer.h"
 #include "weft/model/generate.h"
 #include "weft/train/config_json.h"
@@ -30,7 +31,8 @@ namespace weft::app {
 namespace {
 
 struct GenerateArgs {
-  std::string load, tokenizer_type = "SentencePieceTokenizer", tokenizer_model;
+  std::string load;
+  TokenizerFiles tokenizer;
   std::string prompt, prompt_ids, device = "cpu";
   int ckpt_step = -1, threads = 0;
   int64_t max_new_tokens = 64;
@@ -67,8 +69,9 @@ void run(const GenerateArgs& a) {
   // Flags first: nothing is read before they are all valid.
   const bool has_prompt = a.prompt_opt->count() > 0, has_ids = a.prompt_ids_opt->count() > 0;
   if (has_prompt == has_ids) fail_usage("give exactly one of --prompt and --prompt-ids");
-  if (has_prompt && a.tokenizer_model.empty())
-    fail_usage("--prompt needs --tokenizer-model (or give --prompt-ids)");
+  if (has_prompt && !tokenizer_given(a.tokenizer))
+    fail_usage("--prompt needs a tokenizer: --tokenizer-model, or --vocab-file and --merge-file "
+               "(or give --prompt-ids)");
   if (a.max_new_tokens < 1) fail_usage("--max-new-tokens must be >= 1 (got {})", a.max_new_tokens);
   SamplingOptions sampling = a.sampling;
   if (a.greedy) sampling.temperature = 0;
@@ -93,17 +96,29 @@ void run(const GenerateArgs& a) {
   const ModelConfig cfg = model_config_from_json(meta["config"]["model"]);
 
   std::unique_ptr<Tokenizer> tok;
-  if (!a.tokenizer_model.empty()) {
-    tok = make_tokenizer(a.tokenizer_type, a.tokenizer_model);
+  const std::string tok_name =
+      !a.tokenizer.model.empty() ? a.tokenizer.model : a.tokenizer.vocab_file;
+  if (tokenizer_given(a.tokenizer)) {
+    TokenizerFiles files = a.tokenizer;
+    if (files.type.empty()) files.type = "SentencePieceTokenizer";
+    if (files.type == "NullTokenizer") {
+      // The checkpoint's recorded tokenizer gives V (its vocab_size is V + 1).
+      const nlohmann::json saved = meta.value("tokenizer", nlohmann::json());
+      if (saved.is_null() || saved.value("type", std::string()) != "NullTokenizer")
+        fail_usage("--tokenizer-type NullTokenizer: the checkpoint was not trained with it; give "
+                   "--prompt-ids");
+      files.vocab_size = saved.at("vocab_size").get<int64_t>() - 1;
+    }
+    tok = make_tokenizer(files);
     const nlohmann::json saved = meta.value("tokenizer", nlohmann::json());
     if (!saved.is_null() && !same_tokenizer(saved, tok->identity()) && !a.force)
       fail_usage("--tokenizer-model {} differs from the tokenizer the checkpoint was trained with "
                  "({}, sha256 {}); pass --force to generate anyway",
-                 a.tokenizer_model, saved.value("model_file", std::string("?")),
+                 tok_name, saved.value("model_file", std::string("?")),
                  saved.value("sha256", std::string("?")));
     if (tok->vocab_size() > cfg.vocab_size)
       fail_usage("--tokenizer-model {} has {} tokens, more than the model's --vocab-size {}",
-                 a.tokenizer_model, tok->vocab_size(), cfg.vocab_size);
+                 tok_name, tok->vocab_size(), cfg.vocab_size);
   }
   std::vector<int64_t> prompt;
   const char* prompt_flag = has_ids ? "--prompt-ids" : "--prompt";
@@ -194,8 +209,7 @@ void add_generate_command(CLI::App* app) {
   opt("--load", a->load, "save directory (its latest checkpoint) or an iter_NNNNNNN directory")
       ->required();
   opt("--ckpt-step", a->ckpt_step, "load this iteration instead of the latest (-1: latest)");
-  opt("--tokenizer-type", a->tokenizer_type, "SentencePieceTokenizer");
-  opt("--tokenizer-model", a->tokenizer_model, "tokenizer model file (needed for --prompt)");
+  add_tokenizer_flags(c, &a->tokenizer);  // needed for --prompt
   a->prompt_opt = opt("--prompt", a->prompt, "prompt text (encoded with the tokenizer)");
   a->prompt_ids_opt = opt("--prompt-ids", a->prompt_ids, "prompt as token ids, e.g. \"1 2 3\"");
   opt("--max-new-tokens,--num-tokens-to-generate", a->max_new_tokens,

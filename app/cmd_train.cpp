@@ -21,6 +21,7 @@
 #include "layout_flags.h"
 #include "megatron_flags.h"
 #include "recipe_flags.h"
+#include "tokenizer_flags.h"
 #include "weft/comm/communicator.h"
 #include "weft/comm/device.h"
 #include "weft/comm/mpi_runtime.h"
@@ -68,7 +69,7 @@ struct TrainArgs {
   bool use_checkpoint_args = false;
   bool vocab_from_checkpoint = false;
   bool global_batch_given = false;  // else micro-batch x dp, once the world size is known
-  std::string tokenizer_type, tokenizer_model;
+  TokenizerFiles tokenizer;  // --tokenizer-type, --tokenizer-model, --vocab-file, --merge-file
   int vocab_divisible_by = 128;  // Megatron's --make-vocab-size-divisible-by
   CLI::Option* vocab_size_opt = nullptr;
   int threads = 0;
@@ -307,8 +308,7 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--data-cache-path", t.data_cache_path, "where the sample index caches go (default: beside the data)");
   opt("--eval-interval", t.eval_interval, "evaluate on the valid split every N iterations (0: never)");
   opt("--eval-iters", t.eval_iters, "global batches per evaluation");
-  opt("--tokenizer-type", a->tokenizer_type, "SentencePieceTokenizer");
-  opt("--tokenizer-model", a->tokenizer_model, "the tokenizer's model file");
+  add_tokenizer_flags(c, &a->tokenizer);
   opt("--make-vocab-size-divisible-by", a->vocab_divisible_by,
       "without --vocab-size, pad the tokenizer's vocabulary to a multiple of this");
   a->vocab_size_opt = c->get_option("--vocab-size");
@@ -322,27 +322,44 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   add_megatron_flags(c, &a->megatron);
 }
 
-// --tokenizer-type/--tokenizer-model: loads the tokenizer, records its identity, and sizes the
-// vocabulary from it unless --vocab-size was given (then the tokenizer must fit in it).
+// The tokenizer flags: loads the tokenizer, records its identity, and sizes the vocabulary from
+// it (padded to --make-vocab-size-divisible-by) unless --vocab-size was given (then the
+// tokenizer must fit in it). NullTokenizer reads --vocab-size as Megatron does: V ids and the
+// end of document V, so the model's vocabulary is V + 1 padded.
 void resolve_tokenizer(TrainArgs* a) {
   TrainConfig& t = a->cfg;
-  if (a->tokenizer_model.empty()) {
-    if (!a->tokenizer_type.empty() && a->tokenizer_type != "NullTokenizer")
-      fail_usage("--tokenizer-type {} needs --tokenizer-model", a->tokenizer_type);
+  TokenizerFiles& f = a->tokenizer;
+  if ((!f.vocab_file.empty() || !f.merge_file.empty()) && f.type != "GPT2BPETokenizer")
+    fail_usage("--vocab-file and --merge-file are read by --tokenizer-type GPT2BPETokenizer "
+               "only (got --tokenizer-type '{}')", f.type);
+  if (!tokenizer_given(f)) {
+    if (!f.type.empty())
+      fail_usage("--tokenizer-type {} needs {}", f.type,
+                 f.type == "GPT2BPETokenizer" ? "--vocab-file and --merge-file"
+                                              : "--tokenizer-model");
     return;
   }
-  if (a->tokenizer_type.empty()) a->tokenizer_type = "SentencePieceTokenizer";
+  if (f.type.empty()) f.type = "SentencePieceTokenizer";
   if (a->vocab_divisible_by < 1)
     fail_usage("--make-vocab-size-divisible-by must be >= 1 (got {})", a->vocab_divisible_by);
-  const std::unique_ptr<Tokenizer> tok = make_tokenizer(a->tokenizer_type, a->tokenizer_model);
+  const bool null_tok = f.type == "NullTokenizer";
+  const bool vocab_given = a->vocab_size_opt->count() > 0;
+  if (null_tok) {
+    if (!vocab_given)
+      fail_usage("--tokenizer-type NullTokenizer needs --vocab-size (its ids are 0..V-1, the "
+                 "end of document V)");
+    f.vocab_size = t.model.vocab_size;
+  }
+  const std::unique_ptr<Tokenizer> tok = make_tokenizer(f);
   t.tokenizer_identity = tok->identity();
   const int64_t n = tok->vocab_size();
-  if (a->vocab_size_opt->count() == 0 && !a->vocab_from_checkpoint) {
+  const std::string name = null_tok ? "NullTokenizer" : !f.model.empty() ? f.model : f.vocab_file;
+  if ((!vocab_given || null_tok) && !a->vocab_from_checkpoint) {
     t.model.vocab_size = static_cast<int>((n + a->vocab_divisible_by - 1) / a->vocab_divisible_by *
                                           a->vocab_divisible_by);
   } else if (n > t.model.vocab_size) {
-    fail_usage("--tokenizer-model {} has {} tokens, more than --vocab-size {}", a->tokenizer_model,
-               n, t.model.vocab_size);
+    fail_usage("the tokenizer ({}) has {} tokens, more than --vocab-size {}", name, n,
+               t.model.vocab_size);
   }
 }
 

@@ -141,11 +141,10 @@ constexpr Refused kRefused[] = {
     {"--decoupled-min-lr", 1, "weft has one learning rate for every parameter"},
     {"--start-weight-decay", 1, "weft's weight decay is constant (--weight-decay)"},
     {"--end-weight-decay", 1, "weft's weight decay is constant (--weight-decay)"},
-    {"--vocab-file", 1,
-     "weft's tokenizers are SentencePiece models (--tokenizer-model) or none (NullTokenizer)"},
-    {"--merge-file", 1,
-     "weft's tokenizers are SentencePiece models (--tokenizer-model) or none (NullTokenizer)"},
-    {"--tiktoken-pattern", 1, "weft's tokenizers are SentencePiece models (--tokenizer-model)"},
+    {"--tiktoken-pattern", 1,
+     "weft reads SentencePiece, GPT-2 BPE and Hugging Face tokenizer.json tokenizers, not "
+     "tiktoken files (a tiktoken model's Hugging Face tokenizer.json works with "
+     "--tokenizer-type HuggingFaceTokenizer)"},
     {"--spec", -1, "weft has one model code (a Megatron spec does not apply)"},
     {"--apply-layernorm-1p", 0, "weft's RMSNorm multiplies by its weight, not 1 + weight"},
     {"--add-qkv-bias", 0, "weft's linear layers have no biases"},

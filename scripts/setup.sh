@@ -11,7 +11,8 @@ weft_detect_torch
 
 PKGS=(build-essential cmake ninja-build ccache libopenmpi-dev openmpi-bin
       nlohmann-json3-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
-      libsentencepiece-dev fortunes libprotobuf-dev protobuf-compiler gnuplot-nox)
+      libsentencepiece-dev libicu-dev fortunes libprotobuf-dev protobuf-compiler gnuplot-nox
+      python3-regex)
 [ "$WEFT_CUDA" = 1 ] || PKGS+=(libtorch-dev)
 
 # A package also counts as present when what weft needs from it is there without dpkg (a GPU
@@ -29,9 +30,11 @@ present() {
     libgtest-dev) [ -e /usr/include/gtest/gtest.h ] ;;
     libgmock-dev) [ -e /usr/include/gmock/gmock.h ] ;;
     libbenchmark-dev) [ -e /usr/include/benchmark/benchmark.h ] ;;
+    libicu-dev) [ -e /usr/include/unicode/uregex.h ] ;;
     libprotobuf-dev) [ -e /usr/include/google/protobuf/message_lite.h ] ;;
     protobuf-compiler) command -v protoc >/dev/null ;;
     gnuplot-nox) command -v gnuplot >/dev/null ;;
+    python3-regex) python3 -c 'import regex' 2>/dev/null ;;  # the tokenizer tests' reference
     *) false ;;
   esac
 }

@@ -112,7 +112,7 @@ expect "--load $tmp/none: $tmp/none: no such directory" --load "$tmp/none" --pro
 expect "no checkpoint of iteration 999" --load "$d" --ckpt-step 999 --prompt-ids 1
 expect "exactly one of --prompt and --prompt-ids" --load "$d"
 expect "exactly one of --prompt and --prompt-ids" --load "$d" --prompt x --prompt-ids 1
-expect "--prompt needs --tokenizer-model" --load "$d" --prompt "hello"
+expect "--prompt needs a tokenizer: --tokenizer-model" --load "$d" --prompt "hello"
 expect "more than weft generate's limit of 16777216" --load "$d" --prompt-ids "1 2" \
   --max-new-tokens 2147483647 --allow-past-seq-length
 expect "more than weft generate's limit of 16777216" --load "$d" --prompt-ids "1" \

@@ -103,7 +103,7 @@ refuse "--eod-mask-loss is not implemented" --eod-mask-loss
 refuse "--num-layers-per-virtual-pipeline-stage is not implemented" \
   --num-layers-per-virtual-pipeline-stage 1
 refuse "--moe-expert-capacity-factor is not implemented" --moe-expert-capacity-factor 1.0
-refuse "--vocab-file is not implemented" --vocab-file v.json
+refuse "--vocab-file and --merge-file are read by --tokenizer-type GPT2BPETokenizer only" --vocab-file v.json
 refuse "--moe-router-topk 1 with the softmax router needs --moe-router-pre-softmax" \
   --num-experts 4 --moe-router-topk 1
 refuse "--ckpt-format torch:" --ckpt-format torch

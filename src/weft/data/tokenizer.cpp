@@ -1,6 +1,7 @@
 // Tokenizers behind Megatron's --tokenizer-type names: SentencePiece through weft's SentencePiece
-// module (data/spm/spm_module.h, loaded once per process with dlopen), and the trainer that
-// builds a SentencePiece model.
+// module (data/spm/spm_module.h, loaded once per process with dlopen), NullTokenizer, the
+// dispatch to the BPE tokenizers (bpe_tokenizer.h), and the trainer that builds a SentencePiece
+// model.
 //
 // Invariant: a tokenizer's identity() depends only on the model file's bytes (sha256) and the
 // special ids read from it, so two runs agree on "same tokenizer" whatever the path. Without
@@ -16,6 +17,7 @@
 
 #include "weft/core/error.h"
 #include "weft/core/module.h"
+#include "weft/data/bpe_tokenizer.h"
 #include "weft/data/sha256.h"
 #include "weft/data/spm/spm_module.h"
 
@@ -120,17 +122,84 @@ class SentencePieceTokenizer final : public Tokenizer {
 
 #endif  // WEFT_WITH_SENTENCEPIECE
 
+// Megatron's _NullTokenizer: the text "5 17 3" is the ids [5, 17, 3]; V + 1 ids, eod = V.
+class NullTokenizer final : public Tokenizer {
+ public:
+  explicit NullTokenizer(int64_t v) : v_(v) {}
+
+  std::vector<int32_t> encode(const std::string& text) const override {
+    std::vector<int32_t> ids;
+    size_t at = 0;
+    while (true) {
+      const size_t sp = text.find(' ', at);
+      const std::string field = text.substr(at, sp == std::string::npos ? sp : sp - at);
+      // Python's int() takes surrounding whitespace; so does this.
+      const size_t b = field.find_first_not_of(" \t\n\r\v\f");
+      const size_t e = field.find_last_not_of(" \t\n\r\v\f");
+      const std::string digits = b == std::string::npos ? "" : field.substr(b, e - b + 1);
+      char* end = nullptr;
+      const long long id = digits.empty() ? -1 : std::strtoll(digits.c_str(), &end, 10);
+      if (digits.empty() || *end != '\0' || id < 0 || id > v_)
+        fail_usage("NullTokenizer: {:?} is not an id in [0, {}] (the text must be ids separated "
+                   "by single spaces)", field, v_);
+      ids.push_back(static_cast<int32_t>(id));
+      if (sp == std::string::npos) break;
+      at = sp + 1;
+    }
+    return ids;
+  }
+
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string out;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i > 0) out.push_back(' ');
+      out += std::to_string(ids[i]);
+    }
+    return out;
+  }
+
+  int64_t vocab_size() const override { return v_ + 1; }
+  int32_t eod() const override { return static_cast<int32_t>(v_); }
+  int32_t bos() const override { return -1; }
+  int32_t pad() const override { return -1; }
+  nlohmann::json identity() const override {
+    return {{"type", "NullTokenizer"}, {"model_file", ""},
+            {"sha256", sha256_hex("NullTokenizer " + std::to_string(v_))},
+            {"vocab_size", v_ + 1}, {"eod", v_}, {"bos", -1}, {"pad", -1}};
+  }
+
+ private:
+  int64_t v_;
+};
+
 }  // namespace
 
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& model) {
+std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& f) {
+  const std::string& type = f.type;
+  if (type == "GPT2BPETokenizer") return load_gpt2_bpe_tokenizer(f.vocab_file, f.merge_file);
+  if (type == "HuggingFaceTokenizer") return load_hf_tokenizer(f.model);
+  if (type == "NullTokenizer") {
+    if (f.vocab_size < 1 || f.vocab_size >= (int64_t{1} << 31) - 1)
+      fail_usage("--tokenizer-type NullTokenizer needs --vocab-size V >= 1 (its ids are 0..V-1, "
+                 "the end of document V)");
+    return std::make_unique<NullTokenizer>(f.vocab_size);
+  }
   if (type != "SentencePieceTokenizer")
-    fail_usage("--tokenizer-type {} is not supported (weft knows: SentencePieceTokenizer)", type);
+    fail_usage("--tokenizer-type {} is not supported (weft knows: SentencePieceTokenizer, "
+               "GPT2BPETokenizer, HuggingFaceTokenizer, NullTokenizer)", type);
 #if WEFT_WITH_SENTENCEPIECE
-  if (model.empty()) fail_usage("--tokenizer-model is required for --tokenizer-type {}", type);
-  return std::make_unique<SentencePieceTokenizer>(model);
+  if (f.model.empty()) fail_usage("--tokenizer-model is required for --tokenizer-type {}", type);
+  return std::make_unique<SentencePieceTokenizer>(f.model);
 #else
   fail_usage("{}", kNoSentencePiece);
 #endif
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& model) {
+  TokenizerFiles f;
+  f.type = type;
+  f.model = model;
+  return make_tokenizer(f);
 }
 
 void train_sentencepiece(const std::string& text_file, int64_t vocab_size,

@@ -1,5 +1,6 @@
-// Tokenizers (Megatron's --tokenizer-type / --tokenizer-model): SentencePiece from Debian's
-// libsentencepiece, wrapped; no hand-written tokenizer.
+// Tokenizers behind Megatron's --tokenizer-type names: SentencePieceTokenizer (Debian's
+// libsentencepiece, wrapped), GPT2BPETokenizer and HuggingFaceTokenizer (byte-level BPE,
+// bpe_tokenizer.h), and NullTokenizer (the text is its ids).
 #pragma once
 
 #include <cstdint>
@@ -25,8 +26,25 @@ class Tokenizer {
   virtual nlohmann::json identity() const = 0;
 };
 
-// type "SentencePieceTokenizer" with model = a SentencePiece .model file. Throws UsageError
-// naming --tokenizer-type or --tokenizer-model for an unknown type or an unreadable model.
+// What the tokenizer flags name (Megatron's).
+struct TokenizerFiles {
+  std::string type;        // --tokenizer-type
+  std::string model;       // --tokenizer-model: a SentencePiece .model, or a Hugging Face directory
+  std::string vocab_file;  // --vocab-file (GPT2BPETokenizer's vocab.json)
+  std::string merge_file;  // --merge-file (GPT2BPETokenizer's merges.txt)
+  int64_t vocab_size = -1; // --vocab-size (NullTokenizer: ids 0..V-1, eod V)
+};
+
+// The tokenizer the flags name:
+//   SentencePieceTokenizer  --tokenizer-model M.model
+//   GPT2BPETokenizer        --vocab-file vocab.json --merge-file merges.txt (eod <|endoftext|>)
+//   HuggingFaceTokenizer    --tokenizer-model DIR (tokenizer.json; eod = its eos_token)
+//   NullTokenizer           --vocab-size V: a text is its ids written in decimal, separated by
+//                           single spaces; V + 1 ids, the last (V) the end of document
+// Throws UsageError naming the flag for an unknown type, a missing file or flag, or a file
+// that is not what the type reads.
+std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& files);
+// make_tokenizer({type, model}).
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& model);
 
 // SentencePiece's trainer (BPE, byte fallback off, ids unk 0 / bos 1 / eos 2 / pad 3, identity

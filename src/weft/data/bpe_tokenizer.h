@@ -1,0 +1,69 @@
+// The byte-level BPE tokenizers behind Megatron's --tokenizer-type GPT2BPETokenizer
+// (--vocab-file vocab.json, --merge-file merges.txt) and HuggingFaceTokenizer (--tokenizer-model
+// a directory with tokenizer.json and tokenizer_config.json, as transformers' AutoTokenizer
+// reads it): one pipeline, text -> added tokens split out -> normaliser -> pre-tokenizer steps
+// -> BPE per piece -> the post-processor's special tokens around the ids.
+//
+// Invariant: encode gives the ids that the reference tokenizer gives for the same files
+// (Megatron's GPT2Tokenizer for the first type, transformers' tokenizer(text).input_ids for
+// the second); what weft cannot reproduce exactly is refused when the files are read, naming
+// the file and key, never approximated.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "weft/data/bpe_model.h"
+#include "weft/data/tokenizer.h"
+#include "weft/data/unicode_text.h"
+
+namespace weft {
+
+// One pre-tokenizer step, applied to every piece the steps before it produced.
+struct PreTokenizerStep {
+  enum class Kind { kSplit, kByteLevel };
+  // How a split keeps the pattern's matches (tokenizer.json's "behavior").
+  enum class Behavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext };
+  Kind kind = Kind::kSplit;
+  Behavior behavior = Behavior::kIsolated;
+  std::shared_ptr<UnicodeRegex> regex;  // kSplit; kByteLevel with use_regex: GPT-2's pattern
+  bool add_prefix_space = false;        // kByteLevel: " " before a piece not starting with one
+};
+
+// A token matched in the raw text before anything else (tokenizer.json's added_tokens).
+struct AddedToken {
+  std::string content;
+  int32_t id = -1;
+  bool lstrip = false, rstrip = false;  // also swallow the whitespace on that side
+};
+
+struct BpePipeline {
+  std::shared_ptr<const BpeModel> model;
+  bool nfc = false;  // normaliser: Unicode NFC
+  std::vector<PreTokenizerStep> pre;
+  std::vector<AddedToken> added;
+  std::vector<int32_t> prefix, suffix;  // the post-processor's ids around each text
+  int32_t eod = -1, bos = -1, pad = -1;
+  nlohmann::json identity;  // Tokenizer::identity(); vocab_size is filled in by the tokenizer
+};
+
+// GPT-2's pre-tokenizer pattern (its encoder's, and tokenizer.json's ByteLevel use_regex).
+extern const char* const kGpt2SplitPattern;
+
+std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpePipeline pipeline);
+
+// Megatron's GPT2BPETokenizer: vocab.json and merges.txt, GPT-2's pattern, eod
+// "<|endoftext|>"; no added tokens (Megatron builds it with special_tokens=[], so
+// "<|endoftext|>" in a text is encoded as text). Throws UsageError naming --vocab-file or
+// --merge-file.
+std::unique_ptr<Tokenizer> load_gpt2_bpe_tokenizer(const std::string& vocab_file,
+                                                   const std::string& merge_file);
+
+// Megatron's HuggingFaceTokenizer from a local directory (or its tokenizer.json): eod is
+// tokenizer_config.json's eos_token (else special_tokens_map.json's), bos and pad likewise.
+// Throws UsageError naming --tokenizer-model, the file and the key it cannot use.
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path);
+
+}  // namespace weft

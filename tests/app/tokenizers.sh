@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# The byte-level BPE tokenizers and NullTokenizer, through the weft command.
+# 1. Against an independent reference (tests/data/bpe_reference.py, Python's `regex` and GPT-2's
+#    merge loop): `weft data preprocess` with GPT2BPETokenizer (vocab.json + merges.txt) and
+#    HuggingFaceTokenizer on three tokenizer.json pipelines (GPT-2's ByteLevel regex; Llama 3's
+#    Split + ignore_merges + BOS template + added tokens with lstrip/rstrip; Qwen's NFC and
+#    single digits) writes exactly the reference's tokens for a multilingual text set.
+# 2. Training on those datasets: the vocabulary is the tokenizer's padded to
+#    --make-vocab-size-divisible-by, the checkpoint records the tokenizer, `weft generate
+#    --prompt` encodes with it; NullTokenizer as Megatron's (V + 1 ids, eod V).
+# 3. Bad tokenizer input: one error line naming the flag, file or key, exit 2.
+# Usage: tokenizers.sh WEFT MPIRUN...
+set -u
+weft=$1
+shift
+mpirun=("$@")
+here=$(cd "$(dirname "$0")" && pwd)
+ref=$here/../data/bpe_reference.py
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+bad() { echo "FAIL $*"; fails=$((fails + 1)); }
+ok() { echo "ok   $*"; }
+
+python3 "$ref" make "$tmp" || { echo "the reference could not build its tokenizers"; exit 1; }
+
+# --- 1. the tokens, against the reference ---------------------------------------------------------
+pre() {  # pre NAME TOKENIZER-FLAGS...: preprocess texts.jsonl into $tmp/NAME_text_document
+  local name=$1
+  shift
+  "$weft" data preprocess --input "$tmp/texts.jsonl" --output-prefix "$tmp/$name" --append-eod \
+    --workers 2 "$@" >"$tmp/pre.log" 2>&1 || { bad "preprocess $name: $(tail -1 "$tmp/pre.log")"; return 1; }
+}
+gpt2=(--tokenizer-type GPT2BPETokenizer --vocab-file "$tmp/gpt2/vocab.json"
+      --merge-file "$tmp/gpt2/merges.txt")
+if pre g2 "${gpt2[@]}"; then
+  python3 "$ref" check gpt2 "$tmp/gpt2" "$tmp/texts.jsonl" "$tmp/g2_text_document.bin" &&
+    ok "GPT2BPETokenizer equals the reference" || bad "GPT2BPETokenizer differs from the reference"
+fi
+for k in hf_gpt2 hf_llama3 hf_qwen; do
+  if pre "$k" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/$k"; then
+    python3 "$ref" check hf "$tmp/$k" "$tmp/texts.jsonl" "$tmp/${k}_text_document.bin" &&
+      ok "HuggingFaceTokenizer $k equals the reference" || bad "HuggingFaceTokenizer $k differs"
+  fi
+done
+# The tokenizer.json file itself may be given instead of its directory.
+if pre hf_file --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/hf_llama3/tokenizer.json"; then
+  cmp -s "$tmp/hf_file_text_document.bin" "$tmp/hf_llama3_text_document.bin" &&
+    ok "tokenizer.json given as a file" || bad "tokenizer.json as a file encodes differently"
+fi
+
+# --- 2. training, checkpoint, generate ------------------------------------------------------------
+model=(--log-interval 1 --num-layers 2 --hidden-size 32 --ffn-hidden-size 48
+       --num-attention-heads 4 --num-query-groups 2 --seq-length 16 --micro-batch-size 2
+       --global-batch-size 4 --train-iters 2 --lr 1e-3 --min-lr 1e-4 --threads 1
+       --split 100,0,0 --eval-interval 0)
+train() {  # train NAME FLAGS...
+  local name=$1
+  shift
+  timeout 200 "${mpirun[@]}" -np 1 "$weft" train "${model[@]}" --save "$tmp/ck_$name" "$@" \
+    >"$tmp/train_$name.log" 2>&1
+}
+# the vocabulary size the checkpoint's config records
+ckpt_vocab() { python3 -c "import json,sys,glob
+m = json.load(open(glob.glob(sys.argv[1] + '/iter_*/metadata.json')[0]))
+print(m['config']['model']['vocab_size'], m['tokenizer']['type'], m['tokenizer']['eod'])" "$1"; }
+
+V=$(python3 -c "import json; print(len(json.load(open('$tmp/gpt2/vocab.json'))))")
+if train g2 "${gpt2[@]}" --data-path "$tmp/g2_text_document"; then
+  want="$(( (V + 127) / 128 * 128 )) GPT2BPETokenizer $((V - 1))"
+  got=$(ckpt_vocab "$tmp/ck_g2")
+  [ "$got" = "$want" ] && ok "GPT2BPETokenizer run: vocab, type, eod = $got" ||
+    bad "GPT2BPETokenizer run recorded '$got', wanted '$want'"
+  out=$("$weft" generate --load "$tmp/ck_g2" "${gpt2[@]}" --prompt "the model" \
+        --max-new-tokens 3 --greedy 2>"$tmp/gen.err")
+  [ $? -eq 0 ] && [ -n "$out" ] && ok "generate --prompt with GPT2BPETokenizer" ||
+    bad "generate with GPT2BPETokenizer: $(tail -1 "$tmp/gen.err")"
+  # another tokenizer (the Hugging Face one: other files) is refused without --force
+  "$weft" generate --load "$tmp/ck_g2" --tokenizer-type HuggingFaceTokenizer \
+    --tokenizer-model "$tmp/hf_qwen" --prompt "x" --max-new-tokens 1 >/dev/null 2>"$tmp/gen.err"
+  [ $? -eq 2 ] && grep -q "differs from the tokenizer the checkpoint was trained with" "$tmp/gen.err" &&
+    ok "generate refuses another tokenizer" || bad "generate took another tokenizer: $(tail -1 "$tmp/gen.err")"
+else
+  bad "training with GPT2BPETokenizer: $(grep -m1 error "$tmp/train_g2.log")"
+fi
+if train llama3 --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/hf_llama3" \
+     --data-path "$tmp/hf_llama3_text_document" --make-vocab-size-divisible-by 64; then
+  got=$(ckpt_vocab "$tmp/ck_llama3")
+  want="$(( (V + 3 + 63) / 64 * 64 )) HuggingFaceTokenizer $((V + 1))"
+  [ "$got" = "$want" ] && ok "HuggingFaceTokenizer run: vocab, type, eod = $got" ||
+    bad "HuggingFaceTokenizer run recorded '$got', wanted '$want'"
+else
+  bad "training with HuggingFaceTokenizer: $(grep -m1 error "$tmp/train_llama3.log")"
+fi
+# NullTokenizer: the text is ids; V = 200 gives 201 ids (eod 200), padded to 256
+printf '{"text": "5 17 3 199"}\n{"text": "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20"}\n' \
+  >"$tmp/ids.jsonl"
+for i in $(seq 1 40); do echo "{\"text\": \"$((i % 200)) $((i * 7 % 200)) $((i * 13 % 200)) 42 43 44 45 46 47 48\"}"; done >>"$tmp/ids.jsonl"
+if "$weft" data preprocess --input "$tmp/ids.jsonl" --output-prefix "$tmp/null" --append-eod \
+     --tokenizer-type NullTokenizer --vocab-size 200 >"$tmp/pre.log" 2>&1; then
+  first=$(od -An -t u2 -N 10 "$tmp/null_text_document.bin" | xargs)
+  [ "$first" = "5 17 3 199 200" ] && ok "NullTokenizer preprocess: $first" ||
+    bad "NullTokenizer preprocess wrote '$first', wanted '5 17 3 199 200'"
+  if train null --tokenizer-type NullTokenizer --vocab-size 200 --data-path "$tmp/null_text_document"; then
+    got=$(ckpt_vocab "$tmp/ck_null")
+    [ "$got" = "256 NullTokenizer 200" ] && ok "NullTokenizer run: vocab, type, eod = $got" ||
+      bad "NullTokenizer run recorded '$got', wanted '256 NullTokenizer 200'"
+  else
+    bad "training with NullTokenizer: $(grep -m1 error "$tmp/train_null.log")"
+  fi
+else
+  bad "NullTokenizer preprocess: $(tail -1 "$tmp/pre.log")"
+fi
+
+# --- 3. bad input ---------------------------------------------------------------------------------
+mkdir -p "$tmp/bad_unigram" "$tmp/bad_fallback" "$tmp/bad_meta" "$tmp/bad_eos" "$tmp/empty_dir"
+python3 - "$tmp" <<'EOF'
+import json, sys
+t = sys.argv[1]
+tj = json.load(open(f"{t}/hf_qwen/tokenizer.json"))
+def write(name, j, config={"eos_token": "<|endoftext|>"}):
+    json.dump(j, open(f"{t}/{name}/tokenizer.json", "w"))
+    json.dump(config, open(f"{t}/{name}/tokenizer_config.json", "w"))
+write("bad_unigram", dict(tj, model={"type": "Unigram", "vocab": []}))
+write("bad_fallback", dict(tj, model=dict(tj["model"], byte_fallback=True)))
+write("bad_meta", dict(tj, pre_tokenizer={"type": "Metaspace", "replacement": "\u2581"}))
+write("bad_eos", tj, {"bos_token": "<|endoftext|>"})
+EOF
+printf '#version: 0.2\nthis line has three\n' >"$tmp/bad_merges.txt"
+printf '{"text": "1 2 x"}\n' >"$tmp/bad_ids.jsonl"
+expect() {  # expect NEEDLE ARGS...: exit 2, one error line holding NEEDLE
+  local needle=$1
+  shift
+  local err rc lines
+  "$weft" "$@" >/dev/null 2>"$tmp/err"
+  rc=$?
+  err=$(cat "$tmp/err")
+  lines=$(printf '%s\n' "$err" | grep -c '^weft: error')
+  if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ! printf '%s' "$err" | grep -qF -- "$needle"; then
+    bad "($*): exit $rc, $lines error line(s), wanted '$needle'; stderr: $(head -3 "$tmp/err")"
+  else
+    ok "($(printf '%s' "$err" | grep '^weft: error'))"
+  fi
+}
+P=(data preprocess --input "$tmp/texts.jsonl" --output-prefix "$tmp/bad")
+expect "--merge-file is required" "${P[@]}" --tokenizer-type GPT2BPETokenizer \
+  --vocab-file "$tmp/gpt2/vocab.json"
+expect "--vocab-file $tmp/none.json: no such file" "${P[@]}" --tokenizer-type GPT2BPETokenizer \
+  --vocab-file "$tmp/none.json" --merge-file "$tmp/gpt2/merges.txt"
+expect "line 2 is not two tokens" "${P[@]}" --tokenizer-type GPT2BPETokenizer \
+  --vocab-file "$tmp/gpt2/vocab.json" --merge-file "$tmp/bad_merges.txt"
+expect "--vocab-file $tmp/hf_qwen/tokenizer.json: the id of \"added_tokens\" is not an integer" "${P[@]}" \
+  --tokenizer-type GPT2BPETokenizer --vocab-file "$tmp/hf_qwen/tokenizer.json" \
+  --merge-file "$tmp/gpt2/merges.txt"
+expect "no tokenizer.json there" "${P[@]}" --tokenizer-type HuggingFaceTokenizer \
+  --tokenizer-model "$tmp/empty_dir"
+expect "tokenizer.json model.type: \"Unigram\"" "${P[@]}" --tokenizer-type HuggingFaceTokenizer \
+  --tokenizer-model "$tmp/bad_unigram"
+expect "model.byte_fallback" "${P[@]}" --tokenizer-type HuggingFaceTokenizer \
+  --tokenizer-model "$tmp/bad_fallback"
+expect "pre-tokenizer \"Metaspace\" is not supported" "${P[@]}" \
+  --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/bad_meta"
+expect "names an eos_token" "${P[@]}" --tokenizer-type HuggingFaceTokenizer \
+  --tokenizer-model "$tmp/bad_eos"
+expect "--tokenizer-type Foo is not supported" "${P[@]}" --tokenizer-type Foo
+expect "NullTokenizer needs --vocab-size" "${P[@]}" --tokenizer-type NullTokenizer
+expect "NullTokenizer: \"x\" is not an id" data preprocess --input "$tmp/bad_ids.jsonl" \
+  --output-prefix "$tmp/bad" --tokenizer-type NullTokenizer --vocab-size 10
+[ -e "$tmp/bad_text_document.bin" ] && bad "a refused preprocess left $tmp/bad_text_document.bin"
+expect "--vocab-file and --merge-file are read by --tokenizer-type GPT2BPETokenizer only" \
+  train "${model[@]}" --mock-data --tokenizer-type SentencePieceTokenizer \
+  --vocab-file "$tmp/gpt2/vocab.json"
+expect "--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file" \
+  train "${model[@]}" --mock-data --tokenizer-type GPT2BPETokenizer
+expect "NullTokenizer needs --vocab-size" train "${model[@]}" --mock-data \
+  --tokenizer-type NullTokenizer
+
+[ "$fails" -eq 0 ] && echo "tokenizers: all passed" || echo "tokenizers: $fails failed"
+[ "$fails" -eq 0 ]
