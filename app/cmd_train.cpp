@@ -134,6 +134,11 @@ void add_flags(CLI::App* c, TrainArgs* a) {
               "renormalised over the top k)");
   opt("--moe-router-topk-scaling-factor", m.moe_router_topk_scaling_factor,
       "multiply the chosen experts' weights by this (0: not scaled)");
+  opt("--moe-router-num-groups", m.moe_router_num_groups,
+      "group-limited routing: the experts in this many contiguous groups (0: none)");
+  opt("--moe-router-group-topk", m.moe_router_group_topk,
+      "group-limited routing: each token's experts come from its this many best groups (a group "
+      "scored by the sum of its top topk / group-topk scores; 0: none)");
   opt("--moe-router-load-balancing-type", m.moe_router_load_balancing_type,
       "aux_loss | seq_aux_loss (per sequence, averaged) | none");
   c->add_flag("--moe-router-enable-expert-bias", m.moe_router_enable_expert_bias,

@@ -134,8 +134,6 @@ constexpr Refused kRefused[] = {
     {"--moe-expert-capacity-factor", 1, "weft's experts take every routed token (no dropping)"},
     {"--moe-pad-expert-input-to-capacity", 0, "weft's experts take every routed token"},
     {"--moe-z-loss-coeff", 1, "weft's router has the load-balancing loss only"},
-    {"--moe-router-num-groups", 1, "weft's router picks the top-k over all experts"},
-    {"--moe-router-group-topk", 1, "weft's router picks the top-k over all experts"},
     {"--moe-input-jitter-eps", 1, "weft's router adds no input noise"},
     {"--decoupled-lr", 1, "weft has one learning rate for every parameter"},
     {"--decoupled-min-lr", 1, "weft has one learning rate for every parameter"},

@@ -71,6 +71,20 @@ else
   bad "--rotary-percent 0.5 gave the whole-head losses (or none)"
 fi
 [ -s "$tmp/accepted.err" ] && bad "accepted flags printed to stderr: $(head -2 "$tmp/accepted.err")"
+# Group-limited routing (DeepSeek-V3's): 8 experts in 4 groups, the top 4 from the best 2 groups;
+# the choices differ from the top 4 over all experts, so the losses do. Group top = groups
+# limits nothing: the same bits as without the flags.
+moe=(--num-experts 8 --moe-router-topk 4 --moe-ffn-hidden-size 16 --moe-router-score-function sigmoid
+     --moe-aux-loss-coeff 0.01 --train-iters 3)
+run moe_plain "${moe[@]}"
+run moe_grouped "${moe[@]}" --moe-router-num-groups 4 --moe-router-group-topk 2
+run moe_all_groups "${moe[@]}" --moe-router-num-groups 4 --moe-router-group-topk 4
+if [ -s "$tmp/moe_grouped.txt" ] && ! cmp -s "$tmp/moe_plain.txt" "$tmp/moe_grouped.txt"; then
+  ok "--moe-router-group-topk 2 of 4 groups trains another function"
+else
+  bad "--moe-router-group-topk 2 of 4 groups gave the ungrouped losses (or none)"
+fi
+same "--moe-router-group-topk = --moe-router-num-groups limits nothing" moe_plain moe_all_groups
 
 # --- warned: logging weft has not; the run trains the same --------------------------------------
 run warned --train-iters 4 --log-params-norm --wandb-project p --wandb-exp-name e \
@@ -107,6 +121,12 @@ refuse "--vocab-file and --merge-file are read by --tokenizer-type GPT2BPETokeni
 refuse "--moe-router-topk 1 with the softmax router needs --moe-router-pre-softmax" \
   --num-experts 4 --moe-router-topk 1
 refuse "--ckpt-format torch:" --ckpt-format torch
+refuse "--moe-router-group-topk 2 needs --moe-router-num-groups" --num-experts 8 \
+  --moe-router-group-topk 2
+refuse "--moe-router-num-groups 3 must divide --num-experts 8" --num-experts 8 \
+  --moe-router-num-groups 3 --moe-router-group-topk 1
+refuse "--moe-router-group-topk 4 is more than --moe-router-topk 2" --num-experts 8 \
+  --moe-router-num-groups 4 --moe-router-group-topk 4
 refuse "--rotary-percent must be" --rotary-percent 1.5
 refuse "--rotary-percent 0.1 rotates int(8 x 0.1) = 0 channels" --rotary-percent 0.1
 refuse "--optimizer sgd:" --optimizer sgd

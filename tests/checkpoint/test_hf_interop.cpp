@@ -776,7 +776,32 @@ TEST(HfInterop, NemotronHRefusals) {
     }
   };
   bad("mlp_hidden_act", "gelu", "mlp_hidden_act");
-  bad("n_group", 2, "n_group");
+  {  // group-limited routing: transformers' groups score their top 2, weft's their top k / g
+    nlohmann::json j = good;  // top k 2: n_group 2 with topk_group 1 scores top 2 in both
+    j["n_group"] = 2;
+    j["topk_group"] = 1;
+    const ModelConfig grouped = hf_model_config_from_json(j);
+    EXPECT_EQ(grouped.moe_router_num_groups, 2);
+    EXPECT_EQ(grouped.moe_router_group_topk, 1);
+    const nlohmann::json back = hf_config_from_model(grouped, "float32", {});
+    EXPECT_EQ(back["n_group"], 2);
+    EXPECT_EQ(back["topk_group"], 1);
+    j["num_experts_per_tok"] = 1;  // top 1 of 1 group: weft would score the top 1
+    j["norm_topk_prob"] = false;
+    EXPECT_THROW(hf_model_config_from_json(j), UsageError);
+    ModelConfig m3 = grouped;  // export of a group score other than the top 2 is refused
+    m3.moe_router_num_groups = 4;
+    m3.moe_router_group_topk = 2;
+    m3.moe_router_topk = 6;
+    try {
+      hf_config_from_model(m3, "float32", {});
+      ADD_FAILURE() << "a group score of the top 3 exported";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--moe-router-group-topk 2 with --moe-router-topk 6"),
+                std::string::npos) << e.what();
+    }
+    EXPECT_EQ(hf_model_config_from_json(good).moe_router_group_topk, 0);  // n_group 1: none
+  }
   bad("norm_topk_prob", false, "norm_topk_prob");
   bad("time_step_limit", nlohmann::json::array({0.001, 0.1}), "time_step_limit");
   bad("layer_norm_epsilon", 1e-6, "layer_norm_epsilon");

@@ -82,15 +82,37 @@ RefResult reference_moe(const torch::Tensor& x, const torch::Tensor& router,
   for (int64_t t = 0; t < T; ++t) {
     const torch::Tensor logits = torch::matmul(router, x[t]);  // [E]
     const torch::Tensor score = softmax ? logits : torch::sigmoid(logits);
-    auto ranked = [&](bool biased) {  // experts by descending (biased) score
+    // Experts by descending score; for the routing (not the aux loss) with the bias added and
+    // only the experts of the best --moe-router-group-topk groups, a group valued by the sum of
+    // its top k / group-topk scores. The pre-softmax router ranks (and groups) the softmax.
+    const torch::Tensor prob = torch::softmax(logits, 0);
+    auto ranked = [&](bool routing) {
       std::vector<int64_t> order(E);
       std::iota(order.begin(), order.end(), 0);
       std::vector<double> sv(E);
       for (int64_t e = 0; e < E; ++e)
-        sv[e] = score[e].item<double>() + (biased && bias.defined() ? bias[e].item<double>() : 0.0);
-      std::stable_sort(order.begin(), order.end(),
-                       [&](int64_t a, int64_t b) { return sv[a] > sv[b]; });
-      return order;
+        sv[e] = (cfg.moe_router_pre_softmax ? prob[e] : score[e]).item<double>() +
+                (routing && bias.defined() ? bias[e].item<double>() : 0.0);
+      auto by_score = [&](int64_t a, int64_t b) { return sv[a] > sv[b]; };
+      std::stable_sort(order.begin(), order.end(), by_score);
+      if (!routing || cfg.moe_router_group_topk == 0) return order;
+      const int64_t G = cfg.moe_router_num_groups, per = E / G, g = cfg.moe_router_group_topk;
+      std::vector<double> group_value(G, 0.0);
+      for (int64_t q = 0; q < G; ++q) {
+        std::vector<double> in(sv.begin() + q * per, sv.begin() + (q + 1) * per);
+        std::sort(in.rbegin(), in.rend());
+        for (int64_t j = 0; j < k / g; ++j) group_value[q] += in[j];
+      }
+      std::vector<int64_t> groups_by_value(G);
+      std::iota(groups_by_value.begin(), groups_by_value.end(), 0);
+      std::stable_sort(groups_by_value.begin(), groups_by_value.end(),
+                       [&](int64_t a, int64_t b) { return group_value[a] > group_value[b]; });
+      std::vector<int64_t> kept;
+      for (int64_t e : order)
+        if (std::find(groups_by_value.begin(), groups_by_value.begin() + g, e / per) !=
+            groups_by_value.begin() + g)
+          kept.push_back(e);
+      return kept;
     };
     const std::vector<int64_t> order = ranked(true), unbiased = ranked(false);
     for (int64_t j = 0; j < k; ++j) aux_chosen[t / S][unbiased[j]] += 1;
@@ -137,6 +159,7 @@ struct Case {
   bool squared_relu = false; // --squared-relu experts and shared expert
   bool expert_bias = false;  // --moe-router-enable-expert-bias (sigmoid)
   const char* balancing = "aux_loss";  // --moe-router-load-balancing-type
+  int num_groups = 0, group_topk = 0;  // --moe-router-num-groups, --moe-router-group-topk
 };
 
 TEST(Moe, MatchesPerTokenReference) {
@@ -149,15 +172,22 @@ TEST(Moe, MatchesPerTokenReference) {
                          Case{6, 2, 0, "sigmoid", false, 0, false, true},
                          Case{6, 3, 4, "sigmoid", false, 2.5, true, true},
                          Case{4, 2, 0, "softmax", false, 0, false, false, "seq_aux_loss"},
-                         Case{6, 3, 4, "sigmoid", false, 2.5, true, true, "seq_aux_loss"}}) {
+                         Case{6, 3, 4, "sigmoid", false, 2.5, true, true, "seq_aux_loss"},
+                         Case{8, 4, 0, "sigmoid", false, 0, false, false, "aux_loss", 4, 2},
+                         Case{8, 2, 3, "softmax", false, 0, false, false, "aux_loss", 4, 1},
+                         Case{6, 3, 0, "softmax", true, 0, false, false, "aux_loss", 2, 1},
+                         Case{8, 4, 4, "sigmoid", false, 2.5, true, true, "seq_aux_loss", 4, 2}}) {
     SCOPED_TRACE(::testing::Message() << cs.experts << " experts top-" << cs.topk << " shared "
                                       << cs.shared << " " << cs.score << " pre-softmax "
                                       << cs.pre_softmax << " scaling " << cs.scaling
                                       << " squared relu " << cs.squared_relu << " expert bias "
-                                      << cs.expert_bias << " " << cs.balancing);
+                                      << cs.expert_bias << " " << cs.balancing << " groups "
+                                      << cs.num_groups << " group top " << cs.group_topk);
     ModelConfig cfg = moe_config(cs.experts, cs.topk, cs.shared, cs.score, cs.pre_softmax,
                                  cs.scaling, cs.squared_relu);
     cfg.moe_router_load_balancing_type = cs.balancing;
+    cfg.moe_router_num_groups = cs.num_groups;
+    cfg.moe_router_group_topk = cs.group_topk;
     const auto opt = torch::TensorOptions().dtype(torch::kDouble);
     torch::manual_seed(3);
     const int64_t b = 2, s = 5, h = cfg.hidden_size;
@@ -209,6 +239,13 @@ TEST(Moe, MatchesPerTokenReference) {
     }
     RefResult ref = reference_moe(xr, router, w1, w2, s1, s2, cfg,
                                   rb ? bias.bias.to(torch::kDouble) : torch::Tensor(), b);
+    if (cs.group_topk > 0) {  // the group limit changes choices here, so the case can fail
+      ModelConfig plain = cfg;
+      plain.moe_router_group_topk = 0;
+      EXPECT_NE(ref.chosen, reference_moe(xr.detach(), router.detach(), w1, w2, s1, s2, plain,
+                                          rb ? bias.bias.to(torch::kDouble) : torch::Tensor(), b)
+                                .chosen);
+    }
     if (rb) {  // the pairs of this grad-mode forward were counted; a no-grad one adds nothing
       {
         torch::NoGradGuard no_grad;

@@ -62,6 +62,9 @@ std::string hf_model_type(const ModelConfig& c) {
   if (c.moe_router_topk_scaling_factor > 0)
     fail_usage("hf export: --moe-router-topk-scaling-factor {} has no Mixtral equivalent",
                c.moe_router_topk_scaling_factor);
+  if (c.moe_router_group_topk > 0)
+    fail_usage("hf export: --moe-router-group-topk {} has no Mixtral equivalent (Mixtral routes "
+               "over all experts)", c.moe_router_group_topk);
   for (int l = 0; l < c.num_layers; ++l)
     if (!c.is_moe_layer(l))
       fail_usage("hf export: --moe-layer-freq makes layer {} dense; Mixtral has experts in every "

@@ -209,8 +209,17 @@ nlohmann::json hf_nemotron_h_config(const ModelConfig& c) {
     j["moe_intermediate_size"] = c.expert_ffn();
     j["moe_shared_expert_intermediate_size"] = c.moe_shared_expert_intermediate_size;
     j["n_shared_experts"] = 1;
-    j["n_group"] = 1;
-    j["topk_group"] = 1;
+    // transformers' router (DeepSeek-V3's) scores a group by its top 2; weft's, as Megatron's, by
+    // its top topk / group-topk: the same model exactly when that is 2.
+    const bool grouped = c.moe_router_group_topk > 0 &&
+                         c.moe_router_group_topk < c.moe_router_num_groups;
+    if (grouped && c.moe_router_topk / c.moe_router_group_topk != 2)
+      fail_usage("hf export: --moe-router-group-topk {} with --moe-router-topk {} scores a group "
+                 "by its top {} experts; NemotronH's router scores it by its top 2",
+                 c.moe_router_group_topk, c.moe_router_topk,
+                 c.moe_router_topk / c.moe_router_group_topk);
+    j["n_group"] = grouped ? c.moe_router_num_groups : 1;
+    j["topk_group"] = grouped ? c.moe_router_group_topk : 1;
     j["norm_topk_prob"] = c.moe_router_topk > 1;  // weft normalises the top k iff k > 1
     j["routed_scaling_factor"] =
         c.moe_router_topk_scaling_factor > 0 ? c.moe_router_topk_scaling_factor : 1.0;
@@ -315,9 +324,15 @@ ModelConfig hf_nemotron_h_model_config(const nlohmann::json& j) {
     m.moe_router_dtype = "fp32";  // transformers' and vLLM's router GEMM is in float32
     hf_refuse_unless(j, "moe_latent_size", nullptr, "weft's experts have no latent projection");
     const int groups = hf_get_or(j, "n_group", 1), topk_groups = hf_get_or(j, "topk_group", 1);
-    if (groups != 1 && topk_groups != groups)
-      fail_usage("hf import: config.json n_group {} with topk_group {}: weft has no "
-                 "group-limited routing", groups, topk_groups);
+    if (groups != 1 && topk_groups != groups) {  // group-limited routing that limits
+      if (topk_groups < 1 || m.moe_router_topk / topk_groups != 2)
+        fail_usage("hf import: config.json n_group {} with topk_group {} and num_experts_per_tok "
+                   "{}: transformers scores a group by its top 2 experts, weft (as Megatron) by "
+                   "its top num_experts_per_tok / topk_group; they agree only when that is 2",
+                   groups, topk_groups, m.moe_router_topk);
+      m.moe_router_num_groups = groups;
+      m.moe_router_group_topk = topk_groups;
+    }
     const bool norm = hf_get_or(j, "norm_topk_prob", true);
     if (norm != (m.moe_router_topk > 1))
       fail_usage("hf import: config.json norm_topk_prob {} with num_experts_per_tok {}: weft "

@@ -65,6 +65,11 @@ struct ModelConfig {
   bool moe_router_pre_softmax = false;     // --moe-router-pre-softmax: top-k of the softmax
                                            // over all experts, not renormalised over the k
   double moe_router_topk_scaling_factor = 0;  // --moe-router-topk-scaling-factor (0: none)
+  // Group-limited routing (DeepSeek-V3's): --moe-router-num-groups G splits the experts into G
+  // contiguous groups, --moe-router-group-topk g keeps the g groups whose top (k / g) scores sum
+  // highest, and the top k experts are chosen within those. 0: top k over all experts.
+  int moe_router_num_groups = 0;
+  int moe_router_group_topk = 0;
   std::string moe_router_load_balancing_type = "aux_loss";  // --moe-router-load-balancing-type
   // Aux-loss-free load balancing (--moe-router-enable-expert-bias, sigmoid router only): a
   // float32 bias per expert and MoE layer is added to the scores for the top-k choice (the

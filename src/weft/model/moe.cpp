@@ -25,6 +25,7 @@
 #include <cctype>
 #include <numeric>
 #include <string>
+#include <limits>
 #include <tuple>
 
 #include "weft/core/error.h"
@@ -187,6 +188,29 @@ at::Tensor grouped_expert_mlp(const at::Tensor& rows, const std::vector<int64_t>
   return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
 }
 
+// The top k of `scores` per token ([T, E]), sorted, as Megatron's compute_topk: with group-limited
+// routing only the experts of each token's --moe-router-group-topk best groups compete, a group
+// scored by the sum of its top (k / group_topk) scores.
+std::tuple<at::Tensor, at::Tensor> router_topk(const at::Tensor& scores, int64_t k,
+                                               const ModelConfig& cfg) {
+  if (cfg.moe_router_group_topk <= 0) return at::topk(scores, k, -1, /*largest=*/true, /*sorted=*/true);
+  const int64_t T = scores.size(0), E = scores.size(1), G = cfg.moe_router_num_groups;
+  const int64_t g = cfg.moe_router_group_topk;
+  WEFT_CHECK(G >= 1 && E % G == 0 && g <= G && k >= g && g * (E / G) >= k,
+             "router_topk: {} experts, {} groups, group top {}, top {}", E, G, g, k);
+  const at::Tensor grouped = scores.view({T, G, E / G});
+  const at::Tensor group_scores =
+      std::get<0>(at::topk(grouped, k / g, -1, /*largest=*/true, /*sorted=*/false)).sum(-1);
+  const at::Tensor chosen = std::get<1>(at::topk(group_scores, g, -1, true, /*sorted=*/false));
+  const at::Tensor keep = at::zeros({T, G}, scores.options().dtype(at::kBool))
+                              .scatter_(1, chosen, true)
+                              .unsqueeze(-1)
+                              .expand({T, G, E / G})
+                              .reshape({T, E});
+  return at::topk(scores.masked_fill(keep.logical_not(), -std::numeric_limits<double>::infinity()),
+                  k, -1, /*largest=*/true, /*sorted=*/true);
+}
+
 MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg,
                         const at::Tensor& expert_bias, int64_t sequences) {
   const int64_t T = logits.size(0), E = logits.size(1), k = cfg.moe_router_topk;
@@ -198,11 +222,11 @@ MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg,
   if (cfg.moe_router_score_function == "softmax" && cfg.moe_router_pre_softmax) {
     // --moe-router-pre-softmax: the top k of the softmax over all experts, kept as they are.
     scores = at::softmax(z, -1);
-    auto [top, idx] = at::topk(scores, k, -1, /*largest=*/true, /*sorted=*/true);
+    auto [top, idx] = router_topk(scores, k, cfg);
     r.experts = idx;
     r.probs = top;
   } else if (cfg.moe_router_score_function == "softmax") {
-    auto [top, idx] = at::topk(z, k, -1, /*largest=*/true, /*sorted=*/true);
+    auto [top, idx] = router_topk(z, k, cfg);
     r.experts = idx;
     r.probs = at::softmax(top, -1);
     scores = at::softmax(z, -1);
@@ -214,10 +238,10 @@ MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg,
     if (expert_bias.defined()) {  // the biased scores choose; the scores weigh
       WEFT_CHECK(expert_bias.numel() == E, "route_tokens: expert bias of {} for {} experts",
                  expert_bias.numel(), E);
-      idx = std::get<1>(at::topk(s + expert_bias.to(s.scalar_type()), k, -1, true, true));
+      idx = std::get<1>(router_topk(s + expert_bias.to(s.scalar_type()), k, cfg));
       top = s.gather(-1, idx);
     } else {
-      std::tie(top, idx) = at::topk(s, k, -1, /*largest=*/true, /*sorted=*/true);
+      std::tie(top, idx) = router_topk(s, k, cfg);
     }
     r.experts = idx;
     r.probs = k > 1 ? top / (top.sum(-1, /*keepdim=*/true) + 1e-20) : top;
@@ -225,10 +249,12 @@ MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg,
   }
   if (cfg.moe_router_topk_scaling_factor > 0)
     r.probs = r.probs * cfg.moe_router_topk_scaling_factor;
-  // The aux loss counts the top k of the scores without the expert bias (Megatron's
-  // compute_routing_scores_for_aux_loss), which are the routing's own choices without one.
-  const at::Tensor aux_experts =
-      expert_bias.defined() ? std::get<1>(at::topk(scores, k, -1, true, true)) : r.experts;
+  // The aux loss counts the top k of the scores over all experts, without the expert bias and
+  // the group limit (Megatron's compute_routing_scores_for_aux_loss): the routing's own choices
+  // when it has neither.
+  const at::Tensor aux_experts = expert_bias.defined() || cfg.moe_router_group_topk > 0
+                                     ? std::get<1>(at::topk(scores, k, -1, true, true))
+                                     : r.experts;
   // seq_aux_loss: the loss of each sequence (T / sequences consecutive tokens), averaged.
   const int64_t groups = cfg.moe_router_load_balancing_type == "seq_aux_loss" ? sequences : 1;
   WEFT_CHECK(groups >= 1 && T % groups == 0, "route_tokens: {} tokens in {} sequences", T, groups);

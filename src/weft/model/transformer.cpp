@@ -170,6 +170,28 @@ void check_moe_config(const ModelConfig& cfg) {
   if (cfg.moe_router_score_function != "softmax" && cfg.moe_router_score_function != "sigmoid")
     fail_usage("--moe-router-score-function must be softmax or sigmoid (got '{}')",
                cfg.moe_router_score_function);
+  if (cfg.moe_router_num_groups < 0 || cfg.moe_router_group_topk < 0)
+    fail_usage("--moe-router-num-groups and --moe-router-group-topk must be >= 0 (got {}, {})",
+               cfg.moe_router_num_groups, cfg.moe_router_group_topk);
+  if (cfg.moe_router_group_topk > 0) {  // Megatron's TransformerConfig checks, and k / g >= 1
+    const int G = cfg.moe_router_num_groups, g = cfg.moe_router_group_topk;
+    if (G == 0)
+      fail_usage("--moe-router-group-topk {} needs --moe-router-num-groups", g);
+    if (cfg.num_experts % G != 0)
+      fail_usage("--moe-router-num-groups {} must divide --num-experts {}", G, cfg.num_experts);
+    if (g > G)
+      fail_usage("--moe-router-group-topk {} is more than --moe-router-num-groups {}", g, G);
+    if (cfg.moe_router_topk < g)
+      fail_usage("--moe-router-group-topk {} is more than --moe-router-topk {}: a group is scored "
+                 "by its top (topk / group-topk) experts", g, cfg.moe_router_topk);
+    if (cfg.moe_router_topk / g > cfg.num_experts / G)
+      fail_usage("--moe-router-topk {} / --moe-router-group-topk {} is more than a group's {} "
+                 "experts: a group is scored by its top (topk / group-topk)", cfg.moe_router_topk,
+                 g, cfg.num_experts / G);
+    if (g * (cfg.num_experts / G) < cfg.moe_router_topk)
+      fail_usage("--moe-router-group-topk {} groups of {} experts hold fewer than "
+                 "--moe-router-topk {} experts", g, cfg.num_experts / G, cfg.moe_router_topk);
+  }
   if (!(cfg.moe_router_topk_scaling_factor >= 0) ||
       !std::isfinite(cfg.moe_router_topk_scaling_factor))
     fail_usage("--moe-router-topk-scaling-factor must be a finite number >= 0 (got {}; 0: none)",

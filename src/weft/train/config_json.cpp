@@ -69,6 +69,8 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   get(j, "moe_router_score_function", &m.moe_router_score_function, false);
   get(j, "moe_router_pre_softmax", &m.moe_router_pre_softmax, false);  // absent before: off
   get(j, "moe_router_topk_scaling_factor", &m.moe_router_topk_scaling_factor, false);
+  get(j, "moe_router_num_groups", &m.moe_router_num_groups, false);  // absent before: none
+  get(j, "moe_router_group_topk", &m.moe_router_group_topk, false);
   get(j, "moe_router_load_balancing_type", &m.moe_router_load_balancing_type, false);
   get(j, "moe_router_enable_expert_bias", &m.moe_router_enable_expert_bias, false);
   get(j, "moe_router_bias_update_rate", &m.moe_router_bias_update_rate, false);
@@ -129,6 +131,8 @@ std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelCon
     cmp("--moe-router-pre-softmax", run.moe_router_pre_softmax, saved.moe_router_pre_softmax);
     cmp("--moe-router-topk-scaling-factor", run.moe_router_topk_scaling_factor,
         saved.moe_router_topk_scaling_factor);
+    cmp("--moe-router-num-groups", run.moe_router_num_groups, saved.moe_router_num_groups);
+    cmp("--moe-router-group-topk", run.moe_router_group_topk, saved.moe_router_group_topk);
     // The biases shift every choice; a run without them drops what the checkpoint learnt. A
     // run that adds them to a checkpoint without has missing keys (--dist-ckpt-strictness).
     if (saved.moe_router_enable_expert_bias)
@@ -188,6 +192,8 @@ bool take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,
   take("--moe-router-pre-softmax", m.moe_router_pre_softmax, saved.moe_router_pre_softmax);
   take("--moe-router-topk-scaling-factor", m.moe_router_topk_scaling_factor,
        saved.moe_router_topk_scaling_factor);
+  take("--moe-router-num-groups", m.moe_router_num_groups, saved.moe_router_num_groups);
+  take("--moe-router-group-topk", m.moe_router_group_topk, saved.moe_router_group_topk);
   take("--moe-router-enable-expert-bias", m.moe_router_enable_expert_bias,
        saved.moe_router_enable_expert_bias);
   take("--mamba-state-dim", m.mamba_state_dim, saved.mamba_state_dim);

@@ -71,6 +71,8 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
         {"position_embedding_type", m.position_embedding_type},
         {"moe_router_pre_softmax", m.moe_router_pre_softmax},
         {"moe_router_topk_scaling_factor", m.moe_router_topk_scaling_factor},
+        {"moe_router_num_groups", m.moe_router_num_groups},
+        {"moe_router_group_topk", m.moe_router_group_topk},
         {"moe_router_load_balancing_type", m.moe_router_load_balancing_type},
         {"moe_router_enable_expert_bias", m.moe_router_enable_expert_bias},
         {"moe_router_bias_update_rate", m.moe_router_bias_update_rate},
