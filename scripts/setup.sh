@@ -34,7 +34,8 @@ present() {
     libprotobuf-dev) [ -e /usr/include/google/protobuf/message_lite.h ] ;;
     protobuf-compiler) command -v protoc >/dev/null ;;
     gnuplot-nox) command -v gnuplot >/dev/null ;;
-    python3-regex) python3 -c 'import regex' 2>/dev/null ;;  # the tokenizer tests' reference
+    # the tokenizer tests' reference (tests/app/tokenizers.sh also tries Debian's python3)
+    python3-regex) python3 -c 'import regex' 2>/dev/null ;;
     *) false ;;
   esac
 }

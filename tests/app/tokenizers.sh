@@ -22,7 +22,11 @@ fails=0
 bad() { echo "FAIL $*"; fails=$((fails + 1)); }
 ok() { echo "ok   $*"; }
 
-python3 "$ref" make "$tmp" || { echo "the reference could not build its tokenizers"; exit 1; }
+# The reference needs Python's `regex` module: the python3 on PATH, else Debian's (where apt's
+# python3-regex lands when PATH leads to another Python).
+py=python3
+python3 -c 'import regex' 2>/dev/null || py=/usr/bin/python3
+"$py" "$ref" make "$tmp" || { echo "the reference could not build its tokenizers"; exit 1; }
 
 # --- 1. the tokens, against the reference ---------------------------------------------------------
 pre() {  # pre NAME TOKENIZER-FLAGS...: preprocess texts.jsonl into $tmp/NAME_text_document
@@ -34,12 +38,12 @@ pre() {  # pre NAME TOKENIZER-FLAGS...: preprocess texts.jsonl into $tmp/NAME_te
 gpt2=(--tokenizer-type GPT2BPETokenizer --vocab-file "$tmp/gpt2/vocab.json"
       --merge-file "$tmp/gpt2/merges.txt")
 if pre g2 "${gpt2[@]}"; then
-  python3 "$ref" check gpt2 "$tmp/gpt2" "$tmp/texts.jsonl" "$tmp/g2_text_document.bin" &&
+  "$py" "$ref" check gpt2 "$tmp/gpt2" "$tmp/texts.jsonl" "$tmp/g2_text_document.bin" &&
     ok "GPT2BPETokenizer equals the reference" || bad "GPT2BPETokenizer differs from the reference"
 fi
 for k in hf_gpt2 hf_llama3 hf_qwen; do
   if pre "$k" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/$k"; then
-    python3 "$ref" check hf "$tmp/$k" "$tmp/texts.jsonl" "$tmp/${k}_text_document.bin" &&
+    "$py" "$ref" check hf "$tmp/$k" "$tmp/texts.jsonl" "$tmp/${k}_text_document.bin" &&
       ok "HuggingFaceTokenizer $k equals the reference" || bad "HuggingFaceTokenizer $k differs"
   fi
 done
