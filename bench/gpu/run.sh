@@ -28,6 +28,8 @@
 #   bash bench/gpu/run.sh hfrope      Llama 3 RoPE scaling (--use-rope-scaling) and a head dim
 #                                     other than hidden / heads (--kv-channels) against
 #                                     transformers (docs/hf-interop.md)
+#   bash bench/gpu/run.sh hftok       GPT2BPETokenizer and HuggingFaceTokenizer against transformers'
+#                                     AutoTokenizer (tests/gpu/hf_tokenizer_check.py)
 #   bash bench/gpu/run.sh tbcheck     --tensorboard-dir files read by TensorBoard's
 #                                     EventAccumulator against the jsonl (tests/gpu/tb_check.py)
 set -uo pipefail
@@ -217,6 +219,14 @@ hfnemo)
   ./$B/app/weft ckpt export --format hf "$H/ck" "$H/export"; echo "export rc=$?"
   python3 tests/gpu/hf_llama_check.py loss "$H/export" "$H/b3.npy" "$H/resume.jsonl" 3
   echo "hf_llama_check nemotron_h export rc=$?"
+  ;;
+hftok)
+  # Three byte-level BPE tokenizers trained by the tokenizers library (GPT-2's, Llama 3's and
+  # Qwen's pipelines) and weft's encoding of a multilingual text set compared token by token
+  # with AutoTokenizer's. Needs no GPU, only transformers. Written in a session without a GPU
+  # machine: not run yet.
+  python3 tests/gpu/hf_tokenizer_check.py ./$B/app/weft "$OUT/hftok"
+  echo "hf_tokenizer_check rc=$?"
   ;;
 hfrope)
   # Llama 3's RoPE scaling (--use-rope-scaling) against transformers' llama3 rope_type, the

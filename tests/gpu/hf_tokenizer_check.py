@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""weft's byte-level BPE tokenizers against Hugging Face's own (the `tokenizers` library behind
+transformers' AutoTokenizer, Megatron's HuggingFaceTokenizer), on the machine where transformers
+is installed (the GPU machine; no network needed).
+
+  hf_tokenizer_check.py WEFT OUTDIR
+
+trains three byte-level BPE tokenizers with `tokenizers` on a generated multilingual corpus
+(GPT-2's ByteLevel pipeline, also saved as vocab.json + merges.txt; Llama 3's Split +
+ByteLevel + ignore_merges + BOS template; Qwen's NFC + Split with single digits), saves each as
+transformers' save_pretrained does, runs `weft data preprocess --append-eod` on a text set, and
+compares every token of the .bin with AutoTokenizer(text).input_ids + [eos_token_id] (and, for
+the vocab.json + merges.txt pair, with GPT2BPETokenizer's encoding, where <|endoftext|> in a text
+is text). Exit 1 naming the first document that differs.
+"""
+import json
+import os
+import random
+import struct
+import subprocess
+import sys
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers.trainers import BpeTrainer
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+          r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+        r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def corpus(seed, n):
+    rng = random.Random(seed)
+    words = ["the", "model", "trains", "tokens", "gradient", "caf\u00e9", "na\u00efve",
+             "stra\u00dfe", "\u65e5\u672c\u8a9e", "\u043f\u0440\u0438\u0432\u0435\u0442",
+             "\u0645\u0631\u062d\u0628\u0627", "\U0001F600", "2024", "3.14159", "I'm", "DON'T",
+             "we'll", "x=y+z;", "--flag", "e\u0301t\u00e9", "\u212b", "\u00a0nbsp"]
+    syl = ["ka", "lo", "mi", "ne", "ru", "\u00e9", "\u65e5", "ST", "7", "42"]
+    words += ["".join(rng.choice(syl) for _ in range(rng.randint(1, 4))) for _ in range(200)]
+    seps = [" ", " ", " ", "  ", "\n", "\t", " \n", "\r\n", "\n\n"]
+    out = []
+    for _ in range(n):
+        m = rng.randint(3, 30)
+        out.append("".join(rng.choice(words) + (rng.choice(seps) if k + 1 < m else "")
+                           for k in range(m)))
+    return out
+
+
+def build(kind, texts, out):
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    specials = {"gpt2": ["<|endoftext|>"],
+                "llama3": ["<|begin_of_text|>", "<|end_of_text|>", "<|user|>"],
+                "qwen": ["<|endoftext|>", "<|im_end|>"]}[kind]
+    tok = Tokenizer(models.BPE(ignore_merges=(kind == "llama3")))
+    if kind == "gpt2":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3 if kind == "llama3" else QWEN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if kind == "qwen":
+        tok.normalizer = normalizers.NFC()
+    tok.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(vocab_size=1500, special_tokens=specials, initial_alphabet=alphabet,
+                         show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    if kind == "llama3":
+        bos = tok.token_to_id("<|begin_of_text|>")
+        tok.post_processor = processors.TemplateProcessing(
+            single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", bos)])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    eos = {"gpt2": "<|endoftext|>", "llama3": "<|end_of_text|>", "qwen": "<|endoftext|>"}[kind]
+    bos = "<|begin_of_text|>" if kind == "llama3" else None
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=bos)
+    if kind == "llama3":  # lstrip/rstrip on one added token
+        from tokenizers import AddedToken
+        fast.add_special_tokens({"additional_special_tokens": [
+            AddedToken("<|user|>", lstrip=True, rstrip=True, special=True)]})
+    fast.save_pretrained(out)
+    if kind == "gpt2":
+        tok.model.save(out)  # vocab.json, merges.txt
+
+
+def read_bin(prefix):
+    with open(prefix + ".idx", "rb") as f:
+        code = f.read(18)[17]
+    fmt, size = {8: ("H", 2), 4: ("i", 4)}[code]
+    data = open(prefix + ".bin", "rb").read()
+    return list(struct.unpack(f"<{len(data) // size}{fmt}", data))
+
+
+def compare(name, want_docs, got):
+    at = 0
+    for n, want in enumerate(want_docs, 1):
+        if not want:
+            continue
+        if got[at:at + len(want)] != want:
+            print(f"{name}: document {n} differs\n  transformers {want[:40]}\n  weft         "
+                  f"{got[at:at + len(want)][:40]}")
+            return False
+        at += len(want)
+    if at != len(got):
+        print(f"{name}: weft wrote {len(got) - at} more tokens")
+        return False
+    print(f"{name}: {at} tokens equal")
+    return True
+
+
+def main(weft, out):
+    os.makedirs(out, exist_ok=True)
+    texts = corpus(1, 2000)
+    tests = corpus(2, 300) + [
+        "", " ", "   leading and trailing   ", "a\n\n\nb", "<|endoftext|> in text<|endoftext|>",
+        "hi <|user|>  there<|begin_of_text|>x", "numbers 1234567 and 12", "HE'S I'LL We'Ve",
+        "e\u0301 vs \u00e9, \u212b", "\U0001F600\U0001F600 emoji\u200dzwj", "x" * 3000,
+        "!!!???" * 200, "mixed\u00a0nbsp", "trailing newline\n", "\u00ad soft hyphen"]
+    jsonl = os.path.join(out, "texts.jsonl")
+    with open(jsonl, "w", encoding="utf-8") as f:
+        for t in tests:
+            f.write(json.dumps({"text": t}) + "\n")
+    ok = True
+    for kind in ("gpt2", "llama3", "qwen"):
+        d = os.path.join(out, kind)
+        build(kind, texts, d)
+        hf = AutoTokenizer.from_pretrained(d)
+        want = [hf(t).input_ids for t in tests]
+        want = [w + [hf.eos_token_id] if w else w for w in want]
+        prefix = os.path.join(out, f"w_{kind}")
+        subprocess.run([weft, "data", "preprocess", "--input", jsonl, "--output-prefix", prefix,
+                        "--append-eod", "--tokenizer-type", "HuggingFaceTokenizer",
+                        "--tokenizer-model", d], check=True, capture_output=True)
+        ok &= compare(f"HuggingFaceTokenizer {kind}", want, read_bin(prefix + "_text_document"))
+        if kind == "gpt2":  # Megatron's GPT2BPETokenizer: <|endoftext|> in a text is text
+            eot = hf.convert_tokens_to_ids("<|endoftext|>")
+            want = [hf(t, split_special_tokens=True).input_ids for t in tests]
+            want = [w + [eot] if w else w for w in want]
+            subprocess.run([weft, "data", "preprocess", "--input", jsonl, "--output-prefix",
+                            prefix + "_bpe", "--append-eod", "--tokenizer-type", "GPT2BPETokenizer",
+                            "--vocab-file", os.path.join(d, "vocab.json"), "--merge-file",
+                            os.path.join(d, "merges.txt")], check=True, capture_output=True)
+            ok &= compare("GPT2BPETokenizer", want, read_bin(prefix + "_bpe_text_document"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))
