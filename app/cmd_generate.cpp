@@ -100,7 +100,10 @@ void run(const GenerateArgs& a) {
       !a.tokenizer.model.empty() ? a.tokenizer.model : a.tokenizer.vocab_file;
   if (tokenizer_given(a.tokenizer)) {
     TokenizerFiles files = a.tokenizer;
-    if (files.type.empty()) files.type = "SentencePieceTokenizer";
+    const nlohmann::json recorded = meta.value("tokenizer", nlohmann::json());
+    if (files.type.empty())  // the type the checkpoint was trained with, else Megatron's default
+      files.type = recorded.is_object() ? recorded.value("type", std::string("SentencePieceTokenizer"))
+                                        : "SentencePieceTokenizer";
     if (files.type == "NullTokenizer") {
       // The checkpoint's recorded tokenizer gives V (its vocab_size is V + 1).
       const nlohmann::json saved = meta.value("tokenizer", nlohmann::json());

@@ -8,7 +8,8 @@ void add_tokenizer_flags(CLI::App* cmd, TokenizerFiles* f) {
     cmd->add_option(name, v, help)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   };
   opt("--tokenizer-type", f->type,
-      "SentencePieceTokenizer (--tokenizer-model M.model), GPT2BPETokenizer (--vocab-file, "
+      "SentencePieceTokenizer, GPTSentencePieceTokenizer or Llama2Tokenizer (--tokenizer-model "
+      "M.model), GPT2BPETokenizer (--vocab-file, "
       "--merge-file), HuggingFaceTokenizer (--tokenizer-model DIR with tokenizer.json) or "
       "NullTokenizer (--vocab-size; the text is its ids)");
   opt("--tokenizer-model", f->model,

@@ -35,18 +35,18 @@ if [ ! -s "$R/tokenizer.model" ]; then
 fi
 if [ ! -s "$R/fortunes_text_document.idx" ]; then
   $W data preprocess --input "$R/fortunes.txt" --output-prefix "$R/fortunes" \
-    --tokenizer-type SentencePieceTokenizer --tokenizer-model "$R/tokenizer.model" --append-eod \
+    --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model "$R/tokenizer.model" --append-eod \
     --workers 2 --log-interval 100000
 fi
 rm -rf "$R/checkpoints" "$R/tensorboard" "$R/train.jsonl"
 mpirun -np 4 --bind-to none $W train "${MODEL[@]}" \
   --data-path "$R/fortunes_text_document" --split 949,50,1 \
-  --tokenizer-type SentencePieceTokenizer --tokenizer-model "$R/tokenizer.model" \
+  --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model "$R/tokenizer.model" \
   --save "$R/checkpoints" --log-jsonl "$R/train.jsonl" --tensorboard-dir "$R/tensorboard" "$@"
 $W plot "$R/train.jsonl" -o "$R/train.png" --title "weft main job (scripts/run.sh)"
 PROMPT="The secret of life is"
 echo "weft generate, prompt: \"$PROMPT\" (the prompt, then its continuation):"
 printf '%s' "$PROMPT"  # weft generate prints the continuation alone
-$W generate --load "$R/checkpoints" --tokenizer-type SentencePieceTokenizer \
+$W generate --load "$R/checkpoints" --tokenizer-type GPTSentencePieceTokenizer \
   --tokenizer-model "$R/tokenizer.model" --prompt "$PROMPT" --max-new-tokens 48 \
   --temperature 0.8 --top-p 0.9 --seed 7

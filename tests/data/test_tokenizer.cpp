@@ -104,7 +104,7 @@ TEST(Sha256, FipsVectors) {
 }
 
 TEST_F(TokenizerTest, EncodeDecodeRoundTrip) {
-  auto tok = make_tokenizer("SentencePieceTokenizer", model_);
+  auto tok = make_tokenizer("GPTSentencePieceTokenizer", model_);
   EXPECT_EQ(tok->vocab_size(), 300);
   for (const std::string& s : {std::string("the model trains on tokens."),
                                std::string("weft  moves data between ranks!"), std::string("")}) {
@@ -116,18 +116,50 @@ TEST_F(TokenizerTest, EncodeDecodeRoundTrip) {
 }
 
 TEST_F(TokenizerTest, IdentityAndSpecialIds) {
-  auto tok = make_tokenizer("SentencePieceTokenizer", model_);
+  auto tok = make_tokenizer("GPTSentencePieceTokenizer", model_);
   EXPECT_EQ(tok->bos(), 1);
   EXPECT_EQ(tok->eod(), 2);  // eos
   EXPECT_EQ(tok->pad(), 3);
   nlohmann::json id = tok->identity();
-  EXPECT_EQ(id["type"], "SentencePieceTokenizer");
+  EXPECT_EQ(id["type"], "GPTSentencePieceTokenizer");
   EXPECT_EQ(id["model_file"], "tok.model");
   EXPECT_EQ(id["sha256"], sha256_file_hex(model_));
   EXPECT_EQ(id["vocab_size"], 300);
   EXPECT_EQ(id["eod"], 2);
   EXPECT_EQ(id["bos"], 1);
   EXPECT_EQ(id["pad"], 3);
+}
+
+// Megatron's SentencePieceTokenizer appends <CLS> <SEP> <EOD> <MASK> to the 300 pieces (the
+// model's <pad>, <s>, </s> are pieces already), ends documents with <EOD>, and reads those
+// specials in a text as their ids; Llama2Tokenizer starts every text with bos.
+TEST_F(TokenizerTest, MegatronSentencePieceFlavours) {
+  auto gpt = make_tokenizer("GPTSentencePieceTokenizer", model_);
+  auto meg = make_tokenizer("SentencePieceTokenizer", model_);
+  auto llama = make_tokenizer("Llama2Tokenizer", model_);
+  EXPECT_EQ(meg->vocab_size(), 304);
+  EXPECT_EQ(meg->eod(), 302);
+  EXPECT_EQ(meg->bos(), 1);
+  EXPECT_EQ(meg->pad(), 3);
+  EXPECT_EQ(meg->identity()["type"], "SentencePieceTokenizer");
+  EXPECT_EQ(meg->identity()["vocab_size"], 304);
+  EXPECT_FALSE(same_tokenizer(meg->identity(), gpt->identity()));
+  auto cat = [](std::vector<std::vector<int32_t>> parts) {
+    std::vector<int32_t> out;
+    for (auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+    return out;
+  };
+  const std::string a = "the model", b = " trains", c = "on tokens.";
+  EXPECT_EQ(meg->encode(a + "<EOD>" + b + "</s><MASK>" + c),
+            cat({gpt->encode(a), {302}, gpt->encode(b), {2, 303}, gpt->encode(c)}));
+  EXPECT_EQ(meg->encode(a), gpt->encode(a));
+  // GPTSentencePieceTokenizer reads the same text as characters.
+  EXPECT_NE(gpt->encode(a + "<EOD>"), cat({gpt->encode(a), {302}}));
+  EXPECT_EQ(meg->decode(cat({gpt->encode(a), {302}, gpt->encode(c)})), a + " <EOD> " + c);
+  EXPECT_EQ(llama->encode(a), cat({{1}, gpt->encode(a)}));
+  EXPECT_EQ(llama->eod(), 2);
+  EXPECT_EQ(llama->vocab_size(), 300);
+  EXPECT_EQ(llama->identity()["type"], "Llama2Tokenizer");
 }
 
 TEST_F(TokenizerTest, SameTokenizer) {

@@ -15,7 +15,8 @@
 //                  else special_tokens_map.json, else the default of transformers' class
 //                  (GPT-2's, Qwen 2's, GPT-NeoX's "<|endoftext|>"); an explicit null is none
 // A SentencePiece-converted tokenizer.json (Llama 2, Mistral 7B: Metaspace, byte_fallback) is
-// refused with the advice to give its tokenizer.model to SentencePieceTokenizer.
+// refused with the advice to give its tokenizer.model to Llama2Tokenizer or
+// GPTSentencePieceTokenizer.
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -190,12 +191,13 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
   if (mtype != "BPE")
     r.refuse("model.type", fmt::format("{:?}: weft reads byte-level BPE models (GPT-2, Llama 3, "
                                        "Qwen); for a SentencePiece model give its tokenizer.model "
-                                       "with --tokenizer-type SentencePieceTokenizer", mtype));
+                                       "with --tokenizer-type GPTSentencePieceTokenizer", mtype));
   if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0)
     r.refuse("model.dropout", "BPE dropout is not supported");
   if (model.value("byte_fallback", false))
-    r.refuse("model.byte_fallback", "a SentencePiece-style BPE (byte fallback) is not supported; "
-                                    "give its tokenizer.model with --tokenizer-type SentencePieceTokenizer");
+    r.refuse("model.byte_fallback",
+             "a SentencePiece-style BPE (byte fallback) is not supported; give its tokenizer.model "
+             "with --tokenizer-type Llama2Tokenizer or GPTSentencePieceTokenizer");
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(k) && model[k].is_string() && !model[k].get<std::string>().empty())
       r.refuse(std::string("model.") + k, "is not supported");
@@ -208,7 +210,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
   if (!byte_level)
     r.refuse("pre_tokenizer", "has no ByteLevel step: weft reads byte-level BPE models; for a "
                               "SentencePiece model give its tokenizer.model with --tokenizer-type "
-                              "SentencePieceTokenizer");
+                              "GPTSentencePieceTokenizer");
 
   std::vector<std::pair<std::string, int32_t>> vocab;
   const json& vj = model.value("vocab", json::object());

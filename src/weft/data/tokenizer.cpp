@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <string_view>
+#include <unordered_map>
 
 #include "weft/core/error.h"
 #include "weft/core/module.h"
@@ -35,6 +37,7 @@ struct SpmModule {
   weft_spm_free_fn free;
   weft_spm_info_fn info;
   weft_spm_encode_fn encode;
+  weft_spm_piece_fn piece;
   weft_spm_decode_fn decode;
   weft_spm_train_fn train;
 };
@@ -55,9 +58,10 @@ const SpmModule& spm_module() {
     m.free = reinterpret_cast<weft_spm_free_fn>(sym("weft_spm_free"));
     m.info = reinterpret_cast<weft_spm_info_fn>(sym("weft_spm_info"));
     m.encode = reinterpret_cast<weft_spm_encode_fn>(sym("weft_spm_encode"));
+    m.piece = reinterpret_cast<weft_spm_piece_fn>(sym("weft_spm_piece"));
     m.decode = reinterpret_cast<weft_spm_decode_fn>(sym("weft_spm_decode"));
     m.train = reinterpret_cast<weft_spm_train_fn>(sym("weft_spm_train"));
-    if (m.load && m.free && m.info && m.encode && m.decode && m.train) error.clear();
+    if (m.load && m.free && m.info && m.encode && m.piece && m.decode && m.train) error.clear();
   });
   if (!error.empty() || m.load == nullptr)
     fail_usage("cannot load weft's SentencePiece module libweft_spm.so ({}); set WEFT_SPM_MODULE "
@@ -65,9 +69,19 @@ const SpmModule& spm_module() {
   return m;
 }
 
+// Megatron's three SentencePiece tokenizers over one .model file:
+//   SentencePieceTokenizer     the pieces, then <CLS> <SEP> <EOD> <MASK> and the pad, bos and eos
+//                              pieces (<PAD>, <BOS>, <EOS> where the model has none) appended
+//                              where not already pieces; eod <EOD>; those specials written in a
+//                              text are their ids (the earliest first), the rest SentencePiece's
+//   GPTSentencePieceTokenizer  the pieces; eod the eos (weft: else the pad)
+//   Llama2Tokenizer            the pieces; every text starts with bos; eod the eos
+enum class SpmFlavor { kMegatron, kGpt, kLlama2 };
+
 class SentencePieceTokenizer final : public Tokenizer {
  public:
-  explicit SentencePieceTokenizer(const std::string& model) : model_(model) {
+  SentencePieceTokenizer(const std::string& model, SpmFlavor flavor, std::string type)
+      : model_(model), type_(std::move(type)), flavor_(flavor) {
     const SpmModule& spm = spm_module();
     if (!std::filesystem::is_regular_file(model))
       fail_usage("--tokenizer-model {}: no such file", model);
@@ -76,48 +90,136 @@ class SentencePieceTokenizer final : public Tokenizer {
     if (handle_ == nullptr)
       fail_usage("--tokenizer-model {}: not a SentencePiece model ({})", model, err);
     spm.info(handle_, &info_);
-    eod_ = info_.eos >= 0 ? info_.eos : info_.pad;
-    if (eod_ < 0)
-      fail_usage("--tokenizer-model {}: the model defines neither eos nor pad, so there is no "
-                 "end-of-document id; train it with an eos piece", model);
+    vocab_size_ = info_.vocab_size;
+    bos_ = info_.bos;
+    pad_ = info_.pad;
+    if (flavor_ == SpmFlavor::kMegatron) {
+      add_megatron_specials();
+    } else {
+      eod_ = info_.eos >= 0 ? info_.eos : info_.pad;
+      if (eod_ < 0)
+        fail_usage("--tokenizer-model {}: the model defines neither eos nor pad, so there is no "
+                   "end-of-document id for --tokenizer-type {}; train it with an eos piece", model,
+                   type_);
+      if (flavor_ == SpmFlavor::kLlama2 && bos_ < 0)
+        fail_usage("--tokenizer-model {}: the model has no bos piece, which --tokenizer-type "
+                   "Llama2Tokenizer starts every text with", model);
+    }
     sha256_ = sha256_file_hex(model);
   }
   ~SentencePieceTokenizer() override { spm_module().free(handle_); }
 
   std::vector<int32_t> encode(const std::string& text) const override {
-    const int32_t* ids = nullptr;
-    int64_t n = spm_module().encode(handle_, text.data(), text.size(), &ids);
-    if (n < 0) fail("{}: SentencePiece failed to encode a text of {} bytes", model_, text.size());
-    return std::vector<int32_t>(ids, ids + n);
+    std::vector<int32_t> out;
+    if (flavor_ == SpmFlavor::kLlama2) out.push_back(bos_);
+    size_t at = 0;
+    while (flavor_ == SpmFlavor::kMegatron) {  // the earliest special, the first listed on a tie
+      size_t best = std::string::npos;
+      const Special* hit = nullptr;
+      for (const Special& sp : specials_) {
+        const size_t k = text.find(sp.text, at);
+        if (k < best) best = k, hit = &sp;
+      }
+      if (hit == nullptr) break;
+      encode_plain(std::string_view(text).substr(at, best - at), &out);
+      out.push_back(hit->id);
+      at = best + hit->text.size();
+    }
+    encode_plain(std::string_view(text).substr(at), &out);
+    return out;
   }
 
   std::string decode(const std::vector<int32_t>& ids) const override {
-    const char* text = nullptr;
-    int64_t n = spm_module().decode(handle_, ids.data(), static_cast<int64_t>(ids.size()), &text);
-    if (n < 0) fail("{}: cannot decode the ids (one is outside [0, {}))", model_, info_.vocab_size);
-    return std::string(text, static_cast<size_t>(n));
+    if (flavor_ != SpmFlavor::kMegatron) return decode_plain(ids);
+    // Megatron's detokenize: each special as its text between spaces.
+    std::string text;
+    size_t last = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const Special* sp = special_of(ids[i]);
+      if (sp == nullptr) continue;
+      text += decode_plain({ids.begin() + static_cast<std::ptrdiff_t>(last),
+                            ids.begin() + static_cast<std::ptrdiff_t>(i)}) + " " + sp->text + " ";
+      last = i + 1;
+    }
+    return text + decode_plain({ids.begin() + static_cast<std::ptrdiff_t>(last), ids.end()});
   }
 
-  int64_t vocab_size() const override { return info_.vocab_size; }
+  int64_t vocab_size() const override { return vocab_size_; }
   int32_t eod() const override { return eod_; }
-  int32_t bos() const override { return info_.bos; }
-  int32_t pad() const override { return info_.pad; }
+  int32_t bos() const override { return bos_; }
+  int32_t pad() const override { return pad_; }
 
   nlohmann::json identity() const override {
-    return {{"type", "SentencePieceTokenizer"},
+    return {{"type", type_},
             {"model_file", std::filesystem::path(model_).filename().string()},
             {"sha256", sha256_},
-            {"vocab_size", info_.vocab_size},
+            {"vocab_size", vocab_size_},
             {"eod", eod_},
-            {"bos", info_.bos},
-            {"pad", info_.pad}};
+            {"bos", bos_},
+            {"pad", pad_}};
   }
 
  private:
-  std::string model_, sha256_;
+  struct Special {
+    std::string text;
+    int32_t id;
+  };
+
+  std::string piece(int32_t id) const {
+    const char* p = nullptr;
+    const int64_t n = spm_module().piece(handle_, id, &p);
+    return n < 0 ? std::string() : std::string(p, static_cast<size_t>(n));
+  }
+
+  // Megatron's _SentencePieceTokenizer._initalize (without --vocab-extra-ids).
+  void add_megatron_specials() {
+    std::unordered_map<std::string, int32_t> ids;
+    for (int32_t i = 0; i < info_.vocab_size; ++i) ids.emplace(piece(i), i);
+    auto add = [&](const std::string& t) {
+      auto [it, fresh] = ids.emplace(t, vocab_size_);
+      if (fresh) ++vocab_size_;
+      for (const Special& sp : specials_)
+        if (sp.text == t) return it->second;
+      specials_.push_back({t, it->second});
+      return it->second;
+    };
+    add("<CLS>");
+    add("<SEP>");
+    eod_ = add("<EOD>");
+    add("<MASK>");
+    pad_ = add(info_.pad >= 0 ? piece(info_.pad) : "<PAD>");
+    bos_ = add(info_.bos >= 0 ? piece(info_.bos) : "<BOS>");
+    add(info_.eos >= 0 ? piece(info_.eos) : "<EOS>");
+  }
+
+  const Special* special_of(int32_t id) const {
+    for (const Special& sp : specials_)
+      if (sp.id == id) return &sp;
+    return nullptr;
+  }
+
+  void encode_plain(std::string_view text, std::vector<int32_t>* out) const {
+    if (text.empty()) return;
+    const int32_t* ids = nullptr;
+    int64_t n = spm_module().encode(handle_, text.data(), text.size(), &ids);
+    if (n < 0) fail("{}: SentencePiece failed to encode a text of {} bytes", model_, text.size());
+    out->insert(out->end(), ids, ids + n);
+  }
+
+  std::string decode_plain(const std::vector<int32_t>& ids) const {
+    const char* text = nullptr;
+    int64_t n = spm_module().decode(handle_, ids.data(), static_cast<int64_t>(ids.size()), &text);
+    if (n < 0) fail("{}: cannot decode the ids (one is outside [0, {}))", model_, vocab_size_);
+    return std::string(text, static_cast<size_t>(n));
+  }
+
+  std::string model_, type_, sha256_;
+  SpmFlavor flavor_;
   void* handle_ = nullptr;
   WeftSpmInfo info_{};
-  int32_t eod_ = -1;
+  int64_t vocab_size_ = 0;
+  int32_t eod_ = -1, bos_ = -1, pad_ = -1;
+  std::vector<Special> specials_;  // kMegatron: in Megatron's order, one entry per text
 };
 
 #endif  // WEFT_WITH_SENTENCEPIECE
@@ -184,12 +286,17 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& f) {
                  "the end of document V)");
     return std::make_unique<NullTokenizer>(f.vocab_size);
   }
-  if (type != "SentencePieceTokenizer")
+  if (type != "SentencePieceTokenizer" && type != "GPTSentencePieceTokenizer" &&
+      type != "Llama2Tokenizer")
     fail_usage("--tokenizer-type {} is not supported (weft knows: SentencePieceTokenizer, "
-               "GPT2BPETokenizer, HuggingFaceTokenizer, NullTokenizer)", type);
+               "GPTSentencePieceTokenizer, Llama2Tokenizer, GPT2BPETokenizer, "
+               "HuggingFaceTokenizer, NullTokenizer)", type);
 #if WEFT_WITH_SENTENCEPIECE
   if (f.model.empty()) fail_usage("--tokenizer-model is required for --tokenizer-type {}", type);
-  return std::make_unique<SentencePieceTokenizer>(f.model);
+  const SpmFlavor flavor = type == "GPTSentencePieceTokenizer" ? SpmFlavor::kGpt
+                           : type == "Llama2Tokenizer"         ? SpmFlavor::kLlama2
+                                                               : SpmFlavor::kMegatron;
+  return std::make_unique<SentencePieceTokenizer>(f.model, flavor, type);
 #else
   fail_usage("{}", kNoSentencePiece);
 #endif

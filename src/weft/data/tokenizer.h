@@ -1,5 +1,6 @@
-// Tokenizers behind Megatron's --tokenizer-type names: SentencePieceTokenizer (Debian's
-// libsentencepiece, wrapped), GPT2BPETokenizer and HuggingFaceTokenizer (byte-level BPE,
+// Tokenizers behind Megatron's --tokenizer-type names: SentencePieceTokenizer,
+// GPTSentencePieceTokenizer and Llama2Tokenizer (Debian's libsentencepiece, wrapped, with
+// Megatron's special tokens), GPT2BPETokenizer and HuggingFaceTokenizer (byte-level BPE,
 // bpe_tokenizer.h), and NullTokenizer (the text is its ids).
 #pragma once
 
@@ -36,7 +37,11 @@ struct TokenizerFiles {
 };
 
 // The tokenizer the flags name:
-//   SentencePieceTokenizer  --tokenizer-model M.model
+//   SentencePieceTokenizer  --tokenizer-model M.model, Megatron's: <CLS> <SEP> <EOD> <MASK> (and
+//                           the pad, bos, eos pieces, where missing) appended to the pieces;
+//                           eod <EOD>; those specials in a text are their ids
+//   GPTSentencePieceTokenizer  --tokenizer-model M.model: the pieces; eod the eos
+//   Llama2Tokenizer         --tokenizer-model M.model: the pieces, bos first; eod the eos
 //   GPT2BPETokenizer        --vocab-file vocab.json --merge-file merges.txt (eod <|endoftext|>)
 //   HuggingFaceTokenizer    --tokenizer-model DIR (tokenizer.json; eod = its eos_token)
 //   NullTokenizer           --vocab-size V: a text is its ids written in decimal, separated by

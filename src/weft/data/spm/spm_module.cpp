@@ -60,6 +60,16 @@ __attribute__((visibility("default"))) int64_t weft_spm_encode(void* h, const ch
   return static_cast<int64_t>(out.size());
 }
 
+__attribute__((visibility("default"))) int64_t weft_spm_piece(void* h, int32_t id,
+                                                              const char** piece) {
+  thread_local std::string out;
+  auto* sp = static_cast<sentencepiece::SentencePieceProcessor*>(h);
+  if (id < 0 || id >= sp->GetPieceSize()) return -1;
+  out = sp->IdToPiece(id);
+  *piece = out.data();
+  return static_cast<int64_t>(out.size());
+}
+
 __attribute__((visibility("default"))) int64_t weft_spm_decode(void* h, const int32_t* ids,
                                                                int64_t n, const char** text) {
   thread_local std::string out;

@@ -27,6 +27,8 @@ typedef void (*weft_spm_info_fn)(void* handle, WeftSpmInfo* info);
 // Ids of `text`; returns the count (-1 on failure) and sets *ids.
 typedef int64_t (*weft_spm_encode_fn)(void* handle, const char* text, size_t len,
                                       const int32_t** ids);
+// The piece of `id`; returns its byte count (-1 for an id outside the model) and sets *piece.
+typedef int64_t (*weft_spm_piece_fn)(void* handle, int32_t id, const char** piece);
 // Text of `ids`; returns the byte count (-1 on failure) and sets *text.
 typedef int64_t (*weft_spm_decode_fn)(void* handle, const int32_t* ids, int64_t n,
                                       const char** text);
