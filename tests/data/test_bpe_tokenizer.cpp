@@ -196,6 +196,25 @@ TEST(BpeTokenizer, DecodeInvertsEncodeOnRandomUtf8) {
   }
 }
 
+TEST(BpeTokenizer, DecodeReplacesInvalidUtf8AsPythonDoes) {
+  Toy t(Merges{});
+  auto tok = make_bpe_tokenizer(pipeline(t));
+  auto dec = [&](std::initializer_list<int> bytes) {
+    Ids ids(bytes.begin(), bytes.end());
+    return tok->decode(ids);
+  };
+  const std::string r = "\uFFFD";
+  // Each expectation is Python's bytes(...).decode("utf-8", "replace").
+  EXPECT_EQ(dec({0xE4, 0xB8, 'a'}), r + "a");            // a cut three-byte character: one
+  EXPECT_EQ(dec({0xE4, 0xB8, 0xAD}), "\u4e2d");          // whole: kept
+  EXPECT_EQ(dec({0x80, 0x80}), r + r);                    // lone continuation bytes: one each
+  EXPECT_EQ(dec({0xC0, 0xAF}), r + r);                    // overlong lead: invalid alone
+  EXPECT_EQ(dec({0xED, 0xA0, 0x80}), r + r + r);          // a surrogate
+  EXPECT_EQ(dec({0xF0, 0x9F, 0x98}), r);                  // a cut emoji
+  EXPECT_EQ(dec({0xF4, 0x90, 0x80, 0x80}), r + r + r + r);  // above U+10FFFF
+  EXPECT_EQ(dec({'x', 0xE4}), "x" + r);
+}
+
 TEST(UnicodeRegex, OffsetsAreBytesAndPropertiesWork) {
   UnicodeRegex re(R"(\p{L}+|\p{N}+)", "test");
   const std::string s = "\u00e9t\u00e9 42 \u4e2d\u6587!";

@@ -4,6 +4,9 @@
 // reads it): one pipeline, text -> added tokens split out -> normaliser -> pre-tokenizer steps
 // -> BPE per piece -> the post-processor's special tokens around the ids.
 //
+// decode writes each token's bytes, an invalid UTF-8 stretch (a character cut between tokens) as
+// U+FFFD, as the reference decoders do.
+//
 // Invariant: encode gives the ids that the reference tokenizer gives for the same files
 // (Megatron's GPT2Tokenizer for the first type, transformers' tokenizer(text).input_ids for
 // the second); what weft cannot reproduce exactly is refused when the files are read, naming
