@@ -16,6 +16,18 @@ void add_tokenizer_flags(CLI::App* cmd, TokenizerFiles* f) {
       "SentencePiece .model file, or a Hugging Face tokenizer directory");
   opt("--vocab-file", f->vocab_file, "GPT2BPETokenizer's vocab.json");
   opt("--merge-file", f->merge_file, "GPT2BPETokenizer's merges.txt");
+  cmd->add_flag("--tokenizer-hf-include-special-tokens", f->hf_include_special_tokens,
+                "HuggingFaceTokenizer: the post-processor's special tokens (Llama 3's BOS) around "
+                "each text, as transformers' tokenizer(text); default: the text's tokens alone");
+  cmd->add_flag("--legacy-tokenizer", f->hf_include_special_tokens,
+                "Megatron's legacy tokenizers; for HuggingFaceTokenizer the same as "
+                "--tokenizer-hf-include-special-tokens (the other types encode alike)");
+  // Accepted for Megatron's scripts; they change nothing weft computes.
+  static bool use_fast = false, trust_remote_code = false;
+  cmd->add_flag("--tokenizer-hf-use-fast", use_fast,
+                "accepted: weft encodes as transformers' fast tokenizer does");
+  cmd->add_flag("--trust-remote-code", trust_remote_code,
+                "accepted: weft runs no code from a tokenizer directory (it reads tokenizer.json)");
 }
 
 bool tokenizer_given(const TokenizerFiles& f) {

@@ -4,7 +4,9 @@
 #    merge loop): `weft data preprocess` with GPT2BPETokenizer (vocab.json + merges.txt) and
 #    HuggingFaceTokenizer on three tokenizer.json pipelines (GPT-2's ByteLevel regex; Llama 3's
 #    Split + ignore_merges + BOS template + added tokens with lstrip/rstrip; Qwen's NFC and
-#    single digits) writes exactly the reference's tokens for a multilingual text set.
+#    single digits) writes exactly the reference's tokens for a multilingual text set, with the
+#    template's specials (--tokenizer-hf-include-special-tokens, --legacy-tokenizer) and
+#    without (Megatron's default).
 # 2. Training on those datasets: the vocabulary is the tokenizer's padded to
 #    --make-vocab-size-divisible-by, the checkpoint records the tokenizer, `weft generate
 #    --prompt` encodes with it; NullTokenizer as Megatron's (V + 1 ids, eod V).
@@ -42,13 +44,28 @@ if pre g2 "${gpt2[@]}"; then
     ok "GPT2BPETokenizer equals the reference" || bad "GPT2BPETokenizer differs from the reference"
 fi
 for k in hf_gpt2 hf_llama3 hf_qwen; do
-  if pre "$k" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/$k"; then
+  if pre "$k" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/$k" \
+       --tokenizer-hf-include-special-tokens; then
     "$py" "$ref" check hf "$tmp/$k" "$tmp/texts.jsonl" "$tmp/${k}_text_document.bin" &&
       ok "HuggingFaceTokenizer $k equals the reference" || bad "HuggingFaceTokenizer $k differs"
   fi
 done
+# Without --tokenizer-hf-include-special-tokens (Megatron's default): no BOS from the template.
+if pre plain_llama3 --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/hf_llama3"; then
+  "$py" "$ref" check hf-plain "$tmp/hf_llama3" "$tmp/texts.jsonl" \
+    "$tmp/plain_llama3_text_document.bin" &&
+    ok "HuggingFaceTokenizer hf_llama3 without the template's specials equals the reference" ||
+    bad "HuggingFaceTokenizer hf_llama3 without the template's specials differs"
+fi
+if pre legacy_llama3 --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/hf_llama3" \
+     --legacy-tokenizer; then
+  cmp -s "$tmp/legacy_llama3_text_document.bin" "$tmp/hf_llama3_text_document.bin" &&
+    ok "--legacy-tokenizer adds the template's specials" ||
+    bad "--legacy-tokenizer encodes otherwise than --tokenizer-hf-include-special-tokens"
+fi
 # The tokenizer.json file itself may be given instead of its directory.
-if pre hf_file --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/hf_llama3/tokenizer.json"; then
+if pre hf_file --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/hf_llama3/tokenizer.json" \
+     --tokenizer-hf-include-special-tokens; then
   cmp -s "$tmp/hf_file_text_document.bin" "$tmp/hf_llama3_text_document.bin" &&
     ok "tokenizer.json given as a file" || bad "tokenizer.json as a file encodes differently"
 fi

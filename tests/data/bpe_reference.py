@@ -10,7 +10,9 @@ ranked) rather than weft's heap; it shares no code with weft.
                                (DIR/hf_gpt2, DIR/hf_llama3, DIR/hf_qwen: the pipelines of those
                                models' tokenizer.json files) and DIR/texts.jsonl to encode
   bpe_reference.py check KIND TOKDIR JSONL BIN
-                               encodes every "text" of JSONL as KIND (gpt2 | hf) would, appends
+                               encodes every "text" of JSONL as KIND would (gpt2: vocab.json and
+                               merges.txt; hf: tokenizer.json with the post-processor's special
+                               tokens, transformers' tokenizer(text); hf-plain: without them), appends
                                the eod, and compares with weft's .bin (uint16 or int32 tokens, as
                                the .idx beside it says); exit 1
                                naming the first document that differs
@@ -214,6 +216,7 @@ def make(out_dir):
 
 class Reference:
     def __init__(self, kind, tok_dir):
+        plain = kind == "hf-plain"
         self.template, self.added, self.nfc = ([], []), [], False
         if kind == "gpt2":
             with open(os.path.join(tok_dir, "vocab.json"), encoding="utf-8") as f:
@@ -254,7 +257,7 @@ class Reference:
                         else:
                             name = item["SpecialToken"]["id"]
                             (after if seen else before).extend(p["special_tokens"][name]["ids"])
-                    self.template = (before, after)
+                    self.template = ([], []) if plain else (before, after)
             eos = config["eos_token"]
             eos = eos["content"] if isinstance(eos, dict) else eos
             self.eod = next((i for c, i, _, _ in self.added if c == eos), self.vocab.get(eos))

@@ -130,8 +130,18 @@ def main(weft, out):
         prefix = os.path.join(out, f"w_{kind}")
         subprocess.run([weft, "data", "preprocess", "--input", jsonl, "--output-prefix", prefix,
                         "--append-eod", "--tokenizer-type", "HuggingFaceTokenizer",
-                        "--tokenizer-model", d], check=True, capture_output=True)
+                        "--tokenizer-model", d, "--tokenizer-hf-include-special-tokens"],
+                       check=True, capture_output=True)
         ok &= compare(f"HuggingFaceTokenizer {kind}", want, read_bin(prefix + "_text_document"))
+        # Megatron's default: the text's tokens alone (tokenize + convert_tokens_to_ids)
+        plain = [hf.convert_tokens_to_ids(hf.tokenize(t)) for t in tests]
+        plain = [w + [hf.eos_token_id] if w else w for w in plain]
+        subprocess.run([weft, "data", "preprocess", "--input", jsonl, "--output-prefix",
+                        prefix + "_plain", "--append-eod", "--tokenizer-type",
+                        "HuggingFaceTokenizer", "--tokenizer-model", d],
+                       check=True, capture_output=True)
+        ok &= compare(f"HuggingFaceTokenizer {kind} without the template's specials", plain,
+                      read_bin(prefix + "_plain_text_document"))
         if kind == "gpt2":  # Megatron's GPT2BPETokenizer: <|endoftext|> in a text is text
             eot = hf.convert_tokens_to_ids("<|endoftext|>")
             want = [hf(t, split_special_tokens=True).input_ids for t in tests]

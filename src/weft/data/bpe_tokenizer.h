@@ -66,7 +66,10 @@ std::unique_ptr<Tokenizer> load_gpt2_bpe_tokenizer(const std::string& vocab_file
 
 // Megatron's HuggingFaceTokenizer from a local directory (or its tokenizer.json): eod is
 // tokenizer_config.json's eos_token (else special_tokens_map.json's), bos and pad likewise.
-// Throws UsageError naming --tokenizer-model, the file and the key it cannot use.
-std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path);
+// include_special_tokens: the post-processor's special tokens around each text (Megatron's
+// --tokenizer-hf-include-special-tokens: transformers' tokenizer(text).input_ids); else the
+// text's tokens alone (its tokenize + convert_tokens_to_ids). Throws UsageError naming
+// --tokenizer-model, the file and the key it cannot use.
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, bool include_special_tokens);
 
 }  // namespace weft

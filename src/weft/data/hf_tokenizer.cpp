@@ -170,7 +170,7 @@ std::string token_text(const json& j) {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, bool include_special_tokens) {
   if (path.empty()) fail_usage("--tokenizer-model is required for --tokenizer-type HuggingFaceTokenizer "
                                "(a local directory holding tokenizer.json)");
   fs::path dir = path, file = fs::path(path) / "tokenizer.json";
@@ -243,6 +243,10 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
                        a.value("lstrip", false), a.value("rstrip", false)});
   }
   r.read_post(tj.value("post_processor", json()), "post_processor", &p);
+  if (!include_special_tokens) {
+    p.prefix.clear();
+    p.suffix.clear();
+  }
 
   // Special tokens: tokenizer_config.json, else special_tokens_map.json (transformers' order).
   json config = json::object(), special_map = json::object();
@@ -297,7 +301,8 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
   p.identity = {{"type", "HuggingFaceTokenizer"},
                 {"model_file", fs::path(path).filename().string()},
                 {"sha256", sha256_hex(tj_hash + sha256_hex(config_text) +
-                                      sha256_hex(special_map.dump()))}};
+                                      sha256_hex(special_map.dump()))},
+                {"include_special_tokens", include_special_tokens}};
   return make_bpe_tokenizer(std::move(p));
 }
 

@@ -279,7 +279,8 @@ class NullTokenizer final : public Tokenizer {
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& f) {
   const std::string& type = f.type;
   if (type == "GPT2BPETokenizer") return load_gpt2_bpe_tokenizer(f.vocab_file, f.merge_file);
-  if (type == "HuggingFaceTokenizer") return load_hf_tokenizer(f.model);
+  if (type == "HuggingFaceTokenizer")
+    return load_hf_tokenizer(f.model, f.hf_include_special_tokens);
   if (type == "NullTokenizer") {
     if (f.vocab_size < 1 || f.vocab_size >= (int64_t{1} << 31) - 1)
       fail_usage("--tokenizer-type NullTokenizer needs --vocab-size V >= 1 (its ids are 0..V-1, "

@@ -34,6 +34,10 @@ struct TokenizerFiles {
   std::string vocab_file;  // --vocab-file (GPT2BPETokenizer's vocab.json)
   std::string merge_file;  // --merge-file (GPT2BPETokenizer's merges.txt)
   int64_t vocab_size = -1; // --vocab-size (NullTokenizer: ids 0..V-1, eod V)
+  // HuggingFaceTokenizer: the post-processor's special tokens (Llama 3's BOS) around each text,
+  // as Megatron's --tokenizer-hf-include-special-tokens, or its --legacy-tokenizer, which always
+  // adds them; otherwise a text is its tokens alone (Megatron's default tokenizer system).
+  bool hf_include_special_tokens = false;
 };
 
 // The tokenizer the flags name:
@@ -43,7 +47,8 @@ struct TokenizerFiles {
 //   GPTSentencePieceTokenizer  --tokenizer-model M.model: the pieces; eod the eos
 //   Llama2Tokenizer         --tokenizer-model M.model: the pieces, bos first; eod the eos
 //   GPT2BPETokenizer        --vocab-file vocab.json --merge-file merges.txt (eod <|endoftext|>)
-//   HuggingFaceTokenizer    --tokenizer-model DIR (tokenizer.json; eod = its eos_token)
+//   HuggingFaceTokenizer    --tokenizer-model DIR (tokenizer.json; eod = its eos_token); the
+//                           post-processor's specials only with hf_include_special_tokens
 //   NullTokenizer           --vocab-size V: a text is its ids written in decimal, separated by
 //                           single spaces; V + 1 ids, the last (V) the end of document
 // Throws UsageError naming the flag for an unknown type, a missing file or flag, or a file
