@@ -19,9 +19,10 @@ void add_tokenizer_flags(CLI::App* cmd, TokenizerFiles* f) {
   cmd->add_flag("--tokenizer-hf-include-special-tokens", f->hf_include_special_tokens,
                 "HuggingFaceTokenizer: the post-processor's special tokens (Llama 3's BOS) around "
                 "each text, as transformers' tokenizer(text); default: the text's tokens alone");
-  cmd->add_flag("--legacy-tokenizer", f->hf_include_special_tokens,
-                "Megatron's legacy tokenizers; for HuggingFaceTokenizer the same as "
-                "--tokenizer-hf-include-special-tokens (the other types encode alike)");
+  cmd->add_flag("--legacy-tokenizer", f->legacy,
+                "Megatron's legacy tokenizer classes: SentencePieceTokenizer with <CLS> <SEP> "
+                "<EOD> <MASK> appended (eod <EOD>), Llama2Tokenizer with bos first, "
+                "HuggingFaceTokenizer with the post-processor's specials");
   // Accepted for Megatron's scripts; they change nothing weft computes.
   static bool use_fast = false, trust_remote_code = false;
   cmd->add_flag("--tokenizer-hf-use-fast", use_fast,

@@ -130,19 +130,37 @@ TEST_F(TokenizerTest, IdentityAndSpecialIds) {
   EXPECT_EQ(id["pad"], 3);
 }
 
-// Megatron's SentencePieceTokenizer appends <CLS> <SEP> <EOD> <MASK> to the 300 pieces (the
-// model's <pad>, <s>, </s> are pieces already), ends documents with <EOD>, and reads those
-// specials in a text as their ids; Llama2Tokenizer starts every text with bos.
+// Megatron's default tokenizer system encodes the three SentencePiece types alike. Its legacy
+// classes (--legacy-tokenizer) differ: SentencePieceTokenizer appends <CLS> <SEP> <EOD> <MASK>
+// to the 300 pieces (the model's <pad>, <s>, </s> are pieces already), ends documents with
+// <EOD> and reads those specials in a text as their ids; Llama2Tokenizer starts with bos.
 TEST_F(TokenizerTest, MegatronSentencePieceFlavours) {
+  auto legacy = [&](const char* type) {
+    TokenizerFiles f;
+    f.type = type;
+    f.model = model_;
+    f.legacy = true;
+    return make_tokenizer(f);
+  };
   auto gpt = make_tokenizer("GPTSentencePieceTokenizer", model_);
-  auto meg = make_tokenizer("SentencePieceTokenizer", model_);
-  auto llama = make_tokenizer("Llama2Tokenizer", model_);
+  for (const char* type : {"SentencePieceTokenizer", "Llama2Tokenizer"}) {
+    auto plain = make_tokenizer(type, model_);
+    EXPECT_EQ(plain->encode("the model<EOD>"), gpt->encode("the model<EOD>")) << type;
+    EXPECT_EQ(plain->vocab_size(), 300) << type;
+    EXPECT_EQ(plain->eod(), 2) << type;
+  }
+  EXPECT_EQ(legacy("GPTSentencePieceTokenizer")->encode("the model<EOD>"),
+            gpt->encode("the model<EOD>"));
+  auto meg = legacy("SentencePieceTokenizer");
+  auto llama = legacy("Llama2Tokenizer");
+  EXPECT_EQ(meg->identity()["legacy"], true);
   EXPECT_EQ(meg->vocab_size(), 304);
   EXPECT_EQ(meg->eod(), 302);
   EXPECT_EQ(meg->bos(), 1);
   EXPECT_EQ(meg->pad(), 3);
   EXPECT_EQ(meg->identity()["type"], "SentencePieceTokenizer");
   EXPECT_EQ(meg->identity()["vocab_size"], 304);
+  EXPECT_FALSE(same_tokenizer(meg->identity(), make_tokenizer("SentencePieceTokenizer", model_)->identity()));
   EXPECT_FALSE(same_tokenizer(meg->identity(), gpt->identity()));
   auto cat = [](std::vector<std::vector<int32_t>> parts) {
     std::vector<int32_t> out;

@@ -69,7 +69,8 @@ const SpmModule& spm_module() {
   return m;
 }
 
-// Megatron's three SentencePiece tokenizers over one .model file:
+// Megatron's legacy SentencePiece tokenizers over one .model file (its default system encodes
+// all three as GPTSentencePieceTokenizer):
 //   SentencePieceTokenizer     the pieces, then <CLS> <SEP> <EOD> <MASK> and the pad, bos and eos
 //                              pieces (<PAD>, <BOS>, <EOS> where the model has none) appended
 //                              where not already pieces; eod <EOD>; those specials written in a
@@ -80,8 +81,8 @@ enum class SpmFlavor { kMegatron, kGpt, kLlama2 };
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
-  SentencePieceTokenizer(const std::string& model, SpmFlavor flavor, std::string type)
-      : model_(model), type_(std::move(type)), flavor_(flavor) {
+  SentencePieceTokenizer(const std::string& model, SpmFlavor flavor, std::string type, bool legacy)
+      : model_(model), type_(std::move(type)), flavor_(flavor), legacy_(legacy) {
     const SpmModule& spm = spm_module();
     if (!std::filesystem::is_regular_file(model))
       fail_usage("--tokenizer-model {}: no such file", model);
@@ -150,13 +151,15 @@ class SentencePieceTokenizer final : public Tokenizer {
   int32_t pad() const override { return pad_; }
 
   nlohmann::json identity() const override {
-    return {{"type", type_},
+    nlohmann::json id = {{"type", type_},
             {"model_file", std::filesystem::path(model_).filename().string()},
             {"sha256", sha256_},
             {"vocab_size", vocab_size_},
             {"eod", eod_},
             {"bos", bos_},
             {"pad", pad_}};
+    if (legacy_) id["legacy"] = true;
+    return id;
   }
 
  private:
@@ -215,6 +218,7 @@ class SentencePieceTokenizer final : public Tokenizer {
 
   std::string model_, type_, sha256_;
   SpmFlavor flavor_;
+  bool legacy_;
   void* handle_ = nullptr;
   WeftSpmInfo info_{};
   int64_t vocab_size_ = 0;
@@ -280,7 +284,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& f) {
   const std::string& type = f.type;
   if (type == "GPT2BPETokenizer") return load_gpt2_bpe_tokenizer(f.vocab_file, f.merge_file);
   if (type == "HuggingFaceTokenizer")
-    return load_hf_tokenizer(f.model, f.hf_include_special_tokens);
+    return load_hf_tokenizer(f.model, f.hf_include_special_tokens || f.legacy);
   if (type == "NullTokenizer") {
     if (f.vocab_size < 1 || f.vocab_size >= (int64_t{1} << 31) - 1)
       fail_usage("--tokenizer-type NullTokenizer needs --vocab-size V >= 1 (its ids are 0..V-1, "
@@ -294,10 +298,12 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& f) {
                "HuggingFaceTokenizer, NullTokenizer)", type);
 #if WEFT_WITH_SENTENCEPIECE
   if (f.model.empty()) fail_usage("--tokenizer-model is required for --tokenizer-type {}", type);
-  const SpmFlavor flavor = type == "GPTSentencePieceTokenizer" ? SpmFlavor::kGpt
-                           : type == "Llama2Tokenizer"         ? SpmFlavor::kLlama2
-                                                               : SpmFlavor::kMegatron;
-  return std::make_unique<SentencePieceTokenizer>(f.model, flavor, type);
+  // Megatron's default system encodes the three alike; its legacy classes differ.
+  const SpmFlavor flavor = !f.legacy                             ? SpmFlavor::kGpt
+                           : type == "GPTSentencePieceTokenizer" ? SpmFlavor::kGpt
+                           : type == "Llama2Tokenizer"           ? SpmFlavor::kLlama2
+                                                                 : SpmFlavor::kMegatron;
+  return std::make_unique<SentencePieceTokenizer>(f.model, flavor, type, f.legacy);
 #else
   fail_usage("{}", kNoSentencePiece);
 #endif

@@ -38,14 +38,19 @@ struct TokenizerFiles {
   // as Megatron's --tokenizer-hf-include-special-tokens, or its --legacy-tokenizer, which always
   // adds them; otherwise a text is its tokens alone (Megatron's default tokenizer system).
   bool hf_include_special_tokens = false;
+  // --legacy-tokenizer: Megatron's legacy tokenizer classes, where the three SentencePiece types
+  // differ (see make_tokenizer); Megatron's default system encodes all three alike.
+  bool legacy = false;
 };
 
 // The tokenizer the flags name:
-//   SentencePieceTokenizer  --tokenizer-model M.model, Megatron's: <CLS> <SEP> <EOD> <MASK> (and
-//                           the pad, bos, eos pieces, where missing) appended to the pieces;
-//                           eod <EOD>; those specials in a text are their ids
-//   GPTSentencePieceTokenizer  --tokenizer-model M.model: the pieces; eod the eos
-//   Llama2Tokenizer         --tokenizer-model M.model: the pieces, bos first; eod the eos
+//   SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer
+//                           --tokenizer-model M.model: the pieces; eod the eos (Megatron's
+//                           default tokenizer system). With legacy (--legacy-tokenizer), as
+//                           Megatron's legacy classes: SentencePieceTokenizer appends <CLS> <SEP>
+//                           <EOD> <MASK> (and the pad, bos, eos pieces, where missing) to the
+//                           pieces, eod <EOD>, those specials in a text their ids;
+//                           Llama2Tokenizer starts every text with bos
 //   GPT2BPETokenizer        --vocab-file vocab.json --merge-file merges.txt (eod <|endoftext|>)
 //   HuggingFaceTokenizer    --tokenizer-model DIR (tokenizer.json; eod = its eos_token); the
 //                           post-processor's specials only with hf_include_special_tokens
