@@ -39,10 +39,15 @@ pre() {  # pre NAME TOKENIZER-FLAGS...: preprocess texts.jsonl into $tmp/NAME_te
 }
 gpt2=(--tokenizer-type GPT2BPETokenizer --vocab-file "$tmp/gpt2/vocab.json"
       --merge-file "$tmp/gpt2/merges.txt")
-if pre g2 "${gpt2[@]}"; then
+# --legacy-tokenizer: Megatron's legacy GPT2Tokenizer, "<|endoftext|>" in a text is text
+if pre g2 "${gpt2[@]}" --legacy-tokenizer; then
   "$py" "$ref" check gpt2 "$tmp/gpt2" "$tmp/texts.jsonl" "$tmp/g2_text_document.bin" &&
-    ok "GPT2BPETokenizer equals the reference" || bad "GPT2BPETokenizer differs from the reference"
+    ok "GPT2BPETokenizer --legacy-tokenizer equals the reference" ||
+    bad "GPT2BPETokenizer --legacy-tokenizer differs from the reference"
 fi
+# Megatron's default system reads the files with transformers' GPT-2 tokenizer, for which
+# "<|endoftext|>" is a special token: the ids of the tokenizer.json with it added (checked below).
+pre g2_default "${gpt2[@]}" 
 for k in hf_gpt2 hf_llama3 hf_qwen; do
   if pre "$k" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/$k" \
        --tokenizer-hf-include-special-tokens; then
@@ -50,6 +55,11 @@ for k in hf_gpt2 hf_llama3 hf_qwen; do
       ok "HuggingFaceTokenizer $k equals the reference" || bad "HuggingFaceTokenizer $k differs"
   fi
 done
+cmp -s "$tmp/g2_default_text_document.bin" "$tmp/hf_gpt2_text_document.bin" &&
+  ! cmp -s "$tmp/g2_default_text_document.bin" "$tmp/g2_text_document.bin" &&
+  ok "GPT2BPETokenizer reads <|endoftext|> in a text as the token, --legacy-tokenizer as text" ||
+  bad "GPT2BPETokenizer's <|endoftext|> in a text: default and --legacy-tokenizer not as Megatron's"
+
 # Without --tokenizer-hf-include-special-tokens (Megatron's default): no BOS from the template.
 if pre plain_llama3 --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/hf_llama3"; then
   "$py" "$ref" check hf-plain "$tmp/hf_llama3" "$tmp/texts.jsonl" \

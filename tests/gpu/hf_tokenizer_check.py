@@ -142,15 +142,21 @@ def main(weft, out):
                        check=True, capture_output=True)
         ok &= compare(f"HuggingFaceTokenizer {kind} without the template's specials", plain,
                       read_bin(prefix + "_plain_text_document"))
-        if kind == "gpt2":  # Megatron's GPT2BPETokenizer: <|endoftext|> in a text is text
+        if kind == "gpt2":  # Megatron's GPT2BPETokenizer: transformers' GPT-2 tokenizer on the
+            # files; with --legacy-tokenizer its own GPT2Tokenizer, where <|endoftext|> is text
             eot = hf.convert_tokens_to_ids("<|endoftext|>")
-            want = [hf(t, split_special_tokens=True).input_ids for t in tests]
-            want = [w + [eot] if w else w for w in want]
-            subprocess.run([weft, "data", "preprocess", "--input", jsonl, "--output-prefix",
-                            prefix + "_bpe", "--append-eod", "--tokenizer-type", "GPT2BPETokenizer",
-                            "--vocab-file", os.path.join(d, "vocab.json"), "--merge-file",
-                            os.path.join(d, "merges.txt")], check=True, capture_output=True)
-            ok &= compare("GPT2BPETokenizer", want, read_bin(prefix + "_bpe_text_document"))
+            files = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
+                     os.path.join(d, "vocab.json"), "--merge-file", os.path.join(d, "merges.txt")]
+            for legacy in (False, True):
+                want = [hf(t, split_special_tokens=legacy).input_ids for t in tests]
+                want = [w + [eot] if w else w for w in want]
+                out_prefix = prefix + ("_bpe_legacy" if legacy else "_bpe")
+                subprocess.run([weft, "data", "preprocess", "--input", jsonl, "--output-prefix",
+                                out_prefix, "--append-eod"] + files +
+                               (["--legacy-tokenizer"] if legacy else []),
+                               check=True, capture_output=True)
+                ok &= compare(f"GPT2BPETokenizer legacy={legacy}", want,
+                              read_bin(out_prefix + "_text_document"))
     return 0 if ok else 1
 
 

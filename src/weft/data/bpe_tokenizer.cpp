@@ -215,7 +215,7 @@ std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpePipeline pipeline) {
 }
 
 std::unique_ptr<Tokenizer> load_gpt2_bpe_tokenizer(const std::string& vocab_file,
-                                                   const std::string& merge_file) {
+                                                   const std::string& merge_file, bool legacy) {
   const std::string vocab_text = read_file_or_fail(vocab_file, "--vocab-file");
   const std::string merge_text = read_file_or_fail(merge_file, "--merge-file");
   nlohmann::json vocab_json;
@@ -256,11 +256,13 @@ std::unique_ptr<Tokenizer> load_gpt2_bpe_tokenizer(const std::string& vocab_file
   if (p.eod < 0)
     fail_usage("--vocab-file {}: has no \"<|endoftext|>\", GPT2BPETokenizer's end-of-document "
                "token", vocab_file);
+  if (!legacy) p.added.push_back({"<|endoftext|>", p.eod});
   namespace fs = std::filesystem;
   p.identity = {{"type", "GPT2BPETokenizer"},
                 {"model_file", fs::path(vocab_file).filename().string() + "+" +
                                    fs::path(merge_file).filename().string()},
                 {"sha256", sha256_hex(sha256_hex(vocab_text) + sha256_hex(merge_text))}};
+  if (legacy) p.identity["legacy"] = true;
   return make_bpe_tokenizer(std::move(p));
 }
 

@@ -58,11 +58,12 @@ extern const char* const kGpt2SplitPattern;
 std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpePipeline pipeline);
 
 // Megatron's GPT2BPETokenizer: vocab.json and merges.txt, GPT-2's pattern, eod
-// "<|endoftext|>"; no added tokens (Megatron builds it with special_tokens=[], so
-// "<|endoftext|>" in a text is encoded as text). Throws UsageError naming --vocab-file or
-// --merge-file.
+// "<|endoftext|>". "<|endoftext|>" in a text is that token, as Megatron's default system
+// (transformers' GPT-2 tokenizer on the files) reads it; with `legacy` (--legacy-tokenizer) it
+// is text, as Megatron's legacy GPT2Tokenizer (special_tokens=[]) reads it. Throws UsageError
+// naming --vocab-file or --merge-file.
 std::unique_ptr<Tokenizer> load_gpt2_bpe_tokenizer(const std::string& vocab_file,
-                                                   const std::string& merge_file);
+                                                   const std::string& merge_file, bool legacy);
 
 // Megatron's HuggingFaceTokenizer from a local directory (or its tokenizer.json): eod is
 // tokenizer_config.json's eos_token (else special_tokens_map.json's), bos and pad likewise.

@@ -282,7 +282,8 @@ class NullTokenizer final : public Tokenizer {
 
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& f) {
   const std::string& type = f.type;
-  if (type == "GPT2BPETokenizer") return load_gpt2_bpe_tokenizer(f.vocab_file, f.merge_file);
+  if (type == "GPT2BPETokenizer")
+    return load_gpt2_bpe_tokenizer(f.vocab_file, f.merge_file, f.legacy);
   if (type == "HuggingFaceTokenizer")
     return load_hf_tokenizer(f.model, f.hf_include_special_tokens || f.legacy);
   if (type == "NullTokenizer") {
