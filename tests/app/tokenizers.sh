@@ -127,11 +127,22 @@ fi
 printf '{"text": "5 17 3 199"}\n{"text": "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20"}\n' \
   >"$tmp/ids.jsonl"
 for i in $(seq 1 40); do echo "{\"text\": \"$((i % 200)) $((i * 7 % 200)) $((i * 13 % 200)) 42 43 44 45 46 47 48\"}"; done >>"$tmp/ids.jsonl"
-if "$weft" data preprocess --input "$tmp/ids.jsonl" --output-prefix "$tmp/null" --append-eod \
+# Megatron's default NullTokenizer maps each character c to c mod V: "A\u00e9" with V 200 is 65, 33
+printf '{"text": "A\\u00e9"}\n' >"$tmp/chars.jsonl"
+if "$weft" data preprocess --input "$tmp/chars.jsonl" --output-prefix "$tmp/nullc" --append-eod \
      --tokenizer-type NullTokenizer --vocab-size 200 >"$tmp/pre.log" 2>&1; then
+  got=$(od -An -t u2 "$tmp/nullc_text_document.bin" | xargs)
+  [ "$got" = "65 33 200" ] && ok "NullTokenizer: characters mod V ($got)" ||
+    bad "NullTokenizer wrote '$got', wanted '65 33 200'"
+else
+  bad "NullTokenizer preprocess of characters: $(tail -1 "$tmp/pre.log")"
+fi
+# --legacy-tokenizer: Megatron's legacy NullTokenizer reads the text as ids
+if "$weft" data preprocess --input "$tmp/ids.jsonl" --output-prefix "$tmp/null" --append-eod \
+     --tokenizer-type NullTokenizer --vocab-size 200 --legacy-tokenizer >"$tmp/pre.log" 2>&1; then
   first=$(od -An -t u2 -N 10 "$tmp/null_text_document.bin" | xargs)
-  [ "$first" = "5 17 3 199 200" ] && ok "NullTokenizer preprocess: $first" ||
-    bad "NullTokenizer preprocess wrote '$first', wanted '5 17 3 199 200'"
+  [ "$first" = "5 17 3 199 200" ] && ok "NullTokenizer --legacy-tokenizer: $first" ||
+    bad "NullTokenizer --legacy-tokenizer wrote '$first', wanted '5 17 3 199 200'"
   if train null --tokenizer-type NullTokenizer --vocab-size 200 --data-path "$tmp/null_text_document"; then
     got=$(ckpt_vocab "$tmp/ck_null")
     [ "$got" = "256 NullTokenizer 200" ] && ok "NullTokenizer run: vocab, type, eod = $got" ||
@@ -195,8 +206,9 @@ expect "names an eos_token" "${P[@]}" --tokenizer-type HuggingFaceTokenizer \
   --tokenizer-model "$tmp/bad_eos"
 expect "--tokenizer-type Foo is not supported" "${P[@]}" --tokenizer-type Foo
 expect "NullTokenizer needs --vocab-size" "${P[@]}" --tokenizer-type NullTokenizer
-expect "NullTokenizer: \"x\" is not an id" data preprocess --input "$tmp/bad_ids.jsonl" \
-  --output-prefix "$tmp/bad" --tokenizer-type NullTokenizer --vocab-size 10
+expect "NullTokenizer --legacy-tokenizer: \"x\" is not an id" data preprocess \
+  --input "$tmp/bad_ids.jsonl" --output-prefix "$tmp/bad" --tokenizer-type NullTokenizer \
+  --vocab-size 10 --legacy-tokenizer
 [ -e "$tmp/bad_text_document.bin" ] && bad "a refused preprocess left $tmp/bad_text_document.bin"
 expect "--vocab-file and --merge-file are read by --tokenizer-type GPT2BPETokenizer only" \
   train "${model[@]}" --mock-data --tokenizer-type SentencePieceTokenizer \

@@ -228,31 +228,15 @@ class SentencePieceTokenizer final : public Tokenizer {
 
 #endif  // WEFT_WITH_SENTENCEPIECE
 
-// Megatron's _NullTokenizer: the text "5 17 3" is the ids [5, 17, 3]; V + 1 ids, eod = V.
+// Megatron's NullTokenizer: V + 1 ids, eod V. Its default system maps each character (code
+// point) c of a text to c mod V, pad V - 1; its legacy class (--legacy-tokenizer) reads the text
+// as ids: "5 17 3" is [5, 17, 3], no pad.
 class NullTokenizer final : public Tokenizer {
  public:
-  explicit NullTokenizer(int64_t v) : v_(v) {}
+  NullTokenizer(int64_t v, bool legacy) : v_(v), legacy_(legacy) {}
 
   std::vector<int32_t> encode(const std::string& text) const override {
-    std::vector<int32_t> ids;
-    size_t at = 0;
-    while (true) {
-      const size_t sp = text.find(' ', at);
-      const std::string field = text.substr(at, sp == std::string::npos ? sp : sp - at);
-      // Python's int() takes surrounding whitespace; so does this.
-      const size_t b = field.find_first_not_of(" \t\n\r\v\f");
-      const size_t e = field.find_last_not_of(" \t\n\r\v\f");
-      const std::string digits = b == std::string::npos ? "" : field.substr(b, e - b + 1);
-      char* end = nullptr;
-      const long long id = digits.empty() ? -1 : std::strtoll(digits.c_str(), &end, 10);
-      if (digits.empty() || *end != '\0' || id < 0 || id > v_)
-        fail_usage("NullTokenizer: {:?} is not an id in [0, {}] (the text must be ids separated "
-                   "by single spaces)", field, v_);
-      ids.push_back(static_cast<int32_t>(id));
-      if (sp == std::string::npos) break;
-      at = sp + 1;
-    }
-    return ids;
+    return legacy_ ? parse_ids(text) : code_points_mod_v(text);
   }
 
   std::string decode(const std::vector<int32_t>& ids) const override {
@@ -267,15 +251,60 @@ class NullTokenizer final : public Tokenizer {
   int64_t vocab_size() const override { return v_ + 1; }
   int32_t eod() const override { return static_cast<int32_t>(v_); }
   int32_t bos() const override { return -1; }
-  int32_t pad() const override { return -1; }
+  int32_t pad() const override { return legacy_ ? -1 : static_cast<int32_t>(v_ - 1); }
   nlohmann::json identity() const override {
-    return {{"type", "NullTokenizer"}, {"model_file", ""},
-            {"sha256", sha256_hex("NullTokenizer " + std::to_string(v_))},
-            {"vocab_size", v_ + 1}, {"eod", v_}, {"bos", -1}, {"pad", -1}};
+    nlohmann::json id = {{"type", "NullTokenizer"}, {"model_file", ""},
+                         {"sha256", sha256_hex("NullTokenizer " + std::to_string(v_))},
+                         {"vocab_size", v_ + 1}, {"eod", v_}, {"bos", -1}, {"pad", pad()}};
+    if (legacy_) id["legacy"] = true;
+    return id;
   }
 
  private:
+  std::vector<int32_t> parse_ids(const std::string& text) const {
+    std::vector<int32_t> ids;
+    size_t at = 0;
+    while (true) {
+      const size_t sp = text.find(' ', at);
+      const std::string field = text.substr(at, sp == std::string::npos ? sp : sp - at);
+      // Python's int() takes surrounding whitespace; so does this.
+      const size_t b = field.find_first_not_of(" \t\n\r\v\f");
+      const size_t e = field.find_last_not_of(" \t\n\r\v\f");
+      const std::string digits = b == std::string::npos ? "" : field.substr(b, e - b + 1);
+      char* end = nullptr;
+      const long long id = digits.empty() ? -1 : std::strtoll(digits.c_str(), &end, 10);
+      if (digits.empty() || *end != '\0' || id < 0 || id > v_)
+        fail_usage("NullTokenizer --legacy-tokenizer: {:?} is not an id in [0, {}] (the text "
+                   "must be ids separated by single spaces)", field, v_);
+      ids.push_back(static_cast<int32_t>(id));
+      if (sp == std::string::npos) break;
+      at = sp + 1;
+    }
+    return ids;
+  }
+
+  // Python's [ord(c) % V for c in text] on the UTF-8 text (an invalid byte counts as U+FFFD,
+  // as the JSON reader would have refused it before).
+  std::vector<int32_t> code_points_mod_v(const std::string& text) const {
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < text.size();) {
+      const auto c = static_cast<unsigned char>(text[i]);
+      const int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+      int64_t cp = 0xFFFD;
+      if (len > 0 && i + static_cast<size_t>(len) <= text.size()) {
+        cp = len == 1 ? c : c & (0x7F >> len);
+        for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3F);
+        i += static_cast<size_t>(len);
+      } else {
+        ++i;
+      }
+      ids.push_back(static_cast<int32_t>(cp % v_));
+    }
+    return ids;
+  }
+
   int64_t v_;
+  bool legacy_;
 };
 
 }  // namespace
@@ -290,7 +319,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& f) {
     if (f.vocab_size < 1 || f.vocab_size >= (int64_t{1} << 31) - 1)
       fail_usage("--tokenizer-type NullTokenizer needs --vocab-size V >= 1 (its ids are 0..V-1, "
                  "the end of document V)");
-    return std::make_unique<NullTokenizer>(f.vocab_size);
+    return std::make_unique<NullTokenizer>(f.vocab_size, f.legacy);
   }
   if (type != "SentencePieceTokenizer" && type != "GPTSentencePieceTokenizer" &&
       type != "Llama2Tokenizer")

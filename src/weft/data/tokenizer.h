@@ -54,8 +54,10 @@ struct TokenizerFiles {
 //   GPT2BPETokenizer        --vocab-file vocab.json --merge-file merges.txt (eod <|endoftext|>)
 //   HuggingFaceTokenizer    --tokenizer-model DIR (tokenizer.json; eod = its eos_token); the
 //                           post-processor's specials only with hf_include_special_tokens
-//   NullTokenizer           --vocab-size V: a text is its ids written in decimal, separated by
-//                           single spaces; V + 1 ids, the last (V) the end of document
+//   NullTokenizer           --vocab-size V: V + 1 ids, the last (V) the end of document; a
+//                           text's characters c are the ids c mod V (Megatron's default
+//                           system), or with legacy the text is its ids written in decimal,
+//                           separated by single spaces
 // Throws UsageError naming the flag for an unknown type, a missing file or flag, or a file
 // that is not what the type reads.
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& files);
