@@ -96,14 +96,19 @@ void run(const GenerateArgs& a) {
   const ModelConfig cfg = model_config_from_json(meta["config"]["model"]);
 
   std::unique_ptr<Tokenizer> tok;
-  const std::string tok_name =
-      !a.tokenizer.model.empty() ? a.tokenizer.model : a.tokenizer.vocab_file;
+  const std::string tok_name = !a.tokenizer.model.empty()      ? "--tokenizer-model " + a.tokenizer.model
+                               : !a.tokenizer.vocab_file.empty() ? "--vocab-file " + a.tokenizer.vocab_file
+                                                                 : "--tokenizer-type " + a.tokenizer.type;
   if (tokenizer_given(a.tokenizer)) {
     TokenizerFiles files = a.tokenizer;
     const nlohmann::json recorded = meta.value("tokenizer", nlohmann::json());
     if (files.type.empty())  // the type the checkpoint was trained with, else Megatron's default
       files.type = recorded.is_object() ? recorded.value("type", std::string("SentencePieceTokenizer"))
                                         : "SentencePieceTokenizer";
+    if (recorded.is_object()) {  // and the way it read texts (--legacy-tokenizer and the like)
+      files.legacy |= recorded.value("legacy", false);
+      files.hf_include_special_tokens |= recorded.value("include_special_tokens", false);
+    }
     if (files.type == "NullTokenizer") {
       // The checkpoint's recorded tokenizer gives V (its vocab_size is V + 1).
       const nlohmann::json saved = meta.value("tokenizer", nlohmann::json());
@@ -115,12 +120,12 @@ void run(const GenerateArgs& a) {
     tok = make_tokenizer(files);
     const nlohmann::json saved = meta.value("tokenizer", nlohmann::json());
     if (!saved.is_null() && !same_tokenizer(saved, tok->identity()) && !a.force)
-      fail_usage("--tokenizer-model {} differs from the tokenizer the checkpoint was trained with "
+      fail_usage("{} differs from the tokenizer the checkpoint was trained with "
                  "({}, sha256 {}); pass --force to generate anyway",
                  tok_name, saved.value("model_file", std::string("?")),
                  saved.value("sha256", std::string("?")));
     if (tok->vocab_size() > cfg.vocab_size)
-      fail_usage("--tokenizer-model {} has {} tokens, more than the model's --vocab-size {}",
+      fail_usage("{} has {} tokens, more than the model's --vocab-size {}",
                  tok_name, tok->vocab_size(), cfg.vocab_size);
   }
   std::vector<int64_t> prompt;

@@ -155,7 +155,8 @@ else
 fi
 
 # --- 3. bad input ---------------------------------------------------------------------------------
-mkdir -p "$tmp/bad_unigram" "$tmp/bad_fallback" "$tmp/bad_meta" "$tmp/bad_eos" "$tmp/empty_dir"
+mkdir -p "$tmp/bad_unigram" "$tmp/bad_fallback" "$tmp/bad_meta" "$tmp/bad_eos" "$tmp/empty_dir" \
+  "$tmp/bad_order" "$tmp/bad_type" "$tmp/bad_llama"
 python3 - "$tmp" <<'EOF'
 import json, sys
 t = sys.argv[1]
@@ -167,6 +168,13 @@ write("bad_unigram", dict(tj, model={"type": "Unigram", "vocab": []}))
 write("bad_fallback", dict(tj, model=dict(tj["model"], byte_fallback=True)))
 write("bad_meta", dict(tj, pre_tokenizer={"type": "Metaspace", "replacement": "\u2581"}))
 write("bad_eos", tj, {"bos_token": "<|endoftext|>"})
+write("bad_order", dict(tj, pre_tokenizer={"type": "Sequence", "pretokenizers": [
+    {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False},
+    {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": False}]}))
+write("bad_type", dict(tj, added_tokens=[{"content": "<x>"}]))  # no id
+llama = json.load(open(f"{t}/hf_llama3/tokenizer.json"))
+write("bad_llama", llama, {"tokenizer_class": "LlamaTokenizerFast", "add_bos_token": False,
+                           "eos_token": "<|end_of_text|>", "bos_token": "<|begin_of_text|>"})
 EOF
 printf '#version: 0.2\nthis line has three\n' >"$tmp/bad_merges.txt"
 printf '{"text": "1 2 x"}\n' >"$tmp/bad_ids.jsonl"
@@ -204,6 +212,12 @@ expect "pre-tokenizer \"Metaspace\" is not supported" "${P[@]}" \
   --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/bad_meta"
 expect "names an eos_token" "${P[@]}" --tokenizer-type HuggingFaceTokenizer \
   --tokenizer-model "$tmp/bad_eos"
+expect "a step after the ByteLevel step is not supported" "${P[@]}" \
+  --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/bad_order"
+expect "--tokenizer-model $tmp/bad_type: a tokenizer file holds a value" "${P[@]}" \
+  --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/bad_type"
+expect "add_bos_token false / add_eos_token false disagree with tokenizer.json's post-processor" \
+  "${P[@]}" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/bad_llama"
 expect "--tokenizer-type Foo is not supported" "${P[@]}" --tokenizer-type Foo
 expect "NullTokenizer needs --vocab-size" "${P[@]}" --tokenizer-type NullTokenizer
 expect "NullTokenizer --legacy-tokenizer: \"x\" is not an id" data preprocess \

@@ -206,6 +206,7 @@ def make(out_dir):
     tests = corpus(2, 150) + [
         "", " ", "   leading and trailing   ", "a\n\n\nb", "tabs\t\tand\u3000ideographic space",
         "<|endoftext|> in the text<|endoftext|>", "hi <|user|>  there<|begin_of_text|>x",
+        "a\u00a0\u3000<|user|>\u2003\nb <|user|>\u200bc",
         "numbers 1234567 and 12 and 1", "HE'S I'LL We'Ve", "e\u0301 vs \u00e9, \u212b vs \u00c5",
         "\U0001F600\U0001F600 emoji\u200dzwj", "x" * 3000, "!!!???" * 200, "\u00ad soft hyphen",
         "mixed\u00a0nbsp", "trailing newline\n"]
@@ -303,10 +304,11 @@ class Reference:
                 break
             k, content, tid, lstrip, rstrip = best
             b, e = k, k + len(content)
-            ws = " \t\n\r\v\f"
-            while lstrip and b > at and text[b - 1] in ws:
+            def ws(ch):  # Unicode White_Space, as Rust's char::is_whitespace
+                return regex.fullmatch(r"\s", ch) is not None
+            while lstrip and b > at and ws(text[b - 1]):
                 b -= 1
-            while rstrip and e < len(text) and text[e] in ws:
+            while rstrip and e < len(text) and ws(text[e]):
                 e += 1
             ids += self.encode_plain(text[at:b]) + [tid]
             at = e

@@ -196,6 +196,27 @@ TEST(BpeTokenizer, DecodeInvertsEncodeOnRandomUtf8) {
   }
 }
 
+TEST(BpeTokenizer, ByteLevelPrefixSpaceAndUnicodeStrip) {
+  Toy t(Merges{{"\u0120", "h"}, {"\u0120h", "i"}});
+  BpePipeline p = pipeline(t);
+  PreTokenizerStep s;
+  s.kind = PreTokenizerStep::Kind::kByteLevel;
+  s.add_prefix_space = true;
+  s.regex = std::make_shared<UnicodeRegex>(kGpt2SplitPattern, "gpt2");
+  p.pre.push_back(s);
+  p.added = {{"<u>", 300, true, true}};
+  auto tok = make_bpe_tokenizer(std::move(p));
+  const int32_t sp_hi = t.id("\u0120hi");
+  EXPECT_EQ(tok->encode("hi"), (Ids{sp_hi}));     // " " prepended: one token
+  EXPECT_EQ(tok->encode(" hi"), (Ids{sp_hi}));    // already there: not doubled
+  // lstrip/rstrip take Unicode white space (no-break, ideographic, em space), not U+200B.
+  EXPECT_EQ(tok->encode("hi\u00a0\u3000<u>\u2003 hi"), (Ids{sp_hi, 300, sp_hi}));
+  const Ids zw = tok->encode("hi<u>\u200bhi");
+  ASSERT_GE(zw.size(), 3u);
+  EXPECT_EQ(zw[1], 300);
+  EXPECT_NE(zw[2], sp_hi);  // U+200B stays text (a prefix space is added to that piece)
+}
+
 TEST(BpeTokenizer, DecodeReplacesInvalidUtf8AsPythonDoes) {
   Toy t(Merges{});
   auto tok = make_bpe_tokenizer(pipeline(t));

@@ -66,7 +66,7 @@ bool byte_level_bytes(std::string_view token, std::string* bytes) {
 BpeModel::BpeModel(const std::vector<std::pair<std::string, int32_t>>& vocab,
                    const std::vector<std::pair<std::string, std::string>>& merges,
                    bool ignore_merges, const std::string& what)
-    : ignore_merges_(ignore_merges) {
+    : ignore_merges_(ignore_merges), what_(what) {
   std::fill(std::begin(byte_ids_), std::end(byte_ids_), -1);
   std::string bytes;
   for (const auto& [token, id] : vocab) {
@@ -141,7 +141,7 @@ void BpeModel::merge(std::string_view piece, std::vector<int32_t>* out) const {
   for (int i = 0; i < n; ++i) {
     const auto b = static_cast<uint8_t>(piece[static_cast<size_t>(i)]);
     if (byte_ids_[b] < 0)
-      fail_usage("the tokenizer's vocabulary has no token for the byte 0x{:02x}", b);
+      fail_usage("{}: the vocabulary has no token for the byte 0x{:02x} of a text", what_, b);
     sym[static_cast<size_t>(i)] = {byte_ids_[b], i - 1, i + 1 < n ? i + 1 : -1, true};
   }
   if (n == 1) {

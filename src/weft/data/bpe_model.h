@@ -79,6 +79,7 @@ class BpeModel {
   std::unordered_map<uint64_t, Merge> merges_;
   int32_t byte_ids_[256];
   bool ignore_merges_ = false;
+  std::string what_;  // names the files in messages
   int32_t max_id_ = -1;
 };
 

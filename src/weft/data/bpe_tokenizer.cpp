@@ -61,8 +61,29 @@ std::string utf8_with_replacements(const std::string& bytes) {
   return out;
 }
 
-bool is_space(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+// Unicode's White_Space characters (Rust's char::is_whitespace, which Hugging Face tokenizers'
+// lstrip/rstrip use): the length in bytes of the one ending before `end`, or starting at `at`,
+// in `s`; 0 when that character is not white space.
+bool is_white_space(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+         cp == 0x205F || cp == 0x3000;
+}
+size_t space_at(const std::string& s, size_t at) {
+  const auto c = static_cast<unsigned char>(s[at]);
+  const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+  if (len == 0 || at + len > s.size()) return 0;
+  uint32_t cp = len == 1 ? c : c & (0x7Fu >> len);
+  for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[at + k]) & 0x3F);
+  return is_white_space(cp) ? len : 0;
+}
+size_t space_before(const std::string& s, size_t end, size_t floor) {
+  size_t b = end;  // back over continuation bytes to the lead byte
+  while (b > floor && (static_cast<unsigned char>(s[b - 1]) & 0xC0) == 0x80) --b;
+  if (b == floor) return 0;
+  --b;
+  const size_t len = space_at(s, b);
+  return len == end - b ? len : 0;
 }
 
 // The pieces of `s` after one split step (non-empty pieces only).
@@ -169,9 +190,9 @@ class BpeTokenizer final : public Tokenizer {
         if (text.compare(i, t.content.size(), t.content) != 0) continue;
         size_t b = i, e = i + t.content.size();
         if (t.lstrip)
-          while (b > from && is_space(text[b - 1])) --b;
+          for (size_t n; (n = space_before(text, b, from)) > 0;) b -= n;
         if (t.rstrip)
-          while (e < text.size() && is_space(text[e])) ++e;
+          for (size_t n; e < text.size() && (n = space_at(text, e)) > 0;) e += n;
         *begin = b;
         *end = e;
         return &t;

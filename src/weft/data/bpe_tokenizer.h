@@ -39,7 +39,7 @@ struct PreTokenizerStep {
 struct AddedToken {
   std::string content;
   int32_t id = -1;
-  bool lstrip = false, rstrip = false;  // also swallow the whitespace on that side
+  bool lstrip = false, rstrip = false;  // also swallow the (Unicode) white space on that side
 };
 
 struct BpePipeline {

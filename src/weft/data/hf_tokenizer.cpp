@@ -170,7 +170,9 @@ std::string token_text(const json& j) {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, bool include_special_tokens) {
+namespace {
+
+std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& path, bool include_special_tokens) {
   if (path.empty()) fail_usage("--tokenizer-model is required for --tokenizer-type HuggingFaceTokenizer "
                                "(a local directory holding tokenizer.json)");
   fs::path dir = path, file = fs::path(path) / "tokenizer.json";
@@ -206,7 +208,13 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, bool inclu
   p.nfc = r.read_normalizer(tj.value("normalizer", json()), "normalizer");
   r.read_pre(tj.value("pre_tokenizer", json()), "pre_tokenizer", &p.pre);
   bool byte_level = false;
-  for (const PreTokenizerStep& s : p.pre) byte_level |= s.kind == PreTokenizerStep::Kind::kByteLevel;
+  for (const PreTokenizerStep& s : p.pre) {
+    // A step after ByteLevel would see GPT-2's stand-in characters ("Ġ" for a space) in the
+    // tokenizers library; weft's steps all see the text, so it refuses that order.
+    if (byte_level)
+      r.refuse("pre_tokenizer", "a step after the ByteLevel step is not supported");
+    byte_level |= s.kind == PreTokenizerStep::Kind::kByteLevel;
+  }
   if (!byte_level)
     r.refuse("pre_tokenizer", "has no ByteLevel step: weft reads byte-level BPE models; for a "
                               "SentencePiece model give its tokenizer.model with --tokenizer-type "
@@ -243,6 +251,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, bool inclu
                        a.value("lstrip", false), a.value("rstrip", false)});
   }
   r.read_post(tj.value("post_processor", json()), "post_processor", &p);
+  const std::vector<int32_t> template_prefix = p.prefix, template_suffix = p.suffix;
   if (!include_special_tokens) {
     p.prefix.clear();
     p.suffix.clear();
@@ -290,6 +299,30 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, bool inclu
                  "vocabulary", path, name, text);
     return id;
   };
+  // transformers' classes that rebuild part of the pipeline from tokenizer_config.json: refuse
+  // a file whose setting disagrees with tokenizer.json, since weft reads tokenizer.json only.
+  if ((cls == "GPT2Tokenizer" || cls == "RobertaTokenizer") && config.contains("add_prefix_space")) {
+    bool in_json = false;
+    for (const PreTokenizerStep& s : p.pre)
+      if (s.kind == PreTokenizerStep::Kind::kByteLevel) in_json = s.add_prefix_space;
+    if (config["add_prefix_space"].is_boolean() && config["add_prefix_space"].get<bool>() != in_json)
+      fail_usage("--tokenizer-model {}: tokenizer_config.json add_prefix_space {} disagrees with "
+                 "tokenizer.json's ByteLevel pre-tokenizer ({}), which transformers' {} would "
+                 "rewrite; weft reads tokenizer.json as it is", path,
+                 config["add_prefix_space"].get<bool>(), in_json, cls);
+  }
+  if (cls == "LlamaTokenizer" || cls == "CodeLlamaTokenizer") {
+    const bool bos = config.value("add_bos_token", true), eos = config.value("add_eos_token", false);
+    const int32_t bos_id = special("bos_token"), eos_id = special("eos_token");
+    const std::vector<int32_t> want_prefix = bos && bos_id >= 0 ? std::vector<int32_t>{bos_id}
+                                                                : std::vector<int32_t>{};
+    const std::vector<int32_t> want_suffix = eos && eos_id >= 0 ? std::vector<int32_t>{eos_id}
+                                                                : std::vector<int32_t>{};
+    if (template_prefix != want_prefix || template_suffix != want_suffix)
+      fail_usage("--tokenizer-model {}: tokenizer_config.json add_bos_token {} / add_eos_token {} "
+                 "disagree with tokenizer.json's post-processor, which transformers' {} would "
+                 "rebuild from them; weft reads tokenizer.json as it is", path, bos, eos, cls);
+  }
   p.eod = special("eos_token");
   p.bos = special("bos_token");
   p.pad = special("pad_token");
@@ -304,6 +337,17 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, bool inclu
                                       sha256_hex(special_map.dump()))},
                 {"include_special_tokens", include_special_tokens}};
   return make_bpe_tokenizer(std::move(p));
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, bool include_special_tokens) {
+  try {
+    return read_hf_tokenizer(path, include_special_tokens);
+  } catch (const json::exception& e) {  // a value of another type or a missing key
+    fail_usage("--tokenizer-model {}: a tokenizer file holds a value weft cannot read as the "
+               "format says ({})", path, e.what());
+  }
 }
 
 }  // namespace weft

@@ -405,6 +405,9 @@ void train_sentencepiece(const std::string& text_file, int64_t vocab_size,
 bool same_tokenizer(const nlohmann::json& a, const nlohmann::json& b) {
   for (const char* k : {"sha256", "vocab_size", "eod", "bos", "pad"})
     if (!a.contains(k) || !b.contains(k) || a.at(k) != b.at(k)) return false;
+  // How a text is read: absent (older identities, the default) is false.
+  for (const char* k : {"legacy", "include_special_tokens"})
+    if (a.value(k, false) != b.value(k, false)) return false;
   return true;
 }
 

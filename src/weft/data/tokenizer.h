@@ -74,7 +74,8 @@ void train_sentencepiece(const std::string& text_file, int64_t vocab_size,
                          const std::string& output_prefix, int threads,
                          const std::string& input_name = "");
 
-// Two identities name the same tokenizer (sha256, vocab size, special ids).
+// Two identities name the same tokenizer (sha256, vocab size, special ids) read the same way
+// (legacy, include_special_tokens).
 bool same_tokenizer(const nlohmann::json& a, const nlohmann::json& b);
 
 }  // namespace weft

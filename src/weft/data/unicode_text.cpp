@@ -21,11 +21,12 @@ namespace weft {
 
 namespace {
 
-std::u16string to_utf16(std::string_view s) {
+// `s` in UTF-16; *substitutions (if given) counts the invalid UTF-8 sequences replaced by U+FFFD.
+std::u16string to_utf16(std::string_view s, int32_t* substitutions = nullptr) {
   UErrorCode st = U_ZERO_ERROR;
   int32_t n = 0;
-  u_strFromUTF8WithSub(nullptr, 0, &n, s.data(), static_cast<int32_t>(s.size()), 0xFFFD, nullptr,
-                       &st);
+  u_strFromUTF8WithSub(nullptr, 0, &n, s.data(), static_cast<int32_t>(s.size()), 0xFFFD,
+                       substitutions, &st);
   std::u16string out(static_cast<size_t>(n), u'\0');
   st = U_ZERO_ERROR;
   u_strFromUTF8WithSub(out.data(), n, nullptr, s.data(), static_cast<int32_t>(s.size()), 0xFFFD,
@@ -117,7 +118,11 @@ std::string unicode_nfc(std::string_view text) {
   UErrorCode st = U_ZERO_ERROR;
   const UNormalizer2* nfc = unorm2_getNFCInstance(&st);
   if (U_FAILURE(st)) fail("ICU has no NFC normaliser: {}", u_errorName(st));
-  const std::u16string u = to_utf16(text);
+  int32_t invalid = 0;
+  const std::u16string u = to_utf16(text, &invalid);
+  if (invalid > 0)
+    fail_usage("a text to normalise (NFC) is not valid UTF-8 ({} invalid sequence(s) in {} bytes)",
+               invalid, text.size());
   if (unorm2_quickCheck(nfc, u.data(), static_cast<int32_t>(u.size()), &st) == UNORM_YES &&
       U_SUCCESS(st))
     return std::string(text);

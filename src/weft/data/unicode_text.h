@@ -37,7 +37,8 @@ class UnicodeRegex {
 };
 
 // `text` in Unicode normalisation form C; ASCII text is returned unchanged without a copy
-// through ICU. Throws Error on text that is not valid UTF-8.
+// through ICU. Throws UsageError on text that is not valid UTF-8 (a normalised text has no
+// bytes to keep for it).
 std::string unicode_nfc(std::string_view text);
 
 }  // namespace weft

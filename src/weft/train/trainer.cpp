@@ -615,8 +615,8 @@ void Trainer::check_tokenizer(const nlohmann::json& meta) const {
                  "tokenizer {}, this run uses {}\n", saved.dump(), mine.dump());
     return;
   }
-  fail_usage("--tokenizer-model: {} differs from the tokenizer the checkpoint {} was trained "
-             "with ({}); pass --override-tokenizer to load it anyway",
+  fail_usage("--tokenizer-type/--tokenizer-model: {} differs from the tokenizer the checkpoint {} "
+             "was trained with ({}); pass --override-tokenizer to load it anyway",
              mine.dump(), cfg_.load, saved.dump());
 }
 
