@@ -4,9 +4,11 @@
 // GPT-2's printable stand-in character (byte_level_char), and the adjacent pair with the lowest
 // merge rank is merged until no pair has a rank.
 //
-// Invariant: encode_piece merges exactly as the reference algorithms do (GPT-2's encoder and
-// Hugging Face tokenizers': the lowest rank first, the leftmost of equal ranks first), in
-// O(n log n) for a piece of n bytes, so a long run without spaces cannot stall preprocessing.
+// Invariant: encode_piece merges as Hugging Face tokenizers do (the lowest rank first, the
+// leftmost of equal ranks first), in O(n log n) for a piece of n bytes, so a long run without
+// spaces cannot stall preprocessing. GPT-2's own loop (all occurrences of the best pair at
+// once) gives the same tokens whenever each merge's parts come from earlier merges, as in every
+// trained merges file; a hand-made file that ranks "ab a" before "a b" can differ.
 // The model works on token ids and raw bytes only; the stand-in characters appear only while
 // the vocabulary and merges are read.
 #pragma once
