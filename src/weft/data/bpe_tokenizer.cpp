@@ -70,12 +70,9 @@ bool is_white_space(uint32_t cp) {
          cp == 0x205F || cp == 0x3000;
 }
 size_t space_at(const std::string& s, size_t at) {
-  const auto c = static_cast<unsigned char>(s[at]);
-  const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-  if (len == 0 || at + len > s.size()) return 0;
-  uint32_t cp = len == 1 ? c : c & (0x7Fu >> len);
-  for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[at + k]) & 0x3F);
-  return is_white_space(cp) ? len : 0;
+  uint32_t cp = 0;
+  const size_t len = utf8_char_at(s, at, &cp);
+  return len > 0 && is_white_space(cp) ? len : 0;
 }
 size_t space_before(const std::string& s, size_t end, size_t floor) {
   size_t b = end;  // back over continuation bytes to the lead byte

@@ -22,6 +22,7 @@
 #include "weft/data/bpe_tokenizer.h"
 #include "weft/data/sha256.h"
 #include "weft/data/spm/spm_module.h"
+#include "weft/data/unicode_text.h"
 
 namespace weft {
 namespace {
@@ -288,16 +289,9 @@ class NullTokenizer final : public Tokenizer {
   std::vector<int32_t> code_points_mod_v(const std::string& text) const {
     std::vector<int32_t> ids;
     for (size_t i = 0; i < text.size();) {
-      const auto c = static_cast<unsigned char>(text[i]);
-      const int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-      int64_t cp = 0xFFFD;
-      if (len > 0 && i + static_cast<size_t>(len) <= text.size()) {
-        cp = len == 1 ? c : c & (0x7F >> len);
-        for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3F);
-        i += static_cast<size_t>(len);
-      } else {
-        ++i;
-      }
+      uint32_t cp = 0xFFFD;
+      const size_t len = utf8_char_at(text, i, &cp);
+      i += len > 0 ? len : 1;
       ids.push_back(static_cast<int32_t>(cp % v_));
     }
     return ids;

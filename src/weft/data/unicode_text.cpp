@@ -17,6 +17,16 @@
 
 namespace weft {
 
+size_t utf8_char_at(std::string_view s, size_t at, uint32_t* cp) {
+  const auto c = static_cast<unsigned char>(s[at]);
+  const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+  if (len == 0 || at + len > s.size()) return 0;
+  uint32_t v = len == 1 ? c : c & (0x7Fu >> len);
+  for (size_t k = 1; k < len; ++k) v = (v << 6) | (static_cast<unsigned char>(s[at + k]) & 0x3F);
+  *cp = v;
+  return len;
+}
+
 #if WEFT_WITH_ICU
 
 namespace {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -14,6 +15,11 @@
 #include <vector>
 
 namespace weft {
+
+// The code point of the UTF-8 character starting at `at` in `s`, and its length in bytes; 0
+// (and *cp untouched) when the byte there leads no character that fits in `s` (continuation
+// bytes are not checked). Needs no ICU.
+size_t utf8_char_at(std::string_view s, size_t at, uint32_t* cp);
 
 // True when weft was built with ICU (the HuggingFaceTokenizer and GPT2BPETokenizer need it).
 bool unicode_text_available();
