@@ -109,6 +109,18 @@ void run(const GenerateArgs& a) {
       files.legacy |= recorded.value("legacy", false);
       files.hf_include_special_tokens |= recorded.value("include_special_tokens", false);
     }
+    if (files.type == "TikTokenizer" && recorded.is_object() &&
+        recorded.value("type", std::string()) == "TikTokenizer") {
+      // What the flags leave unsaid, as the checkpoint's tokenizer had it.
+      if (files.vocab_size < 1) files.vocab_size = recorded.value("vocab_size", int64_t{-1});
+      if (files.tiktoken_pattern.empty())
+        files.tiktoken_pattern = recorded.value("tiktoken_pattern", std::string());
+      if (files.special_tokens.empty())
+        files.special_tokens = recorded.value("special_tokens", std::vector<std::string>());
+      if (files.tiktoken_num_special_tokens == 1000)  // the flag's default
+        files.tiktoken_num_special_tokens =
+            recorded.value("num_special_tokens", files.tiktoken_num_special_tokens);
+    }
     if (files.type == "NullTokenizer") {
       // The checkpoint's recorded tokenizer gives V (its vocab_size is V + 1).
       const nlohmann::json saved = meta.value("tokenizer", nlohmann::json());

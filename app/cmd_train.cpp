@@ -58,6 +58,8 @@ struct TrainArgs {
   std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32", backend = "auto";
   std::string moe_layer_freq = "1";
   std::string hybrid_pattern, hybrid_override_pattern;
+  double hybrid_attention_ratio = 0, hybrid_mlp_ratio = 0;  // Megatron's defaults
+  bool is_hybrid_model = false;
   CLI::Option* moe_layer_freq_opt = nullptr;
   CLI::Option* num_layers_opt = nullptr;
   CLI::Option* rope_scaling_factor_opt = nullptr;
@@ -162,6 +164,14 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       "pipeline stages, / before each MTP depth (defines --num-layers)");
   opt("--hybrid-override-pattern", a->hybrid_override_pattern,
       "deprecated name of --hybrid-layer-pattern");
+  opt("--hybrid-attention-ratio", a->hybrid_attention_ratio,
+      "hybrid model without a pattern: this share of --num-layers attention, spread evenly "
+      "(Megatron's allocation); with a pattern, its counts must agree");
+  opt("--hybrid-mlp-ratio", a->hybrid_mlp_ratio,
+      "hybrid model without a pattern: this share of --num-layers MLP (the rest Mamba-2)");
+  c->add_flag("--is-hybrid-model", a->is_hybrid_model,
+              "a hybrid Mamba-2 model: without --hybrid-layer-pattern its layers come from the "
+              "ratios (all Mamba-2 when both are 0), as with --spec of Megatron's Mamba stack");
   opt("--mamba-state-dim", m.mamba_state_dim, "Mamba-2 state size per group");
   opt("--mamba-head-dim", m.mamba_head_dim, "Mamba-2 head dimension");
   opt("--mamba-num-groups", m.mamba_num_groups, "Mamba-2 groups of B and C");
@@ -330,7 +340,8 @@ void add_flags(CLI::App* c, TrainArgs* a) {
 // The tokenizer flags: loads the tokenizer, records its identity, and sizes the vocabulary from
 // it (padded to --make-vocab-size-divisible-by) unless --vocab-size was given (then the
 // tokenizer must fit in it). NullTokenizer reads --vocab-size as Megatron does: V ids and the
-// end of document V, so the model's vocabulary is V + 1 padded.
+// end of document V, so the model's vocabulary is V + 1 padded; TikTokenizer as its number of
+// ids (default 2^17), padded.
 void resolve_tokenizer(TrainArgs* a) {
   TrainConfig& t = a->cfg;
   TokenizerFiles& f = a->tokenizer;
@@ -349,17 +360,17 @@ void resolve_tokenizer(TrainArgs* a) {
     fail_usage("--make-vocab-size-divisible-by must be >= 1 (got {})", a->vocab_divisible_by);
   const bool null_tok = f.type == "NullTokenizer";
   const bool vocab_given = a->vocab_size_opt->count() > 0;
-  if (null_tok) {
-    if (!vocab_given)
-      fail_usage("--tokenizer-type NullTokenizer needs --vocab-size (its ids are 0..V-1, the "
-                 "end of document V)");
-    f.vocab_size = t.model.vocab_size;
-  }
+  // Tokenizers that --vocab-size sizes, as in Megatron: the model's vocabulary is theirs, padded.
+  const bool sized_by_flag = null_tok || f.type == "TikTokenizer";
+  if (null_tok && !vocab_given)
+    fail_usage("--tokenizer-type NullTokenizer needs --vocab-size (its ids are 0..V-1, the "
+               "end of document V)");
+  if (sized_by_flag && vocab_given) f.vocab_size = t.model.vocab_size;
   const std::unique_ptr<Tokenizer> tok = make_tokenizer(f);
   t.tokenizer_identity = tok->identity();
   const int64_t n = tok->vocab_size();
   const std::string name = null_tok ? "NullTokenizer" : !f.model.empty() ? f.model : f.vocab_file;
-  if ((!vocab_given || null_tok) && !a->vocab_from_checkpoint) {
+  if ((!vocab_given || sized_by_flag) && !a->vocab_from_checkpoint) {
     t.model.vocab_size = static_cast<int>((n + a->vocab_divisible_by - 1) / a->vocab_divisible_by *
                                           a->vocab_divisible_by);
   } else if (n > t.model.vocab_size) {
@@ -514,8 +525,17 @@ void resolve_train_args(TrainArgs* a) {
                  "asserts the same)");
     swiglu_ignored = true;
   }
-  const std::string pattern =
-      a->hybrid_pattern.empty() ? a->hybrid_override_pattern : a->hybrid_pattern;
+  std::string pattern = a->hybrid_pattern.empty() ? a->hybrid_override_pattern : a->hybrid_pattern;
+  // Megatron's hybrid stack (pretrain_mamba.py, --is-hybrid-model) without a pattern allocates
+  // its layers from the ratios, all Mamba-2 when both are 0; given ratios mean that stack too.
+  const bool by_ratio = a->hybrid_attention_ratio != 0 || a->hybrid_mlp_ratio != 0;
+  if (!pattern.empty()) {
+    check_pattern_against_ratios(pattern, a->hybrid_attention_ratio, a->hybrid_mlp_ratio);
+  } else if ((by_ratio || a->is_hybrid_model || spec_names_hybrid_stack(a->megatron)) &&
+             !(model_from_checkpoint && t.model.hybrid())) {
+    pattern = allocate_hybrid_layers(t.model.num_layers, a->hybrid_attention_ratio,
+                                     a->hybrid_mlp_ratio);
+  }
   if (!pattern.empty()) {
     // The pattern defines the layers (and its 'E' symbols the MoE layers): a --num-layers or
     // --moe-layer-freq beside it is refused rather than ignored, as Megatron asserts.

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <initializer_list>
@@ -139,11 +140,6 @@ constexpr Refused kRefused[] = {
     {"--decoupled-min-lr", 1, "weft has one learning rate for every parameter"},
     {"--start-weight-decay", 1, "weft's weight decay is constant (--weight-decay)"},
     {"--end-weight-decay", 1, "weft's weight decay is constant (--weight-decay)"},
-    {"--tiktoken-pattern", 1,
-     "weft reads SentencePiece, GPT-2 BPE and Hugging Face tokenizer.json tokenizers, not "
-     "tiktoken files (a tiktoken model's Hugging Face tokenizer.json works with "
-     "--tokenizer-type HuggingFaceTokenizer)"},
-    {"--spec", -1, "weft has one model code (a Megatron spec does not apply)"},
     {"--apply-layernorm-1p", 0, "weft's RMSNorm multiplies by its weight, not 1 + weight"},
     {"--add-qkv-bias", 0, "weft's linear layers have no biases"},
     {"--openai-gelu", 0, "weft's MLP is SwiGLU or squared ReLU (--squared-relu)"},
@@ -155,6 +151,12 @@ constexpr Refused kRefused[] = {
     {"--heterogeneous-layers-config-path", 1, "weft's layers share one configuration"},
     {"--non-persistent-save-interval", 1, "weft saves every checkpoint to --save"},
     {"--non-persistent-ckpt-type", 1, "weft saves every checkpoint to --save"},
+};
+
+// The layer specs of Megatron's hybrid stack, which weft's hybrid model is.
+constexpr const char* kHybridSpecs[][2] = {
+    {"megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec"},
+    {"megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"},
 };
 
 template <typename T>
@@ -196,6 +198,12 @@ void add_megatron_flags(CLI::App* c, MegatronFlags* f) {
   opt("--logging-level", f->logging_level, "accepted");
   opt("--empty-unused-memory-level", f->empty_unused_memory_level, "0 | 1 | 2: allocator only");
   opt("--manual-gc-interval", f->manual_gc_interval, "accepted (no garbage collector)");
+  c->add_option("--spec", f->spec,
+                "MODULE NAME of a Megatron layer spec: the Mamba/hybrid stack specs name weft's "
+                "hybrid model (the layers from --hybrid-layer-pattern or the ratios); others are "
+                "refused")
+      ->expected(1, CLI::detail::expected_max_vector_size)
+      ->group(kGroup);
   static std::vector<std::string> sink;  // values of accepted-with-value, warned and refused
                                          // flags: never read
   // CLI11 takes a const description (copied).
@@ -221,10 +229,21 @@ void add_megatron_flags(CLI::App* c, MegatronFlags* f) {
   }
 }
 
+bool spec_names_hybrid_stack(const MegatronFlags& f) {
+  for (const auto& s : kHybridSpecs)
+    if (f.spec.size() == 2 && f.spec[0] == s[0] && f.spec[1] == s[1]) return true;
+  return false;
+}
+
 std::vector<std::string> check_megatron_flags(const MegatronFlags& f) {
   const auto given = [&](const char* flag) { return f.app->get_option(flag)->count() > 0; };
   for (const Refused& r : kRefused)
     if (given(r.name)) fail_usage("{} is not implemented in weft: {}", r.name, r.why);
+  if (given("--spec") && !spec_names_hybrid_stack(f))
+    fail_usage("--spec {}: weft builds one model code; it accepts the specs that name it, "
+               "{} {} and {} {} (Megatron's pretrain_mamba.py / pretrain_hybrid.py stack), and "
+               "builds the transformer without --spec", fmt::join(f.spec, " "), kHybridSpecs[0][0],
+               kHybridSpecs[0][1], kHybridSpecs[1][0], kHybridSpecs[1][1]);
   one_of<std::string>("--ckpt-format", f.ckpt_format, {"torch_dist"},
                       "weft writes its own distributed format, which loads into any layout "
                       "(docs/checkpoint-format.md); give torch_dist or leave the flag out");

@@ -36,10 +36,14 @@ struct MegatronFlags {
   int num_workers = 2, dataset_builder_threads = 1, tensorboard_queue_size = 1000;
   int timing_log_level = 0, empty_unused_memory_level = 0, logging_level = 0;
   int manual_gc_interval = 0;
+  std::vector<std::string> spec;             // --spec MODULE NAME
   CLI::App* app = nullptr;  // to ask which flags were given
 };
 
 void add_megatron_flags(CLI::App* c, MegatronFlags* f);
+// --spec names the layer spec of Megatron's Mamba/hybrid stack (pretrain_mamba.py's
+// mamba_stack_spec, pretrain_hybrid.py's hybrid_stack_spec): weft's hybrid model.
+bool spec_names_hybrid_stack(const MegatronFlags& f);
 // Throws UsageError naming the first given flag that weft refuses, or a value it does not
 // implement; returns one warning line per accepted flag that changes nothing in weft's output.
 std::vector<std::string> check_megatron_flags(const MegatronFlags& f);

@@ -10,8 +10,9 @@ void add_tokenizer_flags(CLI::App* cmd, TokenizerFiles* f) {
   opt("--tokenizer-type", f->type,
       "SentencePieceTokenizer, GPTSentencePieceTokenizer or Llama2Tokenizer (--tokenizer-model "
       "M.model), GPT2BPETokenizer (--vocab-file, "
-      "--merge-file), HuggingFaceTokenizer (--tokenizer-model DIR with tokenizer.json) or "
-      "NullTokenizer (--vocab-size; the text is its ids)");
+      "--merge-file), HuggingFaceTokenizer (--tokenizer-model DIR with tokenizer.json), "
+      "TikTokenizer (--tokenizer-model VOCAB.json, Megatron's tiktoken form) or NullTokenizer "
+      "(--vocab-size; the text is its ids)");
   opt("--tokenizer-model", f->model,
       "SentencePiece .model file, or a Hugging Face tokenizer directory");
   opt("--vocab-file", f->vocab_file, "GPT2BPETokenizer's vocab.json");
@@ -23,6 +24,19 @@ void add_tokenizer_flags(CLI::App* cmd, TokenizerFiles* f) {
                 "Megatron's legacy tokenizer classes: SentencePieceTokenizer with <CLS> <SEP> "
                 "<EOD> <MASK> appended (eod <EOD>), Llama2Tokenizer with bos first, "
                 "HuggingFaceTokenizer with the post-processor's specials");
+  opt("--tiktoken-pattern", f->tiktoken_pattern,
+      "TikTokenizer's split pattern: v1 or v2 (default v2, Megatron's)");
+  cmd->add_option("--tiktoken-num-special-tokens", f->tiktoken_num_special_tokens,
+                  "TikTokenizer: ids reserved in front of the vocabulary for special tokens")
+      ->capture_default_str()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  // Megatron's current name and its older one (TikTokenizer's only).
+  for (const char* name : {"--tokenizer-special-tokens", "--tiktoken-special-tokens"})
+    cmd->add_option(name, f->special_tokens,
+                    "TikTokenizer's special tokens, ids 0, 1, ... (default: <unk> <s> </s> <mask> "
+                    "<pad> <cls> <sep>; with --legacy-tokenizer <unk> <s> </s>)")
+        ->expected(1, -1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   // Accepted for Megatron's scripts; they change nothing weft computes.
   static bool use_fast = false, trust_remote_code = false;
   cmd->add_flag("--tokenizer-hf-use-fast", use_fast,

@@ -6,6 +6,8 @@
 # - Megatron's sample-based lengths (--train-samples, --lr-warmup-samples, --lr-decay-samples)
 #   and --lr-warmup-fraction give the iteration-based run's learning rates and losses where
 #   they describe the same schedule, and a sample-granular warmup where they do not;
+# - Megatron's Mamba stack (--spec ...mamba_stack_spec, --is-hybrid-model, --hybrid-attention-ratio,
+#   --hybrid-mlp-ratio) trains the pattern Megatron's allocation gives, bit for bit;
 # - --account-for-embedding/loss-in-pipeline-split give Megatron's stages, as the equivalent
 #   --decoder-first/last-pipeline-num-layers;
 # - a resume whose schedule differs from the checkpoint's warns (Megatron refuses it) and trains
@@ -128,6 +130,24 @@ refuse "--moe-router-num-groups 3 must divide --num-experts 8" --num-experts 8 \
 refuse "--moe-router-group-topk 4 is more than --moe-router-topk 2" --num-experts 8 \
   --moe-router-num-groups 4 --moe-router-group-topk 4
 refuse "--rotary-percent must be" --rotary-percent 1.5
+refuse "--spec foo.specs my_spec: weft builds one model code" --spec foo.specs my_spec
+refuse "--hybrid-attention-ratio 0.6 plus --hybrid-mlp-ratio 0.5 exceed 1" \
+  --hybrid-attention-ratio 0.6 --hybrid-mlp-ratio 0.5
+refuse "the ratios allocate 'MM*-M*M-'" --num-layers 8 --hybrid-layer-pattern "MMM-M*M-" \
+  --hybrid-attention-ratio 0.25 --hybrid-mlp-ratio 0.25
+
+# --- Megatron's Mamba stack: --spec and the ratios give the allocated pattern's run ------------
+mamba=(--num-layers 8 --mamba-state-dim 8 --mamba-head-dim 8 --mamba-num-groups 2 --train-iters 2)
+run hyb_pattern "${mamba[@]}" --hybrid-layer-pattern "MM*-M*M-"
+run hyb_spec "${mamba[@]}" --spec megatron.core.models.mamba.mamba_layer_specs mamba_stack_spec \
+  --hybrid-attention-ratio 0.25 --hybrid-mlp-ratio 0.25
+same "--spec mamba_stack_spec with ratios 0.25/0.25 trains the pattern MM*-M*M-" hyb_pattern hyb_spec
+run hyb_both "${mamba[@]}" --hybrid-layer-pattern "MM*-M*M-" --is-hybrid-model \
+  --hybrid-attention-ratio 0.25 --hybrid-mlp-ratio 0.25
+same "a pattern agreeing with the ratios is that pattern" hyb_pattern hyb_both
+run hyb_all "${mamba[@]}" --is-hybrid-model
+run hyb_all_pattern "${mamba[@]}" --hybrid-layer-pattern "MMMMMMMM"
+same "--is-hybrid-model without ratios is all Mamba-2, as Megatron's allocation" hyb_all hyb_all_pattern
 refuse "--rotary-percent 0.1 rotates int(8 x 0.1) = 0 channels" --rotary-percent 0.1
 refuse "--optimizer sgd:" --optimizer sgd
 refuse "--dataloader-type cyclic:" --dataloader-type cyclic

@@ -108,6 +108,14 @@ def compare(name, want_docs, got):
     return True
 
 
+def preprocess(weft, args):
+    """weft data preprocess ARGS; False (with weft's message) when it fails."""
+    r = subprocess.run([weft, "data", "preprocess"] + args, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"weft data preprocess {' '.join(args)} failed ({r.returncode}):\n{r.stderr}")
+    return r.returncode == 0
+
+
 def main(weft, out):
     os.makedirs(out, exist_ok=True)
     texts = corpus(1, 2000)
@@ -128,18 +136,20 @@ def main(weft, out):
         want = [hf(t).input_ids for t in tests]
         want = [w + [hf.eos_token_id] if w else w for w in want]
         prefix = os.path.join(out, f"w_{kind}")
-        subprocess.run([weft, "data", "preprocess", "--input", jsonl, "--output-prefix", prefix,
-                        "--append-eod", "--tokenizer-type", "HuggingFaceTokenizer",
-                        "--tokenizer-model", d, "--tokenizer-hf-include-special-tokens"],
-                       check=True, capture_output=True)
+        if not preprocess(weft, ["--input", jsonl, "--output-prefix", prefix, "--append-eod",
+                                 "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+                                 d, "--tokenizer-hf-include-special-tokens"]):
+            ok = False
+            continue
         ok &= compare(f"HuggingFaceTokenizer {kind}", want, read_bin(prefix + "_text_document"))
         # Megatron's default: the text's tokens alone (tokenize + convert_tokens_to_ids)
         plain = [hf.convert_tokens_to_ids(hf.tokenize(t)) for t in tests]
         plain = [w + [hf.eos_token_id] if w else w for w in plain]
-        subprocess.run([weft, "data", "preprocess", "--input", jsonl, "--output-prefix",
-                        prefix + "_plain", "--append-eod", "--tokenizer-type",
-                        "HuggingFaceTokenizer", "--tokenizer-model", d],
-                       check=True, capture_output=True)
+        if not preprocess(weft, ["--input", jsonl, "--output-prefix", prefix + "_plain",
+                                 "--append-eod", "--tokenizer-type", "HuggingFaceTokenizer",
+                                 "--tokenizer-model", d]):
+            ok = False
+            continue
         ok &= compare(f"HuggingFaceTokenizer {kind} without the template's specials", plain,
                       read_bin(prefix + "_plain_text_document"))
         if kind == "gpt2":  # Megatron's GPT2BPETokenizer: transformers' GPT-2 tokenizer on the
@@ -151,10 +161,11 @@ def main(weft, out):
                 want = [hf(t, split_special_tokens=legacy).input_ids for t in tests]
                 want = [w + [eot] if w else w for w in want]
                 out_prefix = prefix + ("_bpe_legacy" if legacy else "_bpe")
-                subprocess.run([weft, "data", "preprocess", "--input", jsonl, "--output-prefix",
-                                out_prefix, "--append-eod"] + files +
-                               (["--legacy-tokenizer"] if legacy else []),
-                               check=True, capture_output=True)
+                if not preprocess(weft, ["--input", jsonl, "--output-prefix", out_prefix,
+                                         "--append-eod"] + files +
+                                  (["--legacy-tokenizer"] if legacy else [])):
+                    ok = False
+                    continue
                 ok &= compare(f"GPT2BPETokenizer legacy={legacy}", want,
                               read_bin(out_prefix + "_text_document"))
     return 0 if ok else 1

@@ -20,47 +20,6 @@ const char* const kGpt2SplitPattern =
 
 namespace {
 
-// `bytes` as valid UTF-8: each maximal invalid subpart becomes U+FFFD, as Python's
-// decode("utf-8", errors="replace") (Megatron's GPT-2 decode) and Rust's from_utf8_lossy
-// (transformers' byte-level decoder) write it.
-std::string utf8_with_replacements(const std::string& bytes) {
-  std::string out;
-  out.reserve(bytes.size());
-  const size_t n = bytes.size();
-  auto at = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
-  for (size_t i = 0; i < n;) {
-    const unsigned char c = at(i);
-    if (c < 0x80) {
-      out.push_back(static_cast<char>(c));
-      ++i;
-      continue;
-    }
-    size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c == 0xE0) len = 3, lo = 0xA0;
-    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) len = 3;
-    else if (c == 0xED) len = 3, hi = 0x9F;
-    else if (c == 0xF0) len = 4, lo = 0x90;
-    else if (c >= 0xF1 && c <= 0xF3) len = 4;
-    else if (c == 0xF4) len = 4, hi = 0x8F;
-    size_t j = 1;
-    if (len > 0) {
-      for (; j < len && i + j < n; ++j) {
-        const unsigned char d = at(i + j);
-        if (j == 1 ? (d < lo || d > hi) : (d < 0x80 || d > 0xBF)) break;
-      }
-    }
-    if (len > 0 && j == len) {
-      out.append(bytes, i, len);
-    } else {
-      out += "\xEF\xBF\xBD";
-    }
-    i += (len > 0 && j == len) ? len : std::max<size_t>(j, 1);
-  }
-  return out;
-}
-
 // Unicode's White_Space characters (Rust's char::is_whitespace, which Hugging Face tokenizers'
 // lstrip/rstrip use): the length in bytes of the one ending before `end`, or starting at `at`,
 // in `s`; 0 when that character is not white space.

@@ -22,6 +22,7 @@
 #include "weft/data/bpe_tokenizer.h"
 #include "weft/data/sha256.h"
 #include "weft/data/spm/spm_module.h"
+#include "weft/data/tiktoken_tokenizer.h"
 #include "weft/data/unicode_text.h"
 
 namespace weft {
@@ -305,8 +306,18 @@ class NullTokenizer final : public Tokenizer {
 
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& f) {
   const std::string& type = f.type;
+  if (type != "TikTokenizer") {
+    const char* tik = !f.tiktoken_pattern.empty()            ? "--tiktoken-pattern"
+                      : !f.special_tokens.empty()            ? "--tokenizer-special-tokens"
+                      : f.tiktoken_num_special_tokens != 1000 ? "--tiktoken-num-special-tokens"
+                                                              : nullptr;
+    if (tik != nullptr)
+      fail_usage("{} is read by --tokenizer-type TikTokenizer only (got --tokenizer-type '{}')",
+                 tik, type);
+  }
   if (type == "GPT2BPETokenizer")
     return load_gpt2_bpe_tokenizer(f.vocab_file, f.merge_file, f.legacy);
+  if (type == "TikTokenizer") return load_tiktoken_tokenizer(f);
   if (type == "HuggingFaceTokenizer")
     return load_hf_tokenizer(f.model, f.hf_include_special_tokens || f.legacy);
   if (type == "NullTokenizer") {
@@ -319,7 +330,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& f) {
       type != "Llama2Tokenizer")
     fail_usage("--tokenizer-type {} is not supported (weft knows: SentencePieceTokenizer, "
                "GPTSentencePieceTokenizer, Llama2Tokenizer, GPT2BPETokenizer, "
-               "HuggingFaceTokenizer, NullTokenizer)", type);
+               "HuggingFaceTokenizer, TikTokenizer, NullTokenizer)", type);
 #if WEFT_WITH_SENTENCEPIECE
   if (f.model.empty()) fail_usage("--tokenizer-model is required for --tokenizer-type {}", type);
   // Megatron's default system encodes the three alike; its legacy classes differ.
@@ -402,6 +413,8 @@ bool same_tokenizer(const nlohmann::json& a, const nlohmann::json& b) {
   // How a text is read: absent (older identities, the default) is false.
   for (const char* k : {"legacy", "include_special_tokens"})
     if (a.value(k, false) != b.value(k, false)) return false;
+  for (const char* k : {"tiktoken_pattern", "special_tokens", "num_special_tokens"})
+    if (a.value(k, nlohmann::json()) != b.value(k, nlohmann::json())) return false;
   return true;
 }
 

@@ -33,7 +33,12 @@ struct TokenizerFiles {
   std::string model;       // --tokenizer-model: a SentencePiece .model, or a Hugging Face directory
   std::string vocab_file;  // --vocab-file (GPT2BPETokenizer's vocab.json)
   std::string merge_file;  // --merge-file (GPT2BPETokenizer's merges.txt)
-  int64_t vocab_size = -1; // --vocab-size (NullTokenizer: ids 0..V-1, eod V)
+  int64_t vocab_size = -1; // --vocab-size (NullTokenizer: ids 0..V-1, eod V; TikTokenizer: ids)
+  // TikTokenizer (tiktoken_tokenizer.h): --tiktoken-pattern (v1 or v2; "" is v2),
+  // --tiktoken-num-special-tokens, --tokenizer-special-tokens (empty: Megatron's defaults).
+  std::string tiktoken_pattern;
+  int64_t tiktoken_num_special_tokens = 1000;
+  std::vector<std::string> special_tokens;
   // HuggingFaceTokenizer: the post-processor's special tokens (Llama 3's BOS) around each text,
   // as Megatron's --tokenizer-hf-include-special-tokens, or its --legacy-tokenizer, which always
   // adds them; otherwise a text is its tokens alone (Megatron's default tokenizer system).
@@ -54,6 +59,10 @@ struct TokenizerFiles {
 //   GPT2BPETokenizer        --vocab-file vocab.json --merge-file merges.txt (eod <|endoftext|>)
 //   HuggingFaceTokenizer    --tokenizer-model DIR (tokenizer.json; eod = its eos_token); the
 //                           post-processor's specials only with hf_include_special_tokens
+//   TikTokenizer            --tokenizer-model VOCAB.json (Megatron's tiktoken form), with
+//                           --tiktoken-pattern, --tiktoken-num-special-tokens,
+//                           --tokenizer-special-tokens and --vocab-size (default 2^17 ids);
+//                           eod </s> (tiktoken_tokenizer.h)
 //   NullTokenizer           --vocab-size V: V + 1 ids, the last (V) the end of document; a
 //                           text's characters c are the ids c mod V (Megatron's default
 //                           system), or with legacy the text is its ids written in decimal,
@@ -75,7 +84,7 @@ void train_sentencepiece(const std::string& text_file, int64_t vocab_size,
                          const std::string& input_name = "");
 
 // Two identities name the same tokenizer (sha256, vocab size, special ids) read the same way
-// (legacy, include_special_tokens).
+// (legacy, include_special_tokens, TikTokenizer's pattern and special tokens).
 bool same_tokenizer(const nlohmann::json& a, const nlohmann::json& b);
 
 }  // namespace weft

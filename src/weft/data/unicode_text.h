@@ -21,6 +21,10 @@ namespace weft {
 // bytes are not checked). Needs no ICU.
 size_t utf8_char_at(std::string_view s, size_t at, uint32_t* cp);
 
+// `bytes` as valid UTF-8: each maximal invalid subpart becomes U+FFFD, as Python's
+// decode("utf-8", errors="replace") and Rust's from_utf8_lossy write it. Needs no ICU.
+std::string utf8_with_replacements(const std::string& bytes);
+
 // True when weft was built with ICU (the HuggingFaceTokenizer and GPT2BPETokenizer need it).
 bool unicode_text_available();
 
