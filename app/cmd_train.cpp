@@ -217,6 +217,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--adam-beta2", t.adam.beta2, "AdamW beta2");
   opt("--adam-eps", t.adam.eps, "AdamW epsilon");
   opt("--clip-grad", t.clip_grad, "global grad-norm clip (0: off)");
+  c->add_flag("--eod-mask-loss", t.eod_mask_loss,
+              "leave the positions whose input token is the tokenizer's end of document out of "
+              "the loss (each microbatch's mean over the rest, as Megatron's)");
   t.check_for_nan = true;  // Megatron's default on the command line (TrainConfig's is off)
   c->add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad",
               t.check_for_nan,
@@ -578,6 +581,21 @@ void resolve_train_args(TrainArgs* a) {
   resolve_schedule_lengths(a);
   resolve_pipeline_split(a, t.model.hybrid());
   resolve_tokenizer(a);
+  if (t.eod_mask_loss) {
+    const nlohmann::json& id = t.tokenizer_identity;
+    if (!id.is_object() || id.value("eod", int64_t{-1}) < 0)
+      fail_usage("--eod-mask-loss needs the tokenizer's end-of-document id: give the tokenizer "
+                 "(--tokenizer-type with --tokenizer-model, --vocab-file/--merge-file, or "
+                 "NullTokenizer with --vocab-size)");
+    t.eod_token = id["eod"].get<int64_t>();
+    if (a->app->get_option("--calculate-per-token-loss")->count() > 0)
+      fail_usage("--calculate-per-token-loss with --eod-mask-loss is not implemented in weft: "
+                 "the loss is each microbatch's mean over its unmasked positions (Megatron's "
+                 "default); drop one of the two");
+    if (t.cuda_graph_impl != "none")
+      fail_usage("--eod-mask-loss with --cuda-graph-impl {}: the graph replays one microbatch "
+                 "without its loss mask; drop one of the two", t.cuda_graph_impl);
+  }
   // Megatron's TransformerConfig refuses the same: the softmax over one chosen expert is 1.
   const ModelConfig& m = t.model;
   if (m.moe() && m.moe_router_topk == 1 && m.moe_router_score_function == "softmax" &&

@@ -63,7 +63,7 @@ constexpr std::pair<const char*, const char*> kAccepted[] = {
     {"--no-log-loss-scale-to-tensorboard", "no loss scale in bf16/fp32"},
     {"--calculate-per-token-loss",
      "every token of a global batch counts once: without a loss mask the per-token mean equals "
-     "the mean of the microbatch means"},
+     "the mean of the microbatch means (with --eod-mask-loss it is refused)"},
 };
 
 // Flags with a value that only a setting weft refuses reads (--fp16, --fp8-format, a capacity
@@ -129,7 +129,6 @@ constexpr Refused kRefused[] = {
      "give uneven stages with --decoder-first/last-pipeline-num-layers (or '|' in "
      "--hybrid-layer-pattern)"},
     {"--rampup-batch-size", 3, "weft trains at one --global-batch-size"},
-    {"--eod-mask-loss", 0, "weft computes the loss on every token (no loss mask)"},
     {"--reset-position-ids", 0, "weft's positions run over the whole sample"},
     {"--reset-attention-mask", 0, "weft's attention spans the whole sample"},
     {"--moe-expert-capacity-factor", 1, "weft's experts take every routed token (no dropping)"},

@@ -115,7 +115,7 @@ refuse "--recompute-granularity is not implemented" --recompute-granularity full
 refuse "--recompute-activations is not implemented" --recompute-activations
 refuse "--rampup-batch-size is not implemented" --rampup-batch-size 2 2 8
 refuse "--recompute-modules is not implemented" --recompute-modules core_attn mlp
-refuse "--eod-mask-loss is not implemented" --eod-mask-loss
+refuse "--eod-mask-loss needs the tokenizer's end-of-document id" --eod-mask-loss
 refuse "--num-layers-per-virtual-pipeline-stage is not implemented" \
   --num-layers-per-virtual-pipeline-stage 1
 refuse "--moe-expert-capacity-factor is not implemented" --moe-expert-capacity-factor 1.0

@@ -202,7 +202,8 @@ at::Tensor PipelineStage::account_aux(const at::Tensor& aux, double weight) {
 }
 
 at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Tensor& labels,
-                                  double loss_scale) {
+                                  double loss_scale, const at::Tensor& loss_mask,
+                                  double log_scale) {
   set_microbatch(mb);
   size_t k = 0;  // units of forward_order_ started so far
   // Starts the next unit of forward order and issues the gather of the one after it.
@@ -243,13 +244,22 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
   final_norm_->reshard();
   if (embedding_copy_) next();
   if (!cfg_.tied()) next();
-  at::Tensor lm = lm_loss_sum(output_logits(h, output_->handle(0)), labels).mul(loss_scale);
-  if (cfg_.mtp_num_layers == 0) output_->reshard();  // MTP reuses it below
-  losses_.select(0, 0).add_(lm.detach().to(at::kDouble));
-  at::Tensor objective = lm;
-
   const int64_t s = cfg_.seq_length;
   const int depths = cfg_.mtp_num_layers;
+  // --eod-mask-loss: the masked positions' labels become -100, which the cross entropy skips
+  // (the MTP inputs below still embed the real labels).
+  const bool masked = loss_mask.defined();
+  const at::Tensor loss_labels = masked ? labels.masked_fill(loss_mask.eq(0), -100) : labels;
+  // Megatron's per-microbatch mean over the unmasked positions of [d, s): share / count.
+  auto masked_mean = [&](int64_t d) {
+    return loss_mask.narrow(1, d, s - d).sum().clamp_min(1).reciprocal().mul(share);
+  };
+  const at::Tensor lm_sum = lm_loss_sum(output_logits(h, output_->handle(0)), loss_labels);
+  if (cfg_.mtp_num_layers == 0) output_->reshard();  // MTP reuses it below
+  const at::Tensor lm = masked ? lm_sum * masked_mean(0) : lm_sum.mul(loss_scale);
+  losses_.select(0, 0).add_((masked ? lm_sum * log_scale : lm).detach().to(at::kDouble));
+  at::Tensor objective = lm;
+
   for (int d = 1; d <= depths; ++d) {
     const Block& b = mtp_[d - 1];
     // The embedding and the output layer stay gathered through the depths (one gather each).
@@ -260,9 +270,11 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
     // Position t predicts label t+d; the last d positions have none. Mean over the step's
     // valid positions, averaged over depths.
     const at::Tensor logits = output_logits(h, output_->handle(0));
+    const at::Tensor ce_sum =
+        lm_loss_sum(logits.narrow(1, 0, s - d), loss_labels.narrow(1, d, s - d));
     const at::Tensor ce =
-        lm_loss_sum(logits.narrow(1, 0, s - d), labels.narrow(1, d, s - d))
-            .mul(loss_scale * static_cast<double>(s) / static_cast<double>(s - d) / depths);
+        masked ? ce_sum * masked_mean(d) / depths
+               : ce_sum.mul(loss_scale * static_cast<double>(s) / static_cast<double>(s - d) / depths);
     losses_.select(0, 2).add_(ce.detach().to(at::kDouble));
     objective = objective + ce * cfg_.mtp_loss_scaling_factor;
   }

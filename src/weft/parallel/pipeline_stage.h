@@ -115,7 +115,14 @@ class PipelineStage {
   // activation to send on, or on the last stage loss_sum(labels) * loss_scale.
   // `loss_scale` is 1 / (global batch * seq_length): lm_loss_sum(...) * loss_scale summed over
   // the step is the mean loss.
-  at::Tensor forward(int mb, const at::Tensor& input, const at::Tensor& labels, double loss_scale);
+  // `loss_mask` (--eod-mask-loss; [b, s] float32, 0 where the input token is the end of
+  // document): the loss counts only the other positions, as Megatron's default (without
+  // --calculate-per-token-loss): each microbatch's masked sum over its unmasked count (at least
+  // 1), weighted by micro batch / global batch; an MTP depth d likewise with the mask shifted
+  // by d (label t+d's position). The logged lm loss is the masked sum times `log_scale` (1 / the
+  // step's unmasked positions over all ranks), Megatron's reported per-token mean.
+  at::Tensor forward(int mb, const at::Tensor& input, const at::Tensor& labels, double loss_scale,
+                     const at::Tensor& loss_mask = {}, double log_scale = 0);
   // Runs microbatch `mb` backward from `output` (the value forward returned) with `grad`
   // (undefined on the last stage, where output is the loss).
   void backward(int mb, const at::Tensor& output, const at::Tensor& grad);

@@ -38,7 +38,7 @@ class Runner {
     } else {
       in = b.tokens;
     }
-    at::Tensor out = stage_.forward(mb, in, b.labels, loss_scale_);
+    at::Tensor out = stage_.forward(mb, in, b.labels, loss_scale_, b.loss_mask, b.log_scale);
     return InFlight{mb, stage_.is_first() ? at::Tensor() : input, out};
   }
 

@@ -20,6 +20,11 @@ namespace weft {
 struct Microbatch {
   at::Tensor tokens;  // [b, s] int64, used by the first stage
   at::Tensor labels;  // [b, s] int64, used by the last stage
+  // --eod-mask-loss (PipelineStage::forward): [b, s] float32 on the device, 0 where the input
+  // token is the end of document; and 1 / the unmasked positions of the whole step (or
+  // evaluation), over all ranks, for the logged loss. Undefined / 0 without the flag.
+  at::Tensor loss_mask;
+  double log_scale = 0;
 };
 
 // Runs one step's forward and backward over `num_microbatches` microbatches. `batch(m)` gives

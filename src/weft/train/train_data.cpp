@@ -3,6 +3,7 @@
 
 #include <ATen/Functions.h>
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <filesystem>
@@ -116,6 +117,20 @@ TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank)
   }
   identity_ = gpt_data_identity(g);
   identity_["kind"] = "gpt";
+}
+
+int64_t TrainData::unmasked_positions(DataSplit split, int64_t first, int64_t count,
+                                      int64_t eod) const {
+  const TokenDataset& d = split == DataSplit::kTrain   ? *train_
+                          : split == DataSplit::kValid ? *valid_
+                                                       : *test_;
+  int64_t n = 0;
+  for (int64_t at = first; at < first + count; at += 64) {
+    at::Tensor tokens, labels;
+    d.batch(at, static_cast<int>(std::min<int64_t>(64, first + count - at)), &tokens, &labels);
+    n += tokens.ne(eod).sum().item<int64_t>();
+  }
+  return n;
 }
 
 void TrainData::fetch(DataSplit split, int64_t first, int count, c10::Device device,

@@ -44,6 +44,9 @@ class TrainData {
   // [0, vocab) are an error naming --data-path.
   void fetch(DataSplit split, int64_t first, int count, c10::Device device, at::Tensor* tokens,
              at::Tensor* labels) const;
+  // --eod-mask-loss: how many positions of samples [first, first + count) have an input token
+  // other than `eod` (read on the host, in pieces of 64 samples).
+  int64_t unmasked_positions(DataSplit split, int64_t first, int64_t count, int64_t eod) const;
   bool has_valid() const { return valid_ != nullptr; }
   bool has_test() const { return test_ != nullptr; }
   // Why a run that evaluates, with a test share in --split, has no test split: the share is

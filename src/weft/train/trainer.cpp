@@ -540,7 +540,20 @@ Microbatch Trainer::fetch_microbatch(int64_t consumed, int m) const {
   Microbatch b;
   data_->fetch(DataSplit::kTrain, first, cfg_.micro_batch_size, stage_->options().device,
                &b.tokens, &b.labels);
+  add_loss_mask(&b, DataSplit::kTrain, consumed, cfg_.global_batch_size);
   return b;
+}
+
+void Trainer::add_loss_mask(Microbatch* b, DataSplit split, int64_t first, int64_t count) const {
+  if (!cfg_.eod_mask_loss) return;
+  b->loss_mask = b->tokens.ne(cfg_.eod_token).to(at::kFloat);
+  const auto span = std::make_tuple(split, first, count);
+  if (span != log_scale_span_) {
+    const int64_t n = data_->unmasked_positions(split, first, count, cfg_.eod_token);
+    log_scale_ = 1.0 / static_cast<double>(std::max<int64_t>(n, 1));
+    log_scale_span_ = span;
+  }
+  b->log_scale = log_scale_;
 }
 
 void Trainer::prefetch_next_step(int it) {
@@ -658,6 +671,8 @@ double Trainer::evaluate(DataSplit split, int64_t first_sample) {
                             dp_rank_ * per_rank + static_cast<int64_t>(m) * cfg_.micro_batch_size;
       Microbatch b;
       data_->fetch(split, first, cfg_.micro_batch_size, dev, &b.tokens, &b.labels);
+      add_loss_mask(&b, split, first_sample,
+                    static_cast<int64_t>(cfg_.global_batch_size) * cfg_.eval_iters);
       return b;
     };
     sum.add_(run_forward_only(*stage_, *groups_.get("pp"), num_microbatches_,

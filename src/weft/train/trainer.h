@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -117,6 +118,11 @@ struct TrainConfig {
   // experts: inside the graph no collective may run and no shape may depend on the data.
   std::string cuda_graph_impl = "none";  // --cuda-graph-impl none|local
   int cuda_graph_warmup_steps = 3;       // --cuda-graph-warmup-steps
+  // --eod-mask-loss (Megatron's): the language-model and MTP losses leave out the positions
+  // whose input token is the tokenizer's end of document `eod_token` (PipelineStage::forward
+  // says how they are averaged and logged).
+  bool eod_mask_loss = false;
+  int64_t eod_token = -1;
 };
 
 // The whole config as JSON (stored in checkpoints) and the layout part of it.
@@ -191,6 +197,9 @@ class Trainer {
   Microbatch microbatch(int m) const;
   // Microbatch m of the step whose first sample (over all dp ranks) is `consumed`.
   Microbatch fetch_microbatch(int64_t consumed, int m) const;
+  // --eod-mask-loss: microbatch b's loss mask (from its tokens), and the logged loss's scale,
+  // 1 / the unmasked positions of the `count` samples from `first` (cached for the last span).
+  void add_loss_mask(Microbatch* b, DataSplit split, int64_t first, int64_t count) const;
   // Fetches the microbatches of the step after iteration `it` (host reads, copies to the device
   // started), while the device still works on this one. None after the last iteration.
   void prefetch_next_step(int it);
@@ -230,6 +239,8 @@ class Trainer {
   std::unique_ptr<TrainData> data_;
   int num_microbatches_ = 1;
   int64_t prefetched_for_ = -1;         // the consumed samples the prefetched step starts at
+  mutable std::tuple<DataSplit, int64_t, int64_t> log_scale_span_{DataSplit::kTrain, -1, 0};
+  mutable double log_scale_ = 0;        // add_loss_mask's for log_scale_span_
   std::vector<Microbatch> prefetched_;  // its microbatches
   int steps_run_ = 0;                   // train_step calls in this process
   std::unique_ptr<GraphedMicrobatches> graphed_;  // with --cuda-graph-impl local

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# --eod-mask-loss through the weft command, on a NullTokenizer corpus of short documents (many
+# end-of-document tokens per sample):
+# - the losses and gradient norms of 3 iterations with MTP are the same on 1 rank, dp 2, pp 2
+#   and pp 2 x dp 2 (float32, within 1e-5), and differ from the run without the flag;
+# - a corpus whose every token is the end of document logs an lm loss of 0 with the flag;
+# - refusals: no tokenizer, with --calculate-per-token-loss.
+# Usage: eod_mask_loss.sh WEFT MPIRUN...
+set -u
+weft=$1
+shift
+mpirun=("$@")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+bad() { echo "FAIL $*"; fails=$((fails + 1)); }
+ok() { echo "ok   $*"; }
+
+# Documents of 1-9 ids below 60; NullTokenizer V = 60, so the end of document is 60.
+python3 - "$tmp/docs.jsonl" "$tmp/eods.jsonl" <<'EOF'
+import json, random, sys
+rng = random.Random(3)
+with open(sys.argv[1], "w") as f:
+    for _ in range(400):
+        f.write(json.dumps({"text": " ".join(str(rng.randrange(60)) for _ in range(rng.randint(1, 9)))}) + "\n")
+with open(sys.argv[2], "w") as f:
+    for _ in range(200):
+        f.write(json.dumps({"text": "60 60 60"}) + "\n")
+EOF
+for c in docs eods; do
+  "$weft" data preprocess --input "$tmp/$c.jsonl" --output-prefix "$tmp/$c" --append-eod \
+    --tokenizer-type NullTokenizer --vocab-size 60 --legacy-tokenizer >"$tmp/pre.log" 2>&1 ||
+    { echo "preprocess $c failed: $(tail -1 "$tmp/pre.log")"; exit 1; }
+done
+
+model=(--num-layers 4 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
+       --num-query-groups 2 --seq-length 16 --micro-batch-size 2 --global-batch-size 8
+       --train-iters 3 --lr 1e-2 --min-lr 1e-3 --threads 1 --split 100,0,0 --eval-interval 0
+       --log-interval 1 --mtp-num-layers 1 --tokenizer-type NullTokenizer --vocab-size 60 --seed 5)
+run() {  # run NAME NP FLAGS...: (iteration, lm, mtp, grad norm) lines to NAME.txt
+  local name=$1 np=$2
+  shift 2
+  if ! timeout 200 "${mpirun[@]}" -np "$np" "$weft" train "${model[@]}" \
+       --log-jsonl "$tmp/$name.jsonl" "$@" >"$tmp/$name.log" 2>&1; then
+    bad "$name: $(grep -m1 -i error "$tmp/$name.log")"
+    return 1
+  fi
+  python3 - "$tmp/$name.jsonl" >"$tmp/$name.txt" <<'EOF'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "lm_loss" in r:
+        print(r["iteration"], repr(r["lm_loss"]), repr(r.get("mtp_loss", 0)), repr(r["grad_norm"]))
+EOF
+}
+close() {  # close WHAT A B: every number within 1e-5 (relative)
+  python3 - "$tmp/$2.txt" "$tmp/$3.txt" <<'EOF' && ok "$1" || bad "$1: $(paste "$tmp/$2.txt" "$tmp/$3.txt" | head -3)"
+import sys
+a = [l.split() for l in open(sys.argv[1])]
+b = [l.split() for l in open(sys.argv[2])]
+assert len(a) == len(b) == 3, (len(a), len(b))
+for x, y in zip(a, b):
+    for u, v in zip(x[1:], y[1:]):
+        assert abs(float(u) - float(v)) <= 1e-5 * max(abs(float(v)), 1e-6), (x, y)
+EOF
+}
+data=(--data-path "$tmp/docs_text_document")
+run one 1 "${data[@]}" --eod-mask-loss
+run dp2 2 "${data[@]}" --eod-mask-loss
+run pp2 2 "${data[@]}" --eod-mask-loss --pipeline-model-parallel-size 2
+run pp2dp2 4 "${data[@]}" --eod-mask-loss --pipeline-model-parallel-size 2
+run unmasked 1 "${data[@]}"
+close "dp 2 equals one rank" one dp2
+close "pp 2 equals one rank" one pp2
+close "pp 2 x dp 2 equals one rank" one pp2dp2
+python3 - "$tmp/one.txt" "$tmp/unmasked.txt" <<'EOF' && ok "the mask changes the loss" || bad "--eod-mask-loss left the loss as it was"
+import sys
+a, b = open(sys.argv[1]).readline().split(), open(sys.argv[2]).readline().split()
+assert abs(float(a[1]) - float(b[1])) > 1e-4 * abs(float(b[1])), (a, b)
+EOF
+if run eods 1 --data-path "$tmp/eods_text_document" --eod-mask-loss; then
+  python3 - "$tmp/eods.txt" <<'EOF' && ok "every input token the end of document: lm loss 0" || bad "all-eod corpus: $(head -1 "$tmp/eods.txt")"
+import sys
+rows = [l.split() for l in open(sys.argv[1])]
+assert all(float(r[1]) == 0.0 and float(r[2]) == 0.0 and float(r[3]) == 0.0 for r in rows), rows
+EOF
+fi
+
+refuse() {  # refuse NEEDLE FLAGS...
+  local needle=$1
+  shift
+  "$weft" train "$@" >/dev/null 2>"$tmp/err"
+  local rc=$?
+  [ "$rc" -eq 2 ] && [ "$(grep -c . "$tmp/err")" -eq 1 ] && grep -qF -- "$needle" "$tmp/err" &&
+    ok "refused: $(cat "$tmp/err")" || bad "exit $rc, wanted '$needle': $(head -3 "$tmp/err")"
+}
+refuse "--eod-mask-loss needs the tokenizer's end-of-document id" --num-layers 2 --hidden-size 32 \
+  --num-attention-heads 4 --seq-length 16 --vocab-size 64 --mock-data --eod-mask-loss
+refuse "--calculate-per-token-loss with --eod-mask-loss is not implemented" "${model[@]}" \
+  "${data[@]}" --eod-mask-loss --calculate-per-token-loss
+
+[ "$fails" -eq 0 ] && echo "eod_mask_loss: all passed" || echo "eod_mask_loss: $fails failed"
+[ "$fails" -eq 0 ]
