@@ -220,6 +220,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   c->add_flag("--eod-mask-loss", t.eod_mask_loss,
               "leave the positions whose input token is the tokenizer's end of document out of "
               "the loss (each microbatch's mean over the rest, as Megatron's)");
+  c->add_flag("--calculate-per-token-loss", t.calculate_per_token_loss,
+              "every counted token of a step weighs the same (Megatron's; without "
+              "--eod-mask-loss it differs from the default only in the MTP depths' weight)");
   t.check_for_nan = true;  // Megatron's default on the command line (TrainConfig's is off)
   c->add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad",
               t.check_for_nan,
@@ -588,10 +591,6 @@ void resolve_train_args(TrainArgs* a) {
                  "(--tokenizer-type with --tokenizer-model, --vocab-file/--merge-file, or "
                  "NullTokenizer with --vocab-size)");
     t.eod_token = id["eod"].get<int64_t>();
-    if (a->app->get_option("--calculate-per-token-loss")->count() > 0)
-      fail_usage("--calculate-per-token-loss with --eod-mask-loss is not implemented in weft: "
-                 "the loss is each microbatch's mean over its unmasked positions (Megatron's "
-                 "default); drop one of the two");
     if (t.cuda_graph_impl != "none")
       fail_usage("--eod-mask-loss with --cuda-graph-impl {}: the graph replays one microbatch "
                  "without its loss mask; drop one of the two", t.cuda_graph_impl);

@@ -61,9 +61,6 @@ constexpr std::pair<const char*, const char*> kAccepted[] = {
     {"--log-memory-to-tensorboard", "always written (mem-max-allocated-bytes)"},
     {"--log-timers-to-tensorboard", "iteration-time is always written"},
     {"--no-log-loss-scale-to-tensorboard", "no loss scale in bf16/fp32"},
-    {"--calculate-per-token-loss",
-     "every token of a global batch counts once: without a loss mask the per-token mean equals "
-     "the mean of the microbatch means (with --eod-mask-loss it is refused)"},
 };
 
 // Flags with a value that only a setting weft refuses reads (--fp16, --fp8-format, a capacity

@@ -29,7 +29,7 @@ at::Tensor GraphedMicrobatches::run(PipelineStage& stage, int num_microbatches,
       auto graph = std::make_unique<CudaGraph>();
       try {
         graph->capture([&] {
-          const at::Tensor out = stage.forward(0, tokens_, labels_, loss_scale);
+          const at::Tensor out = stage.forward(0, tokens_, labels_, loss_scale, b.loss);
           stage.backward(0, out, at::Tensor());
         });
       } catch (const std::exception& e) {

@@ -194,16 +194,15 @@ void PipelineStage::set_microbatch(int mb) {
 
 void PipelineStage::reset_losses() { losses_.zero_(); }
 
-at::Tensor PipelineStage::account_aux(const at::Tensor& aux, double weight) {
+at::Tensor PipelineStage::account_aux(const at::Tensor& aux, double weight, double objective_weight) {
   if (!aux.defined()) return {};
   losses_.select(0, 1).add_(aux.detach().to(at::kDouble) * (weight / cfg_.num_moe_layers()));
   if (cfg_.moe_router_load_balancing_type == "none" || cfg_.moe_aux_loss_coeff == 0) return {};
-  return aux * (cfg_.moe_aux_loss_coeff * weight);
+  return aux * (cfg_.moe_aux_loss_coeff * objective_weight);
 }
 
 at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Tensor& labels,
-                                  double loss_scale, const at::Tensor& loss_mask,
-                                  double log_scale) {
+                                  double loss_scale, const LossOptions& loss) {
   set_microbatch(mb);
   size_t k = 0;  // units of forward_order_ started so far
   // Starts the next unit of forward order and issues the gather of the one after it.
@@ -234,8 +233,13 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
   }
   // This microbatch's share of the step: micro batch / global batch.
   const double share = loss_scale * static_cast<double>(input.size(0)) * cfg_.seq_length;
+  const bool masked = loss.mask.defined();
+  // --calculate-per-token-loss: 1 / the step's counted positions.
+  const double per_position = masked ? loss.log_scale : loss_scale;
+  const double aux_weight =
+      loss.per_token ? per_position * static_cast<double>(input.size(0)) * cfg_.seq_length : share;
   if (!is_last()) {
-    at::Tensor obj = account_aux(aux, share);
+    at::Tensor obj = account_aux(aux, share, aux_weight);
     if (obj.defined() && at::GradMode::is_enabled()) aux_objective_[mb] = obj;
     return x.hidden();
   }
@@ -248,16 +252,15 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
   const int depths = cfg_.mtp_num_layers;
   // --eod-mask-loss: the masked positions' labels become -100, which the cross entropy skips
   // (the MTP inputs below still embed the real labels).
-  const bool masked = loss_mask.defined();
-  const at::Tensor loss_labels = masked ? labels.masked_fill(loss_mask.eq(0), -100) : labels;
+  const at::Tensor loss_labels = masked ? labels.masked_fill(loss.mask.eq(0), -100) : labels;
   // Megatron's per-microbatch mean over the unmasked positions of [d, s): share / count.
   auto masked_mean = [&](int64_t d) {
-    return loss_mask.narrow(1, d, s - d).sum().clamp_min(1).reciprocal().mul(share);
+    return loss.mask.narrow(1, d, s - d).sum().clamp_min(1).reciprocal().mul(share);
   };
   const at::Tensor lm_sum = lm_loss_sum(output_logits(h, output_->handle(0)), loss_labels);
   if (cfg_.mtp_num_layers == 0) output_->reshard();  // MTP reuses it below
-  const at::Tensor lm = masked ? lm_sum * masked_mean(0) : lm_sum.mul(loss_scale);
-  losses_.select(0, 0).add_((masked ? lm_sum * log_scale : lm).detach().to(at::kDouble));
+  const at::Tensor lm = masked && !loss.per_token ? lm_sum * masked_mean(0) : lm_sum.mul(per_position);
+  losses_.select(0, 0).add_((masked ? lm_sum * loss.log_scale : lm).detach().to(at::kDouble));
   at::Tensor objective = lm;
 
   for (int d = 1; d <= depths; ++d) {
@@ -276,13 +279,15 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
         masked ? ce_sum * masked_mean(d) / depths
                : ce_sum.mul(loss_scale * static_cast<double>(s) / static_cast<double>(s - d) / depths);
     losses_.select(0, 2).add_(ce.detach().to(at::kDouble));
-    objective = objective + ce * cfg_.mtp_loss_scaling_factor;
+    const at::Tensor weighed = loss.per_token ? ce_sum.mul(per_position / depths) : ce;
+    objective = objective + weighed * cfg_.mtp_loss_scaling_factor;
   }
   if (depths > 0) {
     mtp_embedding_->reshard();
     output_->reshard();
   }
-  if (at::Tensor obj = account_aux(aux, share); obj.defined()) objective = objective + obj;
+  if (at::Tensor obj = account_aux(aux, share, aux_weight); obj.defined())
+    objective = objective + obj;
   return objective;
 }
 

@@ -55,6 +55,26 @@ struct StageOptions {
   bool overlap_grad_reduce = false;  // --overlap-grad-reduce (Megatron's default: off)
 };
 
+// How the last stage weighs its losses (Megatron's loss function and schedule).
+// - mask (--eod-mask-loss): [b, s] float32 on the device, 0 where the input token is the end of
+//   document; those positions leave the loss, and an MTP depth d leaves out the positions whose
+//   label (t+d) is masked (the mask shifted by d). The logged lm loss is then the masked sum
+//   times log_scale, 1 / the step's (or evaluation's) unmasked positions over all ranks:
+//   Megatron's reported per-token mean.
+// - Without per_token (Megatron's default): each microbatch's loss is its sum over its counted
+//   positions (at least 1), weighted by micro batch / global batch; each MTP depth likewise,
+//   averaged over the depths.
+// - per_token (--calculate-per-token-loss): every counted position of the step weighs the same,
+//   1 / the step's counted positions (log_scale with a mask, else loss_scale); each MTP depth's
+//   sum takes that weight too (over the depths), and the aux losses take the microbatch's
+//   positions times it (Megatron scales them by its tokens before dividing every gradient by
+//   the step's). The logged MTP loss stays the microbatch means.
+struct LossOptions {
+  at::Tensor mask;
+  double log_scale = 0;
+  bool per_token = false;
+};
+
 class PipelineStage {
  public:
   // `groups` must outlive the stage.
@@ -115,14 +135,9 @@ class PipelineStage {
   // activation to send on, or on the last stage loss_sum(labels) * loss_scale.
   // `loss_scale` is 1 / (global batch * seq_length): lm_loss_sum(...) * loss_scale summed over
   // the step is the mean loss.
-  // `loss_mask` (--eod-mask-loss; [b, s] float32, 0 where the input token is the end of
-  // document): the loss counts only the other positions, as Megatron's default (without
-  // --calculate-per-token-loss): each microbatch's masked sum over its unmasked count (at least
-  // 1), weighted by micro batch / global batch; an MTP depth d likewise with the mask shifted
-  // by d (label t+d's position). The logged lm loss is the masked sum times `log_scale` (1 / the
-  // step's unmasked positions over all ranks), Megatron's reported per-token mean.
+  // `loss` (LossOptions) masks and weighs the losses as Megatron does.
   at::Tensor forward(int mb, const at::Tensor& input, const at::Tensor& labels, double loss_scale,
-                     const at::Tensor& loss_mask = {}, double log_scale = 0);
+                     const LossOptions& loss = {});
   // Runs microbatch `mb` backward from `output` (the value forward returned) with `grad`
   // (undefined on the last stage, where output is the loss).
   void backward(int mb, const at::Tensor& output, const at::Tensor& grad);
@@ -148,9 +163,9 @@ class PipelineStage {
   // A unit over `specs`, and one expert unit per prefix in `moe_prefixes`.
   Block make_block(const std::string& name, const std::vector<ParamSpec>& specs,
                    const std::vector<std::string>& moe_prefixes);
-  // Adds the unweighted aux loss of one microbatch to losses() and returns its weighted
-  // objective (undefined when no aux loss applies).
-  at::Tensor account_aux(const at::Tensor& aux, double weight);
+  // Adds the aux loss of one microbatch to losses() at `weight` (its share of the step) and
+  // returns its objective at `objective_weight` (undefined when no aux loss applies).
+  at::Tensor account_aux(const at::Tensor& aux, double weight, double objective_weight);
 
   ModelConfig cfg_;
   StageOptions opt_;

@@ -30,15 +30,15 @@ class Runner {
 
   // Forward of microbatch mb, given the received activation (undefined on the first stage).
   InFlight forward(int mb, at::Tensor input) {
-    Microbatch b;
-    if (stage_.is_first() || stage_.is_last()) b = batch_(mb);
+    // Every stage reads it: the middle ones weigh their aux losses by its LossOptions.
+    const Microbatch b = batch_(mb);
     at::Tensor in = input;
     if (!stage_.is_first()) {
       if (at::GradMode::is_enabled()) in.requires_grad_(true);
     } else {
       in = b.tokens;
     }
-    at::Tensor out = stage_.forward(mb, in, b.labels, loss_scale_, b.loss_mask, b.log_scale);
+    at::Tensor out = stage_.forward(mb, in, b.labels, loss_scale_, b.loss);
     return InFlight{mb, stage_.is_first() ? at::Tensor() : input, out};
   }
 

@@ -20,15 +20,12 @@ namespace weft {
 struct Microbatch {
   at::Tensor tokens;  // [b, s] int64, used by the first stage
   at::Tensor labels;  // [b, s] int64, used by the last stage
-  // --eod-mask-loss (PipelineStage::forward): [b, s] float32 on the device, 0 where the input
-  // token is the end of document; and 1 / the unmasked positions of the whole step (or
-  // evaluation), over all ranks, for the logged loss. Undefined / 0 without the flag.
-  at::Tensor loss_mask;
-  double log_scale = 0;
+  LossOptions loss;    // how the last stage weighs the losses (pipeline_stage.h)
 };
 
 // Runs one step's forward and backward over `num_microbatches` microbatches. `batch(m)` gives
-// microbatch m (called on the first and last stage). `pp` is the pipeline communicator (size 1
+// microbatch m (called on every stage: the first takes its tokens, the last its labels, every
+// one its LossOptions). `pp` is the pipeline communicator (size 1
 // with pp = 1). Returns this rank's share of the step's logged losses, the stage's losses()
 // [lm, aux, mtp] (float64 on the stage's device, see pipeline_stage.h): summed there in
 // microbatch order, so the step needs no host synchronisation. Stages without an lm or MTP

@@ -545,15 +545,16 @@ Microbatch Trainer::fetch_microbatch(int64_t consumed, int m) const {
 }
 
 void Trainer::add_loss_mask(Microbatch* b, DataSplit split, int64_t first, int64_t count) const {
+  b->loss.per_token = cfg_.calculate_per_token_loss;
   if (!cfg_.eod_mask_loss) return;
-  b->loss_mask = b->tokens.ne(cfg_.eod_token).to(at::kFloat);
+  b->loss.mask = b->tokens.ne(cfg_.eod_token).to(at::kFloat);
   const auto span = std::make_tuple(split, first, count);
   if (span != log_scale_span_) {
     const int64_t n = data_->unmasked_positions(split, first, count, cfg_.eod_token);
     log_scale_ = 1.0 / static_cast<double>(std::max<int64_t>(n, 1));
     log_scale_span_ = span;
   }
-  b->log_scale = log_scale_;
+  b->loss.log_scale = log_scale_;
 }
 
 void Trainer::prefetch_next_step(int it) {

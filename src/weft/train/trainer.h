@@ -123,6 +123,9 @@ struct TrainConfig {
   // says how they are averaged and logged).
   bool eod_mask_loss = false;
   int64_t eod_token = -1;
+  // --calculate-per-token-loss (Megatron's): every counted position of a step weighs the same
+  // (LossOptions in parallel/pipeline_stage.h).
+  bool calculate_per_token_loss = false;
 };
 
 // The whole config as JSON (stored in checkpoints) and the layout part of it.
@@ -197,8 +200,9 @@ class Trainer {
   Microbatch microbatch(int m) const;
   // Microbatch m of the step whose first sample (over all dp ranks) is `consumed`.
   Microbatch fetch_microbatch(int64_t consumed, int m) const;
-  // --eod-mask-loss: microbatch b's loss mask (from its tokens), and the logged loss's scale,
-  // 1 / the unmasked positions of the `count` samples from `first` (cached for the last span).
+  // Microbatch b's LossOptions: --calculate-per-token-loss, and with --eod-mask-loss its mask
+  // (from its tokens) and the logged loss's scale, 1 / the unmasked positions of the `count`
+  // samples from `first` (cached for the last span).
   void add_loss_mask(Microbatch* b, DataSplit split, int64_t first, int64_t count) const;
   // Fetches the microbatches of the step after iteration `it` (host reads, copies to the device
   // started), while the device still works on this one. None after the last iteration.
