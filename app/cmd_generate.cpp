@@ -40,6 +40,7 @@ struct GenerateArgs {
   uint64_t seed = 1234;
   bool greedy = false, force = false, ignore_eos = false, allow_past_seq_length = false;
   CLI::Option* prompt_opt = nullptr;
+  CLI::Option* num_special_opt = nullptr;  // --tiktoken-num-special-tokens
   CLI::Option* prompt_ids_opt = nullptr;
 };
 
@@ -117,7 +118,7 @@ void run(const GenerateArgs& a) {
         files.tiktoken_pattern = recorded.value("tiktoken_pattern", std::string());
       if (files.special_tokens.empty())
         files.special_tokens = recorded.value("special_tokens", std::vector<std::string>());
-      if (files.tiktoken_num_special_tokens == 1000)  // the flag's default
+      if (a.num_special_opt->count() == 0)
         files.tiktoken_num_special_tokens =
             recorded.value("num_special_tokens", files.tiktoken_num_special_tokens);
     }
@@ -230,6 +231,7 @@ void add_generate_command(CLI::App* app) {
       ->required();
   opt("--ckpt-step", a->ckpt_step, "load this iteration instead of the latest (-1: latest)");
   add_tokenizer_flags(c, &a->tokenizer);  // needed for --prompt
+  a->num_special_opt = c->get_option("--tiktoken-num-special-tokens");
   a->prompt_opt = opt("--prompt", a->prompt, "prompt text (encoded with the tokenizer)");
   a->prompt_ids_opt = opt("--prompt-ids", a->prompt_ids, "prompt as token ids, e.g. \"1 2 3\"");
   opt("--max-new-tokens,--num-tokens-to-generate", a->max_new_tokens,

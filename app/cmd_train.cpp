@@ -355,6 +355,10 @@ void resolve_tokenizer(TrainArgs* a) {
     fail_usage("--vocab-file and --merge-file are read by --tokenizer-type GPT2BPETokenizer "
                "only (got --tokenizer-type '{}')", f.type);
   if (!tokenizer_given(f)) {
+    if (!f.tiktoken_pattern.empty() || !f.special_tokens.empty())
+      fail_usage("{} is read by --tokenizer-type TikTokenizer with --tokenizer-model, which is "
+                 "not given", f.tiktoken_pattern.empty() ? "--tokenizer-special-tokens"
+                                                         : "--tiktoken-pattern");
     if (!f.type.empty())
       fail_usage("--tokenizer-type {} needs {}", f.type,
                  f.type == "GPT2BPETokenizer" ? "--vocab-file and --merge-file"
@@ -535,10 +539,9 @@ void resolve_train_args(TrainArgs* a) {
   // Megatron's hybrid stack (pretrain_mamba.py, --is-hybrid-model) without a pattern allocates
   // its layers from the ratios, all Mamba-2 when both are 0; given ratios mean that stack too.
   const bool by_ratio = a->hybrid_attention_ratio != 0 || a->hybrid_mlp_ratio != 0;
-  if (!pattern.empty()) {
-    check_pattern_against_ratios(pattern, a->hybrid_attention_ratio, a->hybrid_mlp_ratio);
-  } else if ((by_ratio || a->is_hybrid_model || spec_names_hybrid_stack(a->megatron)) &&
-             !(model_from_checkpoint && t.model.hybrid())) {
+  const bool pattern_given = !pattern.empty();
+  if (!pattern_given && (by_ratio || a->is_hybrid_model || spec_names_hybrid_stack(a->megatron)) &&
+      !(model_from_checkpoint && t.model.hybrid())) {
     pattern = allocate_hybrid_layers(t.model.num_layers, a->hybrid_attention_ratio,
                                      a->hybrid_mlp_ratio);
   }
@@ -546,10 +549,14 @@ void resolve_train_args(TrainArgs* a) {
     // The pattern defines the layers (and its 'E' symbols the MoE layers): a --num-layers or
     // --moe-layer-freq beside it is refused rather than ignored, as Megatron asserts.
     if (a->moe_layer_freq_opt->count() > 0)
-      fail_usage("--moe-layer-freq and --hybrid-layer-pattern both place MoE layers; give the "
-                 "MoE layers as 'E' in the pattern");
+      fail_usage("--moe-layer-freq and {} both place the layers; give the MoE layers as 'E' in "
+                 "--hybrid-layer-pattern", pattern_given ? "--hybrid-layer-pattern"
+                                                         : "Megatron's Mamba stack (--spec, "
+                                                           "--is-hybrid-model or the hybrid ratios)");
     const int given_layers = t.model.num_layers;
-    apply_hybrid_layer_pattern(pattern, &t.model);
+    apply_hybrid_layer_pattern(pattern, &t.model);  // checks the symbols first
+    if (pattern_given)
+      check_pattern_against_ratios(pattern, a->hybrid_attention_ratio, a->hybrid_mlp_ratio);
     if (a->num_layers_opt->count() > 0 && given_layers != t.model.num_layers)
       fail_usage("--num-layers {} disagrees with --hybrid-layer-pattern '{}', which has {} "
                  "layers; give the pattern alone or the same count", given_layers, pattern,

@@ -90,6 +90,8 @@ def make(out_dir):
                    for i, b in enumerate(vocab)], f)
     tests = corpus(4, 150) + [
         "", " ", "   leading and trailing   ", "a\n\n\nb", "tabs\t\tand\u3000ideographic space",
+        # "<sep>>" is a special token of the custom list below as well as "<sep>": the longer
+        # wins, weft's rule (tiktoken's follows a hash map's order there)
         "<s>begin</s> end <pad><SPECIAL_12><SPECIAL_1> <unk>x", "</s></s>", "<s", "<sep>>",
         "HelloWorld CamelCase ALLCAPS lowerUPPER", "a/b//c\n/ and/or ?!/\n", "x\x0by\x85z\u2028w",
         "numbers 1234567 and 12", "e\u0301 vs \u00e9, \u212b vs \u00c5 \u00e9\u00e9\u00e9",

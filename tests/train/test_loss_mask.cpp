@@ -37,7 +37,7 @@ TrainConfig config(int mtp) {
 bool cuda() { return test::test_device() == "cuda"; }
 
 struct Result {
-  double objective, logged_lm, logged_mtp;
+  double objective, logged_lm, logged_aux, logged_mtp;
   at::Tensor grads;  // every parameter gradient the stage holds, flattened
 };
 
@@ -56,6 +56,7 @@ Result run(const TrainConfig& cfg, const at::Tensor& tokens, const at::Tensor& l
     const at::Tensor loss = t.stage().forward(0, tokens.to(dev), labels.to(dev), loss_scale, o);
     r.objective = loss.item<double>();
     r.logged_lm = t.stage().losses()[0].item<double>();
+    r.logged_aux = t.stage().losses()[1].item<double>();
     r.logged_mtp = t.stage().losses()[2].item<double>();
     t.stage().backward(0, loss, at::Tensor());
     std::vector<at::Tensor> g;
@@ -173,6 +174,31 @@ TEST(LossMask, PerTokenLossWeighsEveryCountedPositionAlike) {
   EXPECT_LE(rel(d1.objective, d1.logged_lm + f * d1.logged_mtp), 1e-6);
   EXPECT_LE(rel(t1.objective, d1.logged_lm + f * d1.logged_mtp * 30 / 32), 1e-6);
   EXPECT_LE(rel(t1.logged_mtp, d1.logged_mtp), 1e-6);
+}
+
+// The MoE aux losses: the default weighs them by the microbatch's share of the step (1 here);
+// --calculate-per-token-loss by its positions over the step's counted ones (32 / 40), as
+// Megatron's aux loss times the microbatch's tokens over the step's count.
+TEST(LossMask, PerTokenAuxLossWeight) {
+  TrainConfig cfg = config(0);
+  cfg.model.num_experts = 4;
+  cfg.model.moe_router_topk = 2;
+  cfg.model.moe_ffn_hidden_size = 32;
+  cfg.model.moe_aux_loss_coeff = 0.01;
+  at::manual_seed(9);
+  const at::Tensor tokens = at::randint(64, {2, 16}, at::kLong);
+  const at::Tensor labels = at::randint(64, {2, 16}, at::kLong);
+  at::Tensor mask = at::ones({2, 16});
+  mask[0][2] = 0;
+  mask[1][11] = 0;
+  const Result d = run(cfg, tokens, labels, mask, 1.0 / 40);
+  const Result t = run(cfg, tokens, labels, mask, 1.0 / 40, /*per_token=*/true);
+  const double aux = d.logged_aux * cfg.model.num_moe_layers();  // share 1: the summed aux loss
+  ASSERT_GT(aux, 0);
+  const double c = cfg.model.moe_aux_loss_coeff;
+  EXPECT_LE(rel(d.objective, d.logged_lm * 40 / 30 + c * aux), 1e-6);
+  EXPECT_LE(rel(t.objective, t.logged_lm + c * aux * 32 / 40), 1e-6);
+  EXPECT_LE(rel(t.logged_aux, d.logged_aux), 1e-6);
 }
 
 }  // namespace

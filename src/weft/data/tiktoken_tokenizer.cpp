@@ -2,6 +2,7 @@
 #include "weft/data/tiktoken_tokenizer.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -74,6 +75,8 @@ class TikTokenizer final : public Tokenizer {
     if (pattern != "v1" && pattern != "v2")
       fail_usage("--tiktoken-pattern {}: must be v1 or v2", pattern);
     vocab_size_ = f.vocab_size > 0 ? f.vocab_size : kDefaultVocab;
+    if (vocab_size_ > INT32_MAX)
+      fail_usage("--vocab-size {}: TikTokenizer's ids must fit in int32", vocab_size_);
     const int64_t nspecial = f.tiktoken_num_special_tokens;
     // Megatron's default specials: its tokenizer system's seven, its legacy class's three.
     std::vector<std::string> base = {"<unk>", "<s>", "</s>"};

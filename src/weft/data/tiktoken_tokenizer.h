@@ -8,7 +8,9 @@
 //
 // Encoding is tiktoken's: the text's special tokens are matched first (Megatron's default
 // tokenizer system encodes with allowed_special="all"; --legacy-tokenizer, its legacy class,
-// encodes them as text and knows only <unk> <s> </s>), each stretch between them is split by
+// encodes them as text and knows only <unk> <s> </s>); where two special tokens start at the
+// same place (one a prefix of the other, possible only with --tokenizer-special-tokens) weft
+// takes the longer, while tiktoken's choice follows its hash map's order; each stretch between them is split by
 // the pattern (text the pattern does not match is dropped, as tiktoken drops it), a piece that
 // is a token is that token, and any other piece is merged byte pair by byte pair, the pair
 // whose bytes have the lowest rank first (the leftmost of equal ranks). The merge is written

@@ -21,6 +21,8 @@ at::Tensor GraphedMicrobatches::run(PipelineStage& stage, int num_microbatches,
   stage.reset_losses();
   for (int m = 0; m < num_microbatches; ++m) {
     const Microbatch b = batch(m);
+    // The graph records the tensors it reads: a loss mask would be one microbatch's.
+    WEFT_CHECK(!b.loss.mask.defined(), "a CUDA graph cannot replay a loss mask (--eod-mask-loss)");
     if (!graph_) {
       // Recorded, not run: microbatch 0's stage bookkeeping (a stage of one) is the same for
       // every replay.

@@ -234,8 +234,9 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
   // This microbatch's share of the step: micro batch / global batch.
   const double share = loss_scale * static_cast<double>(input.size(0)) * cfg_.seq_length;
   const bool masked = loss.mask.defined();
-  // --calculate-per-token-loss: 1 / the step's counted positions.
-  const double per_position = masked ? loss.log_scale : loss_scale;
+  // --calculate-per-token-loss: 1 / the step's counted positions (log_scale with a mask; a
+  // middle stage gets log_scale without the mask itself).
+  const double per_position = loss.log_scale > 0 ? loss.log_scale : loss_scale;
   const double aux_weight =
       loss.per_token ? per_position * static_cast<double>(input.size(0)) * cfg_.seq_length : share;
   if (!is_last()) {

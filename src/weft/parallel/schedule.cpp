@@ -30,7 +30,7 @@ class Runner {
 
   // Forward of microbatch mb, given the received activation (undefined on the first stage).
   InFlight forward(int mb, at::Tensor input) {
-    // Every stage reads it: the middle ones weigh their aux losses by its LossOptions.
+    // Every stage asks: the middle ones get no data, only the LossOptions their aux losses need.
     const Microbatch b = batch_(mb);
     at::Tensor in = input;
     if (!stage_.is_first()) {

@@ -25,7 +25,7 @@ struct Microbatch {
 
 // Runs one step's forward and backward over `num_microbatches` microbatches. `batch(m)` gives
 // microbatch m (called on every stage: the first takes its tokens, the last its labels, every
-// one its LossOptions). `pp` is the pipeline communicator (size 1
+// one its LossOptions; a middle stage's needs no tokens or labels). `pp` is the pipeline communicator (size 1
 // with pp = 1). Returns this rank's share of the step's logged losses, the stage's losses()
 // [lm, aux, mtp] (float64 on the stage's device, see pipeline_stage.h): summed there in
 // microbatch order, so the step needs no host synchronisation. Stages without an lm or MTP

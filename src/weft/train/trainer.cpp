@@ -135,6 +135,9 @@ void validate_cuda_graph(const TrainConfig& c, const Mesh& mesh) {
     fail_usage("--cuda-graph-impl local does not support routed experts (--num-experts {}): "
                "routing decides shapes from the data, which a graph cannot replay",
                c.model.num_experts);
+  if (c.eod_mask_loss)
+    fail_usage("--cuda-graph-impl local does not support --eod-mask-loss: the graph replays one "
+               "microbatch without its loss mask");
   if (c.cuda_graph_warmup_steps < 1)
     fail_usage("--cuda-graph-warmup-steps must be >= 1 (got {}): the first iteration runs "
                "eagerly to set up the kernels the graph records", c.cuda_graph_warmup_steps);
@@ -278,6 +281,10 @@ void check_same_config_on_every_rank(const TrainConfig& cfg, Communicator& world
   // the collective that names the parameter.
   leaves.emplace_back("check_for_nan_in_loss_and_grad", cfg.check_for_nan ? "true" : "false");
   leaves.emplace_back("max_skipped_iterations", std::to_string(cfg.max_skipped_iterations));
+  // How the stages weigh the losses: ranks that disagree would train silently wrong.
+  leaves.emplace_back("eod_mask_loss", cfg.eod_mask_loss ? "true" : "false");
+  leaves.emplace_back("eod_token", std::to_string(cfg.eod_token));
+  leaves.emplace_back("calculate_per_token_loss", cfg.calculate_per_token_loss ? "true" : "false");
   // What a --load restores, and how the schedule resumes: a rank that loads otherwise would
   // fail alone, or train at another rate.
   for (auto [name, on] : {std::pair{"finetune", cfg.finetune}, {"no_load_optim", cfg.no_load_optim},
@@ -538,6 +545,10 @@ Microbatch Trainer::fetch_microbatch(int64_t consumed, int m) const {
   const int64_t per_rank = static_cast<int64_t>(cfg_.micro_batch_size) * num_microbatches_;
   const int64_t first = consumed + dp_rank_ * per_rank + static_cast<int64_t>(m) * cfg_.micro_batch_size;
   Microbatch b;
+  if (!stage_->is_first() && !stage_->is_last()) {  // a middle stage: no data, its LossOptions
+    add_loss_mask(&b, DataSplit::kTrain, consumed, cfg_.global_batch_size);
+    return b;
+  }
   data_->fetch(DataSplit::kTrain, first, cfg_.micro_batch_size, stage_->options().device,
                &b.tokens, &b.labels);
   add_loss_mask(&b, DataSplit::kTrain, consumed, cfg_.global_batch_size);
@@ -547,7 +558,9 @@ Microbatch Trainer::fetch_microbatch(int64_t consumed, int m) const {
 void Trainer::add_loss_mask(Microbatch* b, DataSplit split, int64_t first, int64_t count) const {
   b->loss.per_token = cfg_.calculate_per_token_loss;
   if (!cfg_.eod_mask_loss) return;
-  b->loss.mask = b->tokens.ne(cfg_.eod_token).to(at::kFloat);
+  // A middle stage (no tokens) needs the step's count only for the per-token aux weight.
+  if (b->tokens.defined()) b->loss.mask = b->tokens.ne(cfg_.eod_token).to(at::kFloat);
+  else if (!cfg_.calculate_per_token_loss) return;
   const auto span = std::make_tuple(split, first, count);
   if (span != log_scale_span_) {
     const int64_t n = data_->unmasked_positions(split, first, count, cfg_.eod_token);
@@ -671,7 +684,8 @@ double Trainer::evaluate(DataSplit split, int64_t first_sample) {
       const int64_t first = first_sample + static_cast<int64_t>(k) * cfg_.global_batch_size +
                             dp_rank_ * per_rank + static_cast<int64_t>(m) * cfg_.micro_batch_size;
       Microbatch b;
-      data_->fetch(split, first, cfg_.micro_batch_size, dev, &b.tokens, &b.labels);
+      if (stage_->is_first() || stage_->is_last())
+        data_->fetch(split, first, cfg_.micro_batch_size, dev, &b.tokens, &b.labels);
       add_loss_mask(&b, split, first_sample,
                     static_cast<int64_t>(cfg_.global_batch_size) * cfg_.eval_iters);
       return b;
