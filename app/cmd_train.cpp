@@ -549,7 +549,7 @@ void resolve_train_args(TrainArgs* a) {
     // The pattern defines the layers (and its 'E' symbols the MoE layers): a --num-layers or
     // --moe-layer-freq beside it is refused rather than ignored, as Megatron asserts.
     if (a->moe_layer_freq_opt->count() > 0)
-      fail_usage("--moe-layer-freq and {} both place the layers; give the MoE layers as 'E' in "
+      fail_usage("--moe-layer-freq and {} both place MoE layers; give the MoE layers as 'E' in "
                  "--hybrid-layer-pattern", pattern_given ? "--hybrid-layer-pattern"
                                                          : "Megatron's Mamba stack (--spec, "
                                                            "--is-hybrid-model or the hybrid ratios)");
