@@ -315,8 +315,9 @@ class Reference:
         return self.template[0] + ids + self.template[1]
 
 
-def check(kind, tok_dir, jsonl, bin_path):
-    ref = Reference(kind, tok_dir)
+def compare_bin(ref, jsonl, bin_path):
+    """Compares weft's .bin with ref.encode(text) + [ref.eod] for every "text" of JSONL (uint16 or
+    int32, as the .idx says); the number of tokens equal, or None after naming what differs."""
     with open(bin_path, "rb") as f:
         data = f.read()
     with open(bin_path[:-4] + ".idx", "rb") as f:
@@ -333,10 +334,18 @@ def check(kind, tok_dir, jsonl, bin_path):
             if got[at:at + len(want)] != want:
                 print(f"document {n} differs:\n  reference {want[:40]}\n  weft      "
                       f"{got[at:at + len(want)][:40]}")
-                return 1
+                return None
             at += len(want)
     if at != len(got):
         print(f"weft wrote {len(got) - at} tokens more than the reference")
+        return None
+    return at
+
+
+def check(kind, tok_dir, jsonl, bin_path):
+    ref = Reference(kind, tok_dir)
+    at = compare_bin(ref, jsonl, bin_path)
+    if at is None:
         return 1
     print(f"{kind} {os.path.basename(tok_dir)}: {at} tokens equal")
     return 0

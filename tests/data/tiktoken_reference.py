@@ -20,13 +20,12 @@ import argparse
 import base64
 import json
 import os
-import struct
 import sys
 
 import regex
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bpe_reference import corpus  # noqa: E402  (the generated texts only)
+from bpe_reference import compare_bin, corpus  # noqa: E402  (texts and the .bin comparison)
 
 # Megatron's strings, as its tokenizer module spells them.
 PATTERN_V1 = r"[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"
@@ -159,26 +158,8 @@ def check(argv):
     p.add_argument("--special", nargs="*", default=[])
     a = p.parse_args(argv)
     ref = Reference(a.vocab, a.pattern, a.vocab_size, a.num_special, a.legacy, a.special)
-    with open(a.bin, "rb") as f:
-        data = f.read()
-    with open(a.bin[:-4] + ".idx", "rb") as f:
-        code = f.read(18)[17]  # Megatron's dtype code: 8 uint16, 4 int32
-    fmt, size = {8: ("H", 2), 4: ("i", 4)}[code]
-    got = list(struct.unpack(f"<{len(data) // size}{fmt}", data))
-    at = 0
-    with open(a.jsonl, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            want = ref.encode(json.loads(line)["text"])
-            if not want:  # Megatron's preprocess writes no empty document
-                continue
-            want.append(ref.eod)
-            if got[at:at + len(want)] != want:
-                print(f"document {n} differs:\n  reference {want[:40]}\n  weft      "
-                      f"{got[at:at + len(want)][:40]}")
-                return 1
-            at += len(want)
-    if at != len(got):
-        print(f"weft wrote {len(got) - at} tokens more than the reference")
+    at = compare_bin(ref, a.jsonl, a.bin)
+    if at is None:
         return 1
     print(f"TikTokenizer {a.pattern}{' legacy' if a.legacy else ''}: {at} tokens equal")
     return 0
