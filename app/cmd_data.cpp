@@ -89,7 +89,7 @@ void add_data_command(CLI::App* app) {
   add_tokenizer_flags(pre, &p->tokenizer);
   pre->get_option("--tokenizer-type")->required();
   pre->add_option("--vocab-size", p->tokenizer.vocab_size,
-                  "NullTokenizer's V: ids 0..V-1, the end of document V");
+                  "NullTokenizer's V: ids 0..V-1, the end of document V - 1 (V with --legacy-tokenizer)");
   pre->add_flag("--append-eod", p->opt.append_eod, "append the eod token to each document");
   pre->add_option("--workers", p->opt.workers, "tokenizing threads")->capture_default_str();
   pre->add_option("--log-interval", p->opt.log_interval, "documents between progress lines")

@@ -108,7 +108,8 @@ void run(const GenerateArgs& a) {
                                         : "SentencePieceTokenizer";
     if (recorded.is_object()) {  // and the way it read texts (--legacy-tokenizer and the like)
       files.legacy |= recorded.value("legacy", false);
-      files.hf_include_special_tokens |= recorded.value("include_special_tokens", false);
+      if (!files.hf_special_tokens_flag && recorded.contains("include_special_tokens"))
+        files.hf_include_special_tokens = recorded["include_special_tokens"].get<bool>();
     }
     if (files.type == "TikTokenizer" && recorded.is_object() &&
         recorded.value("type", std::string()) == "TikTokenizer") {
@@ -123,12 +124,17 @@ void run(const GenerateArgs& a) {
             recorded.value("num_special_tokens", files.tiktoken_num_special_tokens);
     }
     if (files.type == "NullTokenizer") {
-      // The checkpoint's recorded tokenizer gives V (its vocab_size is V + 1).
+      // The checkpoint's recorded tokenizer gives V (its vocab_size, V + 1 for the legacy
+      // class), the end of document and the pad.
       const nlohmann::json saved = meta.value("tokenizer", nlohmann::json());
       if (saved.is_null() || saved.value("type", std::string()) != "NullTokenizer")
         fail_usage("--tokenizer-type NullTokenizer: the checkpoint was not trained with it; give "
                    "--prompt-ids");
-      files.vocab_size = saved.at("vocab_size").get<int64_t>() - 1;
+      files.vocab_size = saved.at("vocab_size").get<int64_t>() - (files.legacy ? 1 : 0);
+      if (!files.legacy) {
+        if (files.null_eod_id == -1) files.null_eod_id = saved.value("eod", int64_t{-1});
+        if (files.null_pad_id == -1) files.null_pad_id = saved.value("pad", int64_t{-1});
+      }
     }
     tok = make_tokenizer(files);
     const nlohmann::json saved = meta.value("tokenizer", nlohmann::json());

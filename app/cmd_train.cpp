@@ -71,6 +71,7 @@ struct TrainArgs {
   bool use_checkpoint_args = false;
   bool vocab_from_checkpoint = false;
   bool global_batch_given = false;  // else micro-batch x dp, once the world size is known
+  bool allow_ambiguous_pad_tokens = false;  // Megatron's: keep a pad equal to the eod
   TokenizerFiles tokenizer;  // --tokenizer-type, --tokenizer-model, --vocab-file, --merge-file
   int vocab_divisible_by = 128;  // Megatron's --make-vocab-size-divisible-by
   CLI::Option* vocab_size_opt = nullptr;
@@ -220,6 +221,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   c->add_flag("--eod-mask-loss", t.eod_mask_loss,
               "leave the positions whose input token is the tokenizer's end of document out of "
               "the loss (each microbatch's mean over the rest, as Megatron's)");
+  c->add_flag("--allow-ambiguous-pad-tokens", a->allow_ambiguous_pad_tokens,
+              "keep masking the labels equal to the tokenizer's pad where the pad id is also the "
+              "end of document (Megatron's; without it such a pad masks nothing)");
   c->add_flag("--calculate-per-token-loss", t.calculate_per_token_loss,
               "every counted token of a step weighs the same (Megatron's; without "
               "--eod-mask-loss it differs from the default only in the MTP depths' weight)");
@@ -345,9 +349,8 @@ void add_flags(CLI::App* c, TrainArgs* a) {
 
 // The tokenizer flags: loads the tokenizer, records its identity, and sizes the vocabulary from
 // it (padded to --make-vocab-size-divisible-by) unless --vocab-size was given (then the
-// tokenizer must fit in it). NullTokenizer reads --vocab-size as Megatron does: V ids and the
-// end of document V, so the model's vocabulary is V + 1 padded; TikTokenizer as its number of
-// ids (default 2^17), padded.
+// tokenizer must fit in it). NullTokenizer reads --vocab-size as Megatron does: V ids (V + 1
+// with --legacy-tokenizer), padded; TikTokenizer as its number of ids (default 2^17), padded.
 void resolve_tokenizer(TrainArgs* a) {
   TrainConfig& t = a->cfg;
   TokenizerFiles& f = a->tokenizer;
@@ -355,6 +358,9 @@ void resolve_tokenizer(TrainArgs* a) {
     fail_usage("--vocab-file and --merge-file are read by --tokenizer-type GPT2BPETokenizer "
                "only (got --tokenizer-type '{}')", f.type);
   if (!tokenizer_given(f)) {
+    if (f.null_eod_id != -1 || f.null_pad_id != -1)
+      fail_usage("{} is read by --tokenizer-type NullTokenizer, which is not given",
+                 f.null_eod_id != -1 ? "--null-tokenizer-eod-id" : "--null-tokenizer-pad-id");
     if (!f.tiktoken_pattern.empty() || !f.special_tokens.empty())
       fail_usage("{} is read by --tokenizer-type TikTokenizer with --tokenizer-model, which is "
                  "not given", f.tiktoken_pattern.empty() ? "--tokenizer-special-tokens"
@@ -374,7 +380,7 @@ void resolve_tokenizer(TrainArgs* a) {
   const bool sized_by_flag = null_tok || f.type == "TikTokenizer";
   if (null_tok && !vocab_given)
     fail_usage("--tokenizer-type NullTokenizer needs --vocab-size (its ids are 0..V-1, the "
-               "end of document V)");
+               "end of document V - 1)");
   if (sized_by_flag && vocab_given) f.vocab_size = t.model.vocab_size;
   const std::unique_ptr<Tokenizer> tok = make_tokenizer(f);
   t.tokenizer_identity = tok->identity();
@@ -387,6 +393,33 @@ void resolve_tokenizer(TrainArgs* a) {
     fail_usage("the tokenizer ({}) has {} tokens, more than --vocab-size {}", name, n,
                t.model.vocab_size);
   }
+}
+
+// Megatron's GPTDataset masks the labels equal to the tokenizer's pad (and feeds pad ids to the
+// model as 0), except where the pad is also the end of document: then, without
+// --allow-ambiguous-pad-tokens, it warns and masks nothing (Megatron also checks the eos, which
+// every weft tokenizer has as its eod).
+void resolve_pad_token(TrainArgs* a) {
+  TrainConfig& t = a->cfg;
+  const nlohmann::json& id = t.tokenizer_identity;
+  const int64_t pad = id.is_object() ? id.value("pad", int64_t{-1}) : -1;
+  if (pad < 0) {
+    if (a->allow_ambiguous_pad_tokens)
+      a->megatron_warnings.push_back("--allow-ambiguous-pad-tokens changes nothing: the "
+                                     "tokenizer has no pad");
+    return;
+  }
+  if (pad == id.value("eod", int64_t{-1}) && !a->allow_ambiguous_pad_tokens) {
+    a->megatron_warnings.push_back(fmt::format(
+        "the tokenizer's pad id {} is also its end of document: labels equal to it stay in the "
+        "loss (as Megatron's GPTDataset; --allow-ambiguous-pad-tokens masks them)", pad));
+    return;
+  }
+  t.pad_token = pad;
+  if (t.cuda_graph_impl != "none")
+    fail_usage("--cuda-graph-impl {} with the tokenizer's pad id {}: labels equal to it leave the "
+               "loss (as Megatron's GPTDataset) and the graph replays one microbatch without its "
+               "loss mask; drop the graph, or use a tokenizer without a pad", t.cuda_graph_impl, pad);
 }
 
 // Megatron's --ffn-hidden-size default: with --swiglu (weft's default MLP) 8/3 of the hidden
@@ -591,6 +624,7 @@ void resolve_train_args(TrainArgs* a) {
   resolve_schedule_lengths(a);
   resolve_pipeline_split(a, t.model.hybrid());
   resolve_tokenizer(a);
+  resolve_pad_token(a);
   if (t.eod_mask_loss) {
     const nlohmann::json& id = t.tokenizer_identity;
     if (!id.is_object() || id.value("eod", int64_t{-1}) < 0)

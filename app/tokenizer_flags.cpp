@@ -1,6 +1,8 @@
 // The tokenizer flags (tokenizer_flags.h).
 #include "tokenizer_flags.h"
 
+#include "weft/core/error.h"
+
 namespace weft::app {
 
 void add_tokenizer_flags(CLI::App* cmd, TokenizerFiles* f) {
@@ -17,9 +19,27 @@ void add_tokenizer_flags(CLI::App* cmd, TokenizerFiles* f) {
       "SentencePiece .model file, or a Hugging Face tokenizer directory");
   opt("--vocab-file", f->vocab_file, "GPT2BPETokenizer's vocab.json");
   opt("--merge-file", f->merge_file, "GPT2BPETokenizer's merges.txt");
-  cmd->add_flag("--tokenizer-hf-include-special-tokens", f->hf_include_special_tokens,
-                "HuggingFaceTokenizer: the post-processor's special tokens (Llama 3's BOS) around "
-                "each text, as transformers' tokenizer(text); default: the text's tokens alone");
+  // Megatron's current default (since February 2026) includes the post-processor's specials;
+  // --tokenizer-hf-no-include-special-tokens leaves them out, as its default did before.
+  // --tokenizer-hf-include-special-tokens (the older flag) asks for them explicitly.
+  auto hf_special = [f](bool on, const char* name) {
+    return [f, on, name](int64_t) {
+      if (f->hf_special_tokens_flag && f->hf_include_special_tokens != on)
+        fail_usage("{} contradicts {}", name,
+                   on ? "--tokenizer-hf-no-include-special-tokens"
+                      : "--tokenizer-hf-include-special-tokens");
+      f->hf_include_special_tokens = on;
+      f->hf_special_tokens_flag = true;
+    };
+  };
+  cmd->add_flag_function("--tokenizer-hf-include-special-tokens",
+                         hf_special(true, "--tokenizer-hf-include-special-tokens"),
+                         "HuggingFaceTokenizer: the post-processor's special tokens (Llama 3's "
+                         "BOS) around each text, as transformers' tokenizer(text) (the default)");
+  cmd->add_flag_function("--tokenizer-hf-no-include-special-tokens",
+                         hf_special(false, "--tokenizer-hf-no-include-special-tokens"),
+                         "HuggingFaceTokenizer: a text's tokens alone, without the "
+                         "post-processor's special tokens");
   cmd->add_flag("--legacy-tokenizer", f->legacy,
                 "Megatron's legacy tokenizer classes: SentencePieceTokenizer with <CLS> <SEP> "
                 "<EOD> <MASK> appended (eod <EOD>), Llama2Tokenizer with bos first, "
@@ -37,10 +57,19 @@ void add_tokenizer_flags(CLI::App* cmd, TokenizerFiles* f) {
                     "<pad> <cls> <sep>; with --legacy-tokenizer <unk> <s> </s>)")
         ->expected(1, -1)
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd->add_option("--null-tokenizer-eod-id", f->null_eod_id,
+                  "NullTokenizer: the end-of-document id (default --vocab-size - 1)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd->add_option("--null-tokenizer-pad-id", f->null_pad_id,
+                  "NullTokenizer: the pad id, whose labels leave the loss (default -1: none)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   // Accepted for Megatron's scripts; they change nothing weft computes.
-  static bool use_fast = false, trust_remote_code = false;
+  static bool use_fast = false, no_use_fast = false, trust_remote_code = false;
   cmd->add_flag("--tokenizer-hf-use-fast", use_fast,
                 "accepted: weft encodes as transformers' fast tokenizer does");
+  cmd->add_flag("--tokenizer-hf-no-use-fast", no_use_fast,
+                "accepted: weft encodes as transformers' fast tokenizer does (a slow one encodes "
+                "alike)");
   cmd->add_flag("--trust-remote-code", trust_remote_code,
                 "accepted: weft runs no code from a tokenizer directory (it reads tokenizer.json)");
 }

@@ -7,7 +7,12 @@
 # - a corpus whose every token is the end of document logs an lm loss of 0 with the flag;
 # - with --calculate-per-token-loss (another weighting, the same logged lm loss) likewise across
 #   layouts, MoE over 4 stages included;
-# - refusal without a tokenizer.
+# - the tokenizer's pad (--null-tokenizer-pad-id), as Megatron's GPTDataset: the same across
+#   layouts (with --eod-mask-loss too); the run equals the one on the corpus with 0 written for
+#   the pad and pad 0 (pad ids enter the model as 0); a pad absent from the data, or equal to
+#   the end of document without --allow-ambiguous-pad-tokens, changes nothing; an all-pad
+#   corpus logs 0;
+# - refusals: --eod-mask-loss without a tokenizer, a pad with CUDA graphs.
 # Usage: eod_mask_loss.sh WEFT MPIRUN...
 set -u
 weft=$1
@@ -19,27 +24,33 @@ fails=0
 bad() { echo "FAIL $*"; fails=$((fails + 1)); }
 ok() { echo "ok   $*"; }
 
-# Documents of 1-9 ids below 60; NullTokenizer V = 60, so the end of document is 60.
-python3 - "$tmp/docs.jsonl" "$tmp/eods.jsonl" <<'EOF'
+# Documents of 1-9 ids in 1..59; NullTokenizer V = 61, so the end of document is 60. zeros: the
+# same documents with every 7 written as 0 (no 0 otherwise); pads: nothing but 7 (no eod).
+python3 - "$tmp" <<'EOF'
 import json, random, sys
 rng = random.Random(3)
-with open(sys.argv[1], "w") as f:
-    for _ in range(400):
-        f.write(json.dumps({"text": " ".join(str(rng.randrange(60)) for _ in range(rng.randint(1, 9)))}) + "\n")
-with open(sys.argv[2], "w") as f:
-    for _ in range(200):
-        f.write(json.dumps({"text": "60 60 60"}) + "\n")
+docs = [[rng.randrange(1, 60) for _ in range(rng.randint(1, 9))] for _ in range(400)]
+def write(name, rows):
+    with open(f"{sys.argv[1]}/{name}.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps({"text": " ".join(map(str, r))}) + "\n")
+write("docs", docs)
+write("zeros", [[0 if t == 7 else t for t in d] for d in docs])
+write("eods", [[60, 60, 60]] * 200)
+write("pads", [[7] * 9] * 200)
 EOF
-for c in docs eods; do
-  "$weft" data preprocess --input "$tmp/$c.jsonl" --output-prefix "$tmp/$c" --append-eod \
-    --tokenizer-type NullTokenizer --vocab-size 60 --legacy-tokenizer >"$tmp/pre.log" 2>&1 ||
+for c in docs zeros eods pads; do
+  eod=--append-eod
+  [ "$c" = pads ] && eod=
+  "$weft" data preprocess --input "$tmp/$c.jsonl" --output-prefix "$tmp/$c" $eod \
+    --tokenizer-type NullTokenizer --vocab-size 61 >"$tmp/pre.log" 2>&1 ||
     { echo "preprocess $c failed: $(tail -1 "$tmp/pre.log")"; exit 1; }
 done
 
 model=(--num-layers 4 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
        --num-query-groups 2 --seq-length 16 --micro-batch-size 2 --global-batch-size 8
        --train-iters 3 --lr 1e-2 --min-lr 1e-3 --threads 1 --split 100,0,0 --eval-interval 0
-       --log-interval 1 --mtp-num-layers 1 --tokenizer-type NullTokenizer --vocab-size 60 --seed 5)
+       --log-interval 1 --mtp-num-layers 1 --tokenizer-type NullTokenizer --vocab-size 61 --seed 5)
 run() {  # run NAME NP FLAGS...: (iteration, lm, mtp, grad norm) lines to NAME.txt
   local name=$1 np=$2
   shift 2
@@ -106,6 +117,48 @@ assert all(float(r[1]) == 0.0 and float(r[2]) == 0.0 and float(r[3]) == 0.0 for 
 EOF
 fi
 
+# The tokenizer's pad (--null-tokenizer-pad-id), as Megatron's GPTDataset: labels equal to it
+# leave the loss, pad tokens and labels enter the model as 0.
+same() {  # same WHAT A B: the same losses and norms, digit for digit
+  cmp -s "$tmp/$2.txt" "$tmp/$3.txt" && [ -s "$tmp/$2.txt" ] && ok "$1" ||
+    bad "$1: $(paste "$tmp/$2.txt" "$tmp/$3.txt" | head -3)"
+}
+differs() {  # differs WHAT A B: iteration 1's lm loss differs
+  python3 - "$tmp/$2.txt" "$tmp/$3.txt" <<'EOF' && ok "$1" || bad "$1: $(paste "$tmp/$2.txt" "$tmp/$3.txt" | head -1)"
+import sys
+a, b = open(sys.argv[1]).readline().split(), open(sys.argv[2]).readline().split()
+assert abs(float(a[1]) - float(b[1])) > 1e-4 * abs(float(b[1])), (a, b)
+EOF
+}
+run pad_one 1 "${data[@]}" --null-tokenizer-pad-id 7
+run pad_pp2dp2 4 "${data[@]}" --null-tokenizer-pad-id 7 --pipeline-model-parallel-size 2
+close "pad: pp 2 x dp 2 equals one rank" pad_one pad_pp2dp2
+differs "the pad changes the loss" pad_one unmasked
+# The corpus with 0 for 7 and pad 0 is the same run: same mask, same inputs (pad ids become 0).
+run pad_zeros 1 --data-path "$tmp/zeros_text_document" --null-tokenizer-pad-id 0
+same "pad 7 runs as the corpus with 0 for 7 and pad 0" pad_one pad_zeros
+run pad_eod_one 1 "${data[@]}" --null-tokenizer-pad-id 7 --eod-mask-loss --calculate-per-token-loss
+run pad_eod_pp2dp2 4 "${data[@]}" --null-tokenizer-pad-id 7 --eod-mask-loss \
+  --calculate-per-token-loss --pipeline-model-parallel-size 2
+close "pad and --eod-mask-loss, per token: pp 2 x dp 2 equals one rank" pad_eod_one pad_eod_pp2dp2
+# A pad that never occurs masks nothing: the unmasked run, digit for digit.
+run pad_absent 1 "${data[@]}" --null-tokenizer-pad-id 100
+same "a pad absent from the data changes nothing" pad_absent unmasked
+# A pad equal to the end of document is dropped with a warning, unless --allow-ambiguous-pad-tokens.
+run pad_is_eod 1 "${data[@]}" --null-tokenizer-pad-id 60
+same "a pad equal to the end of document masks nothing" pad_is_eod unmasked
+grep -q "pad id 60 is also its end of document" "$tmp/pad_is_eod.log" &&
+  ok "the ambiguous pad is warned about" || bad "no warning for a pad equal to the eod"
+run pad_ambiguous 1 "${data[@]}" --null-tokenizer-pad-id 60 --allow-ambiguous-pad-tokens
+differs "--allow-ambiguous-pad-tokens masks the pad" pad_ambiguous unmasked
+if run pads 1 --data-path "$tmp/pads_text_document" --null-tokenizer-pad-id 7; then
+  python3 - "$tmp/pads.txt" <<'EOF' && ok "every label the pad: lm loss 0" || bad "all-pad corpus: $(head -1 "$tmp/pads.txt")"
+import sys
+rows = [l.split() for l in open(sys.argv[1])]
+assert all(float(r[1]) == 0.0 and float(r[2]) == 0.0 and float(r[3]) == 0.0 for r in rows), rows
+EOF
+fi
+
 refuse() {  # refuse NEEDLE FLAGS...
   local needle=$1
   shift
@@ -117,5 +170,7 @@ refuse() {  # refuse NEEDLE FLAGS...
 refuse "--eod-mask-loss needs the tokenizer's end-of-document id" --num-layers 2 --hidden-size 32 \
   --num-attention-heads 4 --seq-length 16 --vocab-size 64 --mock-data --eod-mask-loss
 
+refuse "with the tokenizer's pad id 7" "${model[@]}" "${data[@]}" --null-tokenizer-pad-id 7 \
+  --cuda-graph-impl local --device cuda
 [ "$fails" -eq 0 ] && echo "eod_mask_loss: all passed" || echo "eod_mask_loss: $fails failed"
 [ "$fails" -eq 0 ]

@@ -5,11 +5,12 @@
 #    HuggingFaceTokenizer on three tokenizer.json pipelines (GPT-2's ByteLevel regex; Llama 3's
 #    Split + ignore_merges + BOS template + added tokens with lstrip/rstrip; Qwen's NFC and
 #    single digits) writes exactly the reference's tokens for a multilingual text set, with the
-#    template's specials (--tokenizer-hf-include-special-tokens, --legacy-tokenizer) and
-#    without (Megatron's default).
+#    template's specials (Megatron's default since February 2026, --legacy-tokenizer) and
+#    without (--tokenizer-hf-no-include-special-tokens).
 # 2. Training on those datasets: the vocabulary is the tokenizer's padded to
 #    --make-vocab-size-divisible-by, the checkpoint records the tokenizer, `weft generate
-#    --prompt` encodes with it; NullTokenizer as Megatron's (V + 1 ids, eod V).
+#    --prompt` encodes with it; NullTokenizer as Megatron's current class (V ids, eod V - 1 or
+#    --null-tokenizer-eod-id) and its legacy one (V + 1 ids, eod V).
 # 3. Bad tokenizer input: one error line naming the flag, file or key, exit 2.
 # Usage: tokenizers.sh WEFT MPIRUN...
 set -u
@@ -60,8 +61,15 @@ cmp -s "$tmp/g2_default_text_document.bin" "$tmp/hf_gpt2_text_document.bin" &&
   ok "GPT2BPETokenizer reads <|endoftext|> in a text as the token, --legacy-tokenizer as text" ||
   bad "GPT2BPETokenizer's <|endoftext|> in a text: default and --legacy-tokenizer not as Megatron's"
 
-# Without --tokenizer-hf-include-special-tokens (Megatron's default): no BOS from the template.
-if pre plain_llama3 --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/hf_llama3"; then
+# Megatron's default since February 2026 includes the template's specials, as the flag does.
+if pre default_llama3 --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/hf_llama3"; then
+  cmp -s "$tmp/default_llama3_text_document.bin" "$tmp/hf_llama3_text_document.bin" &&
+    ok "HuggingFaceTokenizer adds the template's specials by default" ||
+    bad "HuggingFaceTokenizer's default encodes otherwise than --tokenizer-hf-include-special-tokens"
+fi
+# --tokenizer-hf-no-include-special-tokens (Megatron's default before): no BOS from the template.
+if pre plain_llama3 --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/hf_llama3" \
+     --tokenizer-hf-no-include-special-tokens; then
   "$py" "$ref" check hf-plain "$tmp/hf_llama3" "$tmp/texts.jsonl" \
     "$tmp/plain_llama3_text_document.bin" &&
     ok "HuggingFaceTokenizer hf_llama3 without the template's specials equals the reference" ||
@@ -123,35 +131,48 @@ if train llama3 --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/hf
 else
   bad "training with HuggingFaceTokenizer: $(grep -m1 error "$tmp/train_llama3.log")"
 fi
-# NullTokenizer: the text is ids; V = 200 gives 201 ids (eod 200), padded to 256
+# NullTokenizer: the text is ids. Megatron's current class: V = 201 gives 201 ids (eod 200),
+# padded to 256; its legacy class (--legacy-tokenizer): V = 200 gives 201 ids (eod 200).
 printf '{"text": "5 17 3 199"}\n{"text": "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20"}\n' \
   >"$tmp/ids.jsonl"
 for i in $(seq 1 40); do echo "{\"text\": \"$((i % 200)) $((i * 7 % 200)) $((i * 13 % 200)) 42 43 44 45 46 47 48\"}"; done >>"$tmp/ids.jsonl"
-# Megatron's default NullTokenizer maps each character c to c mod V: "A\u00e9" with V 200 is 65, 33
-printf '{"text": "A\\u00e9"}\n' >"$tmp/chars.jsonl"
-if "$weft" data preprocess --input "$tmp/chars.jsonl" --output-prefix "$tmp/nullc" --append-eod \
-     --tokenizer-type NullTokenizer --vocab-size 200 >"$tmp/pre.log" 2>&1; then
-  got=$(od -An -t u2 "$tmp/nullc_text_document.bin" | xargs)
-  [ "$got" = "65 33 200" ] && ok "NullTokenizer: characters mod V ($got)" ||
-    bad "NullTokenizer wrote '$got', wanted '65 33 200'"
-else
-  bad "NullTokenizer preprocess of characters: $(tail -1 "$tmp/pre.log")"
-fi
-# --legacy-tokenizer: Megatron's legacy NullTokenizer reads the text as ids
-if "$weft" data preprocess --input "$tmp/ids.jsonl" --output-prefix "$tmp/null" --append-eod \
-     --tokenizer-type NullTokenizer --vocab-size 200 --legacy-tokenizer >"$tmp/pre.log" 2>&1; then
-  first=$(od -An -t u2 -N 10 "$tmp/null_text_document.bin" | xargs)
-  [ "$first" = "5 17 3 199 200" ] && ok "NullTokenizer --legacy-tokenizer: $first" ||
-    bad "NullTokenizer --legacy-tokenizer wrote '$first', wanted '5 17 3 199 200'"
-  if train null --tokenizer-type NullTokenizer --vocab-size 200 --data-path "$tmp/null_text_document"; then
-    got=$(ckpt_vocab "$tmp/ck_null")
-    [ "$got" = "256 NullTokenizer 200" ] && ok "NullTokenizer run: vocab, type, eod = $got" ||
-      bad "NullTokenizer run recorded '$got', wanted '256 NullTokenizer 200'"
+null_pre() {  # null_pre NAME WANT FLAGS...: preprocess ids.jsonl, check the first 5 ids
+  local name=$1 want=$2
+  shift 2
+  if "$weft" data preprocess --input "$tmp/ids.jsonl" --output-prefix "$tmp/$name" --append-eod \
+       --tokenizer-type NullTokenizer "$@" >"$tmp/pre.log" 2>&1; then
+    local first
+    first=$(od -An -t u2 -N 10 "$tmp/${name}_text_document.bin" | xargs)
+    [ "$first" = "$want" ] && ok "NullTokenizer $*: $first" ||
+      bad "NullTokenizer $* wrote '$first', wanted '$want'"
   else
-    bad "training with NullTokenizer: $(grep -m1 error "$tmp/train_null.log")"
+    bad "NullTokenizer preprocess $*: $(tail -1 "$tmp/pre.log")"
   fi
+}
+null_pre null "5 17 3 199 200" --vocab-size 201
+null_pre null_legacy "5 17 3 199 200" --vocab-size 200 --legacy-tokenizer
+null_pre null_eod0 "5 17 3 199 0" --vocab-size 201 --null-tokenizer-eod-id 0
+cmp -s "$tmp/null_text_document.bin" "$tmp/null_legacy_text_document.bin" ||
+  bad "NullTokenizer V 201 and --legacy-tokenizer V 200 wrote different ids"
+if train null --tokenizer-type NullTokenizer --vocab-size 201 --data-path "$tmp/null_text_document"; then
+  got=$(ckpt_vocab "$tmp/ck_null")
+  [ "$got" = "256 NullTokenizer 200" ] && ok "NullTokenizer run: vocab, type, eod = $got" ||
+    bad "NullTokenizer run recorded '$got', wanted '256 NullTokenizer 200'"
+  # generate takes V, the eod and the pad from the checkpoint
+  out=$("$weft" generate --load "$tmp/ck_null" --tokenizer-type NullTokenizer --prompt "5 17 3" \
+        --max-new-tokens 2 --greedy 2>"$tmp/gen.err")
+  [ $? -eq 0 ] && [ -n "$out" ] && ok "generate --prompt with NullTokenizer" ||
+    bad "generate with NullTokenizer: $(tail -1 "$tmp/gen.err")"
 else
-  bad "NullTokenizer preprocess: $(tail -1 "$tmp/pre.log")"
+  bad "training with NullTokenizer: $(grep -m1 error "$tmp/train_null.log")"
+fi
+if train null_legacy --tokenizer-type NullTokenizer --vocab-size 200 --legacy-tokenizer \
+     --data-path "$tmp/null_legacy_text_document"; then
+  got=$(ckpt_vocab "$tmp/ck_null_legacy")
+  [ "$got" = "256 NullTokenizer 200" ] && ok "NullTokenizer --legacy-tokenizer run: $got" ||
+    bad "NullTokenizer --legacy-tokenizer run recorded '$got', wanted '256 NullTokenizer 200'"
+else
+  bad "training with NullTokenizer --legacy-tokenizer: $(grep -m1 error "$tmp/train_null_legacy.log")"
 fi
 
 # --- 3. bad input ---------------------------------------------------------------------------------
@@ -220,9 +241,28 @@ expect "add_bos_token false / add_eos_token false disagree with tokenizer.json's
   "${P[@]}" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/bad_llama"
 expect "--tokenizer-type Foo is not supported" "${P[@]}" --tokenizer-type Foo
 expect "NullTokenizer needs --vocab-size" "${P[@]}" --tokenizer-type NullTokenizer
-expect "NullTokenizer --legacy-tokenizer: \"x\" is not an id" data preprocess \
+expect "NullTokenizer: \"x\" is not an id in [0, 10]" data preprocess \
   --input "$tmp/bad_ids.jsonl" --output-prefix "$tmp/bad" --tokenizer-type NullTokenizer \
   --vocab-size 10 --legacy-tokenizer
+expect "NullTokenizer: \"x\" is not an id in [0, 9]" data preprocess \
+  --input "$tmp/bad_ids.jsonl" --output-prefix "$tmp/bad" --tokenizer-type NullTokenizer \
+  --vocab-size 10
+printf '{"text": "1 200"}\n' >"$tmp/bad_range.jsonl"
+expect "NullTokenizer: \"200\" is not an id in [0, 199]" data preprocess --input "$tmp/bad_range.jsonl" \
+  --output-prefix "$tmp/bad" --tokenizer-type NullTokenizer --vocab-size 200 --append-eod
+expect "--null-tokenizer-eod-id 10 is outside the NullTokenizer's ids 0..9" data preprocess \
+  --input "$tmp/ids.jsonl" --output-prefix "$tmp/bad" --tokenizer-type NullTokenizer \
+  --vocab-size 10 --null-tokenizer-eod-id 10
+expect "--null-tokenizer-pad-id is read by Megatron's current NullTokenizer, not its legacy" \
+  data preprocess --input "$tmp/ids.jsonl" --output-prefix "$tmp/bad" \
+  --tokenizer-type NullTokenizer --vocab-size 300 --legacy-tokenizer --null-tokenizer-pad-id 3
+expect "--null-tokenizer-pad-id is read by --tokenizer-type NullTokenizer only" "${P[@]}" "${gpt2[@]}" \
+  --null-tokenizer-pad-id 3
+expect "--null-tokenizer-eod-id is read by --tokenizer-type NullTokenizer, which is not given" \
+  train "${model[@]}" --mock-data --null-tokenizer-eod-id 3
+expect "--tokenizer-hf-no-include-special-tokens contradicts --tokenizer-hf-include-special-tokens" \
+  "${P[@]}" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/hf_llama3" \
+  --tokenizer-hf-include-special-tokens --tokenizer-hf-no-include-special-tokens
 [ -e "$tmp/bad_text_document.bin" ] && bad "a refused preprocess left $tmp/bad_text_document.bin"
 expect "--vocab-file and --merge-file are read by --tokenizer-type GPT2BPETokenizer only" \
   train "${model[@]}" --mock-data --tokenizer-type SentencePieceTokenizer \

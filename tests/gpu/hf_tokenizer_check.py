@@ -138,16 +138,18 @@ def main(weft, out):
         prefix = os.path.join(out, f"w_{kind}")
         if not preprocess(weft, ["--input", jsonl, "--output-prefix", prefix, "--append-eod",
                                  "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
-                                 d, "--tokenizer-hf-include-special-tokens"]):
+                                 d]):  # Megatron's default: the template's specials
             ok = False
             continue
         ok &= compare(f"HuggingFaceTokenizer {kind}", want, read_bin(prefix + "_text_document"))
-        # Megatron's default: the text's tokens alone (tokenize + convert_tokens_to_ids)
+        # --tokenizer-hf-no-include-special-tokens: the text's tokens alone (tokenize +
+        # convert_tokens_to_ids), Megatron's default before February 2026
         plain = [hf.convert_tokens_to_ids(hf.tokenize(t)) for t in tests]
         plain = [w + [hf.eos_token_id] if w else w for w in plain]
         if not preprocess(weft, ["--input", jsonl, "--output-prefix", prefix + "_plain",
                                  "--append-eod", "--tokenizer-type", "HuggingFaceTokenizer",
-                                 "--tokenizer-model", d]):
+                                 "--tokenizer-model", d,
+                                 "--tokenizer-hf-no-include-special-tokens"]):
             ok = False
             continue
         ok &= compare(f"HuggingFaceTokenizer {kind} without the template's specials", plain,

@@ -23,7 +23,6 @@
 #include "weft/data/sha256.h"
 #include "weft/data/spm/spm_module.h"
 #include "weft/data/tiktoken_tokenizer.h"
-#include "weft/data/unicode_text.h"
 
 namespace weft {
 namespace {
@@ -230,16 +229,17 @@ class SentencePieceTokenizer final : public Tokenizer {
 
 #endif  // WEFT_WITH_SENTENCEPIECE
 
-// Megatron's NullTokenizer: V + 1 ids, eod V. Its default system maps each character (code
-// point) c of a text to c mod V, pad V - 1; its legacy class (--legacy-tokenizer) reads the text
-// as ids: "5 17 3" is [5, 17, 3], no pad.
+// Megatron's NullTokenizer: a text is its ids, written in decimal and separated by single
+// spaces ("5 17 3" is [5, 17, 3]). Its current class (megatron/core/tokenizers, since April
+// 2026) has V ids, the end of document --null-tokenizer-eod-id (default V - 1) and the pad
+// --null-tokenizer-pad-id (default -1: none); its legacy class (--legacy-tokenizer, also the
+// default system before April 2026) has V + 1 ids, the end of document V and no pad.
 class NullTokenizer final : public Tokenizer {
  public:
-  NullTokenizer(int64_t v, bool legacy) : v_(v), legacy_(legacy) {}
+  NullTokenizer(int64_t v, int64_t eod, int64_t pad, bool legacy)
+      : v_(v), eod_(eod), pad_(pad), legacy_(legacy) {}
 
-  std::vector<int32_t> encode(const std::string& text) const override {
-    return legacy_ ? parse_ids(text) : code_points_mod_v(text);
-  }
+  std::vector<int32_t> encode(const std::string& text) const override { return parse_ids(text); }
 
   std::string decode(const std::vector<int32_t>& ids) const override {
     std::string out;
@@ -250,14 +250,14 @@ class NullTokenizer final : public Tokenizer {
     return out;
   }
 
-  int64_t vocab_size() const override { return v_ + 1; }
-  int32_t eod() const override { return static_cast<int32_t>(v_); }
+  int64_t vocab_size() const override { return legacy_ ? v_ + 1 : v_; }
+  int32_t eod() const override { return static_cast<int32_t>(eod_); }
   int32_t bos() const override { return -1; }
-  int32_t pad() const override { return legacy_ ? -1 : static_cast<int32_t>(v_ - 1); }
+  int32_t pad() const override { return static_cast<int32_t>(pad_); }
   nlohmann::json identity() const override {
     nlohmann::json id = {{"type", "NullTokenizer"}, {"model_file", ""},
                          {"sha256", sha256_hex("NullTokenizer " + std::to_string(v_))},
-                         {"vocab_size", v_ + 1}, {"eod", v_}, {"bos", -1}, {"pad", pad()}};
+                         {"vocab_size", vocab_size()}, {"eod", eod_}, {"bos", -1}, {"pad", pad_}};
     if (legacy_) id["legacy"] = true;
     return id;
   }
@@ -265,6 +265,7 @@ class NullTokenizer final : public Tokenizer {
  private:
   std::vector<int32_t> parse_ids(const std::string& text) const {
     std::vector<int32_t> ids;
+    const int64_t n = vocab_size();
     size_t at = 0;
     while (true) {
       const size_t sp = text.find(' ', at);
@@ -275,9 +276,9 @@ class NullTokenizer final : public Tokenizer {
       const std::string digits = b == std::string::npos ? "" : field.substr(b, e - b + 1);
       char* end = nullptr;
       const long long id = digits.empty() ? -1 : std::strtoll(digits.c_str(), &end, 10);
-      if (digits.empty() || *end != '\0' || id < 0 || id > v_)
-        fail_usage("NullTokenizer --legacy-tokenizer: {:?} is not an id in [0, {}] (the text "
-                   "must be ids separated by single spaces)", field, v_);
+      if (digits.empty() || *end != '\0' || id < 0 || id >= n)
+        fail_usage("NullTokenizer: {:?} is not an id in [0, {}] (the text must be ids "
+                   "separated by single spaces)", field, n - 1);
       ids.push_back(static_cast<int32_t>(id));
       if (sp == std::string::npos) break;
       at = sp + 1;
@@ -285,20 +286,7 @@ class NullTokenizer final : public Tokenizer {
     return ids;
   }
 
-  // Python's [ord(c) % V for c in text] on the UTF-8 text (an invalid byte counts as U+FFFD,
-  // as the JSON reader would have refused it before).
-  std::vector<int32_t> code_points_mod_v(const std::string& text) const {
-    std::vector<int32_t> ids;
-    for (size_t i = 0; i < text.size();) {
-      uint32_t cp = 0xFFFD;
-      const size_t len = utf8_char_at(text, i, &cp);
-      i += len > 0 ? len : 1;
-      ids.push_back(static_cast<int32_t>(cp % v_));
-    }
-    return ids;
-  }
-
-  int64_t v_;
+  int64_t v_, eod_, pad_;
   bool legacy_;
 };
 
@@ -315,6 +303,9 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& f) {
       fail_usage("{} is read by --tokenizer-type TikTokenizer only (got --tokenizer-type '{}')",
                  tik, type);
   }
+  if (type != "NullTokenizer" && (f.null_eod_id != -1 || f.null_pad_id != -1))
+    fail_usage("{} is read by --tokenizer-type NullTokenizer only (got --tokenizer-type '{}')",
+               f.null_eod_id != -1 ? "--null-tokenizer-eod-id" : "--null-tokenizer-pad-id", type);
   if (type == "GPT2BPETokenizer")
     return load_gpt2_bpe_tokenizer(f.vocab_file, f.merge_file, f.legacy);
   if (type == "TikTokenizer") return load_tiktoken_tokenizer(f);
@@ -323,8 +314,19 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& f) {
   if (type == "NullTokenizer") {
     if (f.vocab_size < 1 || f.vocab_size >= (int64_t{1} << 31) - 1)
       fail_usage("--tokenizer-type NullTokenizer needs --vocab-size V >= 1 (its ids are 0..V-1, "
-                 "the end of document V)");
-    return std::make_unique<NullTokenizer>(f.vocab_size, f.legacy);
+                 "the end of document V - 1)");
+    if (f.legacy && (f.null_eod_id != -1 || f.null_pad_id != -1))
+      fail_usage("{} is read by Megatron's current NullTokenizer, not its legacy class "
+                 "(--legacy-tokenizer: eod V, no pad)",
+                 f.null_eod_id != -1 ? "--null-tokenizer-eod-id" : "--null-tokenizer-pad-id");
+    const int64_t eod = f.legacy ? f.vocab_size : f.null_eod_id != -1 ? f.null_eod_id : f.vocab_size - 1;
+    if (eod < 0 || eod >= f.vocab_size + (f.legacy ? 1 : 0))
+      fail_usage("--null-tokenizer-eod-id {} is outside the NullTokenizer's ids 0..{} "
+                 "(--vocab-size {})", eod, f.vocab_size - 1, f.vocab_size);
+    if (f.null_pad_id < -1)
+      fail_usage("--null-tokenizer-pad-id must be -1 (no pad) or an id >= 0 (got {})",
+                 f.null_pad_id);
+    return std::make_unique<NullTokenizer>(f.vocab_size, eod, f.null_pad_id, f.legacy);
   }
   if (type != "SentencePieceTokenizer" && type != "GPTSentencePieceTokenizer" &&
       type != "Llama2Tokenizer")

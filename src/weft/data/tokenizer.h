@@ -33,16 +33,21 @@ struct TokenizerFiles {
   std::string model;       // --tokenizer-model: a SentencePiece .model, or a Hugging Face directory
   std::string vocab_file;  // --vocab-file (GPT2BPETokenizer's vocab.json)
   std::string merge_file;  // --merge-file (GPT2BPETokenizer's merges.txt)
-  int64_t vocab_size = -1; // --vocab-size (NullTokenizer: ids 0..V-1, eod V; TikTokenizer: ids)
+  int64_t vocab_size = -1; // --vocab-size (NullTokenizer: ids 0..V-1; TikTokenizer: ids)
+  // NullTokenizer: --null-tokenizer-eod-id (-1: V - 1) and --null-tokenizer-pad-id (-1: none).
+  int64_t null_eod_id = -1;
+  int64_t null_pad_id = -1;
   // TikTokenizer (tiktoken_tokenizer.h): --tiktoken-pattern (v1 or v2; "" is v2),
   // --tiktoken-num-special-tokens, --tokenizer-special-tokens (empty: Megatron's defaults).
   std::string tiktoken_pattern;
   int64_t tiktoken_num_special_tokens = 1000;
   std::vector<std::string> special_tokens;
-  // HuggingFaceTokenizer: the post-processor's special tokens (Llama 3's BOS) around each text,
-  // as Megatron's --tokenizer-hf-include-special-tokens, or its --legacy-tokenizer, which always
-  // adds them; otherwise a text is its tokens alone (Megatron's default tokenizer system).
-  bool hf_include_special_tokens = false;
+  // HuggingFaceTokenizer: the post-processor's special tokens (Llama 3's BOS) around each text, as
+  // Megatron's default since February 2026 (and its --legacy-tokenizer, which always adds them);
+  // false (--tokenizer-hf-no-include-special-tokens, Megatron's default before): a text is its
+  // tokens alone. hf_special_tokens_flag: one of the two flags was given.
+  bool hf_include_special_tokens = true;
+  bool hf_special_tokens_flag = false;
   // --legacy-tokenizer: Megatron's legacy tokenizer classes, where the three SentencePiece types
   // differ (see make_tokenizer); Megatron's default system encodes all three alike.
   bool legacy = false;
@@ -63,10 +68,10 @@ struct TokenizerFiles {
 //                           --tiktoken-pattern, --tiktoken-num-special-tokens,
 //                           --tokenizer-special-tokens and --vocab-size (default 2^17 ids);
 //                           eod </s> (tiktoken_tokenizer.h)
-//   NullTokenizer           --vocab-size V: V + 1 ids, the last (V) the end of document; a
-//                           text's characters c are the ids c mod V (Megatron's default
-//                           system), or with legacy the text is its ids written in decimal,
-//                           separated by single spaces
+//   NullTokenizer           --vocab-size V: the text is its ids written in decimal, separated
+//                           by single spaces; V ids, eod null_eod_id (default V - 1), pad
+//                           null_pad_id (Megatron's current class), or with legacy V + 1 ids,
+//                           eod V, no pad (its legacy class)
 // Throws UsageError naming the flag for an unknown type, a missing file or flag, or a file
 // that is not what the type reads.
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& files);

@@ -119,16 +119,23 @@ TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank)
   identity_["kind"] = "gpt";
 }
 
-int64_t TrainData::unmasked_positions(DataSplit split, int64_t first, int64_t count,
-                                      int64_t eod) const {
+LossPositions TrainData::loss_positions(DataSplit split, int64_t first, int64_t count,
+                                       int64_t eod, int64_t pad) const {
   const TokenDataset& d = split == DataSplit::kTrain   ? *train_
                           : split == DataSplit::kValid ? *valid_
                                                        : *test_;
-  int64_t n = 0;
+  LossPositions n;
   for (int64_t at = first; at < first + count; at += 64) {
     at::Tensor tokens, labels;
     d.batch(at, static_cast<int>(std::min<int64_t>(64, first + count - at)), &tokens, &labels);
-    n += tokens.ne(eod).sum().item<int64_t>();
+    at::Tensor keep = at::ones_like(tokens, at::kBool);
+    if (eod >= 0) keep &= tokens.ne(eod);
+    if (pad >= 0) {
+      keep &= labels.ne(pad);
+      n.pad_seen = n.pad_seen || tokens.eq(pad).any().item<bool>() ||
+                   labels.eq(pad).any().item<bool>();
+    }
+    n.unmasked += keep.sum().item<int64_t>();
   }
   return n;
 }

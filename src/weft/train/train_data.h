@@ -33,6 +33,11 @@ struct TrainConfig;
 // UsageError naming the flag or the file.
 void validate_data_config(const TrainConfig& cfg);
 
+struct LossPositions {
+  int64_t unmasked = 0;
+  bool pad_seen = false;
+};
+
 class TrainData {
  public:
   // Collective over `control` (the world's host-side communicator): rank 0 builds the index
@@ -44,9 +49,11 @@ class TrainData {
   // [0, vocab) are an error naming --data-path.
   void fetch(DataSplit split, int64_t first, int count, c10::Device device, at::Tensor* tokens,
              at::Tensor* labels) const;
-  // --eod-mask-loss: how many positions of samples [first, first + count) have an input token
-  // other than `eod` (read on the host, in pieces of 64 samples).
-  int64_t unmasked_positions(DataSplit split, int64_t first, int64_t count, int64_t eod) const;
+  // The loss mask of samples [first, first + count) (read on the host, in pieces of 64 samples):
+  // how many positions have an input token other than `eod` and a label other than `pad` (-1:
+  // no such rule), and whether any token or label is `pad`.
+  LossPositions loss_positions(DataSplit split, int64_t first, int64_t count, int64_t eod,
+                               int64_t pad) const;
   bool has_valid() const { return valid_ != nullptr; }
   bool has_test() const { return test_ != nullptr; }
   // Why a run that evaluates, with a test share in --split, has no test split: the share is

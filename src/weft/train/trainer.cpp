@@ -138,6 +138,10 @@ void validate_cuda_graph(const TrainConfig& c, const Mesh& mesh) {
   if (c.eod_mask_loss)
     fail_usage("--cuda-graph-impl local does not support --eod-mask-loss: the graph replays one "
                "microbatch without its loss mask");
+  if (c.pad_token >= 0)
+    fail_usage("--cuda-graph-impl local does not support the tokenizer's pad id {} (labels equal "
+               "to it leave the loss, as in Megatron's GPTDataset): the graph replays one "
+               "microbatch without its loss mask", c.pad_token);
   if (c.cuda_graph_warmup_steps < 1)
     fail_usage("--cuda-graph-warmup-steps must be >= 1 (got {}): the first iteration runs "
                "eagerly to set up the kernels the graph records", c.cuda_graph_warmup_steps);
@@ -284,6 +288,7 @@ void check_same_config_on_every_rank(const TrainConfig& cfg, Communicator& world
   // How the stages weigh the losses: ranks that disagree would train silently wrong.
   leaves.emplace_back("eod_mask_loss", cfg.eod_mask_loss ? "true" : "false");
   leaves.emplace_back("eod_token", std::to_string(cfg.eod_token));
+  leaves.emplace_back("pad_token", std::to_string(cfg.pad_token));
   leaves.emplace_back("calculate_per_token_loss", cfg.calculate_per_token_loss ? "true" : "false");
   // What a --load restores, and how the schedule resumes: a rank that loads otherwise would
   // fail alone, or train at another rate.
@@ -557,15 +562,32 @@ Microbatch Trainer::fetch_microbatch(int64_t consumed, int m) const {
 
 void Trainer::add_loss_mask(Microbatch* b, DataSplit split, int64_t first, int64_t count) const {
   b->loss.per_token = cfg_.calculate_per_token_loss;
-  if (!cfg_.eod_mask_loss) return;
-  // A middle stage (no tokens) needs the step's count only for the per-token aux weight.
-  if (b->tokens.defined()) b->loss.mask = b->tokens.ne(cfg_.eod_token).to(at::kFloat);
-  else if (!cfg_.calculate_per_token_loss) return;
+  const int64_t pad = cfg_.pad_token;
+  if (!cfg_.eod_mask_loss && pad < 0) return;
   const auto span = std::make_tuple(split, first, count);
   if (span != log_scale_span_) {
-    const int64_t n = data_->unmasked_positions(split, first, count, cfg_.eod_token);
-    log_scale_ = 1.0 / static_cast<double>(std::max<int64_t>(n, 1));
+    const LossPositions n = data_->loss_positions(split, first, count,
+                                                  cfg_.eod_mask_loss ? cfg_.eod_token : -1, pad);
+    log_scale_ = 1.0 / static_cast<double>(std::max<int64_t>(n.unmasked, 1));
+    // Only the pad: a span without it in any token or label runs unmasked (the same loss).
+    span_masked_ = cfg_.eod_mask_loss || n.pad_seen;
     log_scale_span_ = span;
+  }
+  if (!span_masked_) return;
+  // A middle stage (no tokens) needs the step's count only for the per-token aux weight.
+  if (b->tokens.defined()) {
+    at::Tensor mask = at::ones_like(b->tokens, at::kFloat);
+    if (cfg_.eod_mask_loss) mask.mul_(b->tokens.ne(cfg_.eod_token));
+    if (pad >= 0) {
+      // Megatron's GPTDataset: labels equal to the pad leave the loss; pad tokens and labels
+      // become id 0 (the embedding's, and the MTP depths' inputs).
+      mask.mul_(b->labels.ne(pad));
+      b->tokens = b->tokens.masked_fill(b->tokens.eq(pad), 0);
+      b->labels = b->labels.masked_fill(b->labels.eq(pad), 0);
+    }
+    b->loss.mask = mask;
+  } else if (!cfg_.calculate_per_token_loss) {
+    return;
   }
   b->loss.log_scale = log_scale_;
 }

@@ -123,6 +123,10 @@ struct TrainConfig {
   // says how they are averaged and logged).
   bool eod_mask_loss = false;
   int64_t eod_token = -1;
+  // Megatron's GPTDataset masks the loss where the label is the tokenizer's pad and feeds pad
+  // tokens and labels to the model as id 0; pad_token is that pad (-1: none). A pad equal to the
+  // end of document is dropped (-1) unless --allow-ambiguous-pad-tokens (as Megatron).
+  int64_t pad_token = -1;
   // --calculate-per-token-loss (Megatron's): every counted position of a step weighs the same
   // (LossOptions in parallel/pipeline_stage.h).
   bool calculate_per_token_loss = false;
@@ -200,9 +204,10 @@ class Trainer {
   Microbatch microbatch(int m) const;
   // Microbatch m of the step whose first sample (over all dp ranks) is `consumed`.
   Microbatch fetch_microbatch(int64_t consumed, int m) const;
-  // Microbatch b's LossOptions: --calculate-per-token-loss, and with --eod-mask-loss its mask
-  // (from its tokens) and the logged loss's scale, 1 / the unmasked positions of the `count`
-  // samples from `first` (cached for the last span).
+  // Microbatch b's LossOptions: --calculate-per-token-loss, and with --eod-mask-loss or a pad
+  // (pad_token) its mask (from its tokens and labels; pad ids become 0) and the logged loss's
+  // scale, 1 / the unmasked positions of the `count` samples from `first` (cached for the last
+  // span). With the pad alone, a span where no token or label is the pad runs unmasked.
   void add_loss_mask(Microbatch* b, DataSplit split, int64_t first, int64_t count) const;
   // Fetches the microbatches of the step after iteration `it` (host reads, copies to the device
   // started), while the device still works on this one. None after the last iteration.
@@ -245,6 +250,7 @@ class Trainer {
   int64_t prefetched_for_ = -1;         // the consumed samples the prefetched step starts at
   mutable std::tuple<DataSplit, int64_t, int64_t> log_scale_span_{DataSplit::kTrain, -1, 0};
   mutable double log_scale_ = 0;        // add_loss_mask's for log_scale_span_
+  mutable bool span_masked_ = false;    // and whether that span's loss is masked
   std::vector<Microbatch> prefetched_;  // its microbatches
   int steps_run_ = 0;                   // train_step calls in this process
   std::unique_ptr<GraphedMicrobatches> graphed_;  // with --cuda-graph-impl local
