@@ -86,6 +86,15 @@ constexpr std::pair<const char*, const char*> kWarned[] = {
     {"--log-world-size-to-tensorboard", "weft's TensorBoard has no world-size scalar"},
     {"--log-straggler", "weft has no straggler detector"},
     {"--log-energy", "weft does not read the GPU's energy counters"},
+    // The dataset's document-reset positions and mask, which Megatron-core's GPT model does not
+    // read with RoPE and Transformer Engine's causal attention: the same loss as Megatron's.
+    {"--reset-position-ids",
+     "the rotary positions run 0..s-1 over the whole sample, as Megatron-core's (its position "
+     "ids feed only learned absolute embeddings)"},
+    {"--reset-attention-mask",
+     "the attention is causal over the whole sample, as Megatron's with Transformer Engine, "
+     "whose causal attention ignores the dataset's mask (Megatron applies it only in the "
+     "PyTorch softmax of --transformer-impl local without bf16)"},
 };
 constexpr std::pair<const char*, const char*> kWarnedWithValue[] = {
     {"--wandb-project", "weft has no Weights & Biases logger (use --tensorboard-dir or --log-jsonl)"},
@@ -126,8 +135,6 @@ constexpr Refused kRefused[] = {
      "give uneven stages with --decoder-first/last-pipeline-num-layers (or '|' in "
      "--hybrid-layer-pattern)"},
     {"--rampup-batch-size", 3, "weft trains at one --global-batch-size"},
-    {"--reset-position-ids", 0, "weft's positions run over the whole sample"},
-    {"--reset-attention-mask", 0, "weft's attention spans the whole sample"},
     {"--moe-expert-capacity-factor", 1, "weft's experts take every routed token (no dropping)"},
     {"--moe-pad-expert-input-to-capacity", 0, "weft's experts take every routed token"},
     {"--moe-z-loss-coeff", 1, "weft's router has the load-balancing loss only"},

@@ -9,7 +9,7 @@
 //   no such output (--log-params-norm, --wandb-project), or a memory layout weft does not offer
 //   (--data-parallel-sharding-strategy no_shard: weft always shards; same results);
 // - refused before anything starts, naming the flag and why: it changes the training, and weft
-//   does not implement it (--fp16, --recompute-activations, --reset-attention-mask, ...).
+//   does not implement it (--fp16, --recompute-activations, --rampup-batch-size, ...).
 // A flag absent from all three lists stays unknown to CLI11 ("not expected").
 #pragma once
 

@@ -90,10 +90,12 @@ same "--moe-router-group-topk = --moe-router-num-groups limits nothing" moe_plai
 
 # --- warned: logging weft has not; the run trains the same --------------------------------------
 run warned --train-iters 4 --log-params-norm --wandb-project p --wandb-exp-name e \
-  --data-parallel-sharding-strategy no_shard
+  --data-parallel-sharding-strategy no_shard --reset-position-ids --reset-attention-mask
 same "warned flags change no bit" plain warned
 for needle in "warning: --log-params-norm has no effect" "warning: --wandb-project has no effect" \
-              "warning: --data-parallel-sharding-strategy no_shard"; do
+              "warning: --data-parallel-sharding-strategy no_shard" \
+              "warning: --reset-position-ids has no effect" \
+              "warning: --reset-attention-mask has no effect"; do
   grep -qF -- "$needle" "$tmp/warned.err" && ok "warns: $needle" || bad "no '$needle'"
 done
 
