@@ -74,6 +74,11 @@ struct TrainArgs {
   bool allow_ambiguous_pad_tokens = false;  // Megatron's: keep a pad equal to the eod
   TokenizerFiles tokenizer;  // --tokenizer-type, --tokenizer-model, --vocab-file, --merge-file
   int vocab_divisible_by = 128;  // Megatron's --make-vocab-size-divisible-by
+  int64_t padded_vocab_size = 0;  // --padded-vocab-size (0: not given)
+  // --moe-router-load-balancing-type and --moe-aux-loss-coeff (Megatron's lists; one here).
+  std::vector<std::string> load_balancing_types;
+  std::vector<double> aux_loss_coeffs;
+  bool no_pad_vocab_size = false;  // --no-pad-vocab-size
   CLI::Option* vocab_size_opt = nullptr;
   int threads = 0;
 };
@@ -110,7 +115,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   c->add_flag("--qk-layernorm", m.qk_layernorm,
               "RMSNorm of each query and key head over the head dim, before RoPE (Qwen3)");
   opt("--seq-length", m.seq_length, "sequence length");
-  opt("--vocab-size", m.vocab_size, "vocabulary size");
+  opt("--vocab-size", m.vocab_size,
+      "the model's vocabulary without a tokenizer; NullTokenizer's V and TikTokenizer's ids "
+      "(padded); other tokenizers size the vocabulary themselves (Megatron's)");
   opt("--init-method-std", m.init_method_std, "std of the normal initialisation");
   opt("--rotary-base", m.rotary_base, "RoPE base");
   opt("--rotary-percent", m.rotary_percent,
@@ -130,7 +137,10 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       "hidden size of each routed expert (-1: --ffn-hidden-size)");
   opt("--moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size,
       "hidden size of the shared expert run on every token (0: none)");
-  opt("--moe-aux-loss-coeff", m.moe_aux_loss_coeff, "weight of the load-balancing loss");
+  // Megatron takes one value per load-balancing type (nargs '+'); weft runs one type.
+  c->add_option("--moe-aux-loss-coeff", a->aux_loss_coeffs, "weight of the load-balancing loss")
+      ->expected(1, -1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   opt("--moe-router-score-function", m.moe_router_score_function, "softmax | sigmoid");
   c->add_flag("--moe-router-pre-softmax", m.moe_router_pre_softmax,
               "softmax router: weight each chosen expert by its softmax over all experts (not "
@@ -142,8 +152,10 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--moe-router-group-topk", m.moe_router_group_topk,
       "group-limited routing: each token's experts come from its this many best groups (a group "
       "scored by the sum of its top topk / group-topk scores; 0: none)");
-  opt("--moe-router-load-balancing-type", m.moe_router_load_balancing_type,
-      "aux_loss | seq_aux_loss (per sequence, averaged) | none");
+  c->add_option("--moe-router-load-balancing-type", a->load_balancing_types,
+                "aux_loss | seq_aux_loss (per sequence, averaged) | none")
+      ->expected(1, -1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   c->add_flag("--moe-router-enable-expert-bias", m.moe_router_enable_expert_bias,
               "aux-loss-free load balancing (sigmoid router): a per-expert bias on the scores "
               "chooses the top k, moved each step towards balance (DeepSeek-V3)");
@@ -259,7 +271,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--peak-tflops", t.peak_tflops,
       "peak TFLOP/s per device for MFU (-1: 989 for --device cuda --bf16, else no MFU; 0: none)");
   opt("--save", t.save, "directory to save checkpoints into");
-  opt("--save-interval", t.save_interval, "save every K iterations (0: only at the end and on exit)");
+  opt("--save-interval,--persistent-save-interval", t.save_interval,
+      "save every K iterations (0: only at the end and on exit; --persistent-save-interval: "
+      "Megatron's other name)");
   opt("--load", t.load, "directory to load the latest checkpoint from");
   c->add_flag("--use-checkpoint-args", a->use_checkpoint_args,
               "model flags not given take the values recorded in the --load checkpoint");
@@ -335,7 +349,11 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--eval-iters", t.eval_iters, "global batches per evaluation");
   add_tokenizer_flags(c, &a->tokenizer);
   opt("--make-vocab-size-divisible-by", a->vocab_divisible_by,
-      "without --vocab-size, pad the tokenizer's vocabulary to a multiple of this");
+      "pad the tokenizer's vocabulary to a multiple of this");
+  opt("--padded-vocab-size", a->padded_vocab_size,
+      "the model's vocabulary exactly (at least the tokenizer's), instead of the padded one");
+  c->add_flag("--no-pad-vocab-size", a->no_pad_vocab_size,
+              "the model's vocabulary is the tokenizer's, unpadded");
   a->vocab_size_opt = c->get_option("--vocab-size");
   c->add_flag("--override-checkpoint-rope", t.override_checkpoint_rope,
               "load a checkpoint trained with another --rotary-base, --rotary-percent or RoPE "
@@ -347,17 +365,47 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   add_megatron_flags(c, &a->megatron);
 }
 
-// The tokenizer flags: loads the tokenizer, records its identity, and sizes the vocabulary from
-// it (padded to --make-vocab-size-divisible-by) unless --vocab-size was given (then the
-// tokenizer must fit in it). NullTokenizer reads --vocab-size as Megatron does: V ids (V + 1
-// with --legacy-tokenizer), padded; TikTokenizer as its number of ids (default 2^17), padded.
+// --moe-router-load-balancing-type and --moe-aux-loss-coeff: Megatron takes a list of types
+// with one coefficient each and adds their losses; weft runs one type, so a list of several is
+// refused naming the flag.
+void resolve_load_balancing(TrainArgs* a) {
+  ModelConfig& m = a->cfg.model;
+  const auto one = [](const char* flag, const auto& values) {
+    if (values.size() > 1)
+      fail_usage("{} takes one value in weft (got {}): Megatron's sum of several "
+                 "load-balancing losses is not implemented", flag, values.size());
+  };
+  one("--moe-router-load-balancing-type", a->load_balancing_types);
+  one("--moe-aux-loss-coeff", a->aux_loss_coeffs);
+  if (!a->load_balancing_types.empty())
+    m.moe_router_load_balancing_type = a->load_balancing_types[0];
+  if (!a->aux_loss_coeffs.empty()) m.moe_aux_loss_coeff = a->aux_loss_coeffs[0];
+}
+
+// Whether --vocab-size sizes the model, as in Megatron: without a tokenizer (weft's mock data),
+// and as NullTokenizer's V or TikTokenizer's ids; the other tokenizers size it themselves.
+bool vocab_flag_sizes_model(const TokenizerFiles& f) {
+  return !tokenizer_given(f) || f.type == "NullTokenizer" || f.type == "TikTokenizer";
+}
+
+// The tokenizer flags: loads the tokenizer, records its identity, and sizes the vocabulary as
+// Megatron does: --padded-vocab-size, else the tokenizer's size padded to
+// --make-vocab-size-divisible-by (unpadded with --no-pad-vocab-size), else with
+// --use-checkpoint-args the checkpoint's (the tokenizer must fit in it). The tokenizer's size is
+// NullTokenizer's --vocab-size V (V + 1 with --legacy-tokenizer), TikTokenizer's --vocab-size
+// ids (default 2^17), or the tokenizer file's; there --vocab-size has no effect (a warning).
 void resolve_tokenizer(TrainArgs* a) {
   TrainConfig& t = a->cfg;
   TokenizerFiles& f = a->tokenizer;
   if ((!f.vocab_file.empty() || !f.merge_file.empty()) && f.type != "GPT2BPETokenizer")
     fail_usage("--vocab-file and --merge-file are read by --tokenizer-type GPT2BPETokenizer "
                "only (got --tokenizer-type '{}')", f.type);
+  if (a->padded_vocab_size < 0 || (a->padded_vocab_size == 0 &&
+                                    a->app->get_option("--padded-vocab-size")->count() > 0))
+    fail_usage("--padded-vocab-size must be >= 1 (got {})", a->padded_vocab_size);
   if (!tokenizer_given(f)) {
+    if (a->padded_vocab_size > 0 && !a->vocab_from_checkpoint)
+      t.model.vocab_size = static_cast<int>(a->padded_vocab_size);
     if (f.null_eod_id != -1 || f.null_pad_id != -1)
       fail_usage("{} is read by --tokenizer-type NullTokenizer, which is not given",
                  f.null_eod_id != -1 ? "--null-tokenizer-eod-id" : "--null-tokenizer-pad-id");
@@ -377,7 +425,7 @@ void resolve_tokenizer(TrainArgs* a) {
   const bool null_tok = f.type == "NullTokenizer";
   const bool vocab_given = a->vocab_size_opt->count() > 0;
   // Tokenizers that --vocab-size sizes, as in Megatron: the model's vocabulary is theirs, padded.
-  const bool sized_by_flag = null_tok || f.type == "TikTokenizer";
+  const bool sized_by_flag = vocab_flag_sizes_model(f);
   if (null_tok && !vocab_given)
     fail_usage("--tokenizer-type NullTokenizer needs --vocab-size (its ids are 0..V-1, the "
                "end of document V - 1)");
@@ -386,12 +434,24 @@ void resolve_tokenizer(TrainArgs* a) {
   t.tokenizer_identity = tok->identity();
   const int64_t n = tok->vocab_size();
   const std::string name = null_tok ? "NullTokenizer" : !f.model.empty() ? f.model : f.vocab_file;
-  if ((!vocab_given || sized_by_flag) && !a->vocab_from_checkpoint) {
-    t.model.vocab_size = static_cast<int>((n + a->vocab_divisible_by - 1) / a->vocab_divisible_by *
-                                          a->vocab_divisible_by);
-  } else if (n > t.model.vocab_size) {
-    fail_usage("the tokenizer ({}) has {} tokens, more than --vocab-size {}", name, n,
-               t.model.vocab_size);
+  if (vocab_given && !sized_by_flag)
+    a->megatron_warnings.push_back(fmt::format(
+        "--vocab-size {} has no effect with --tokenizer-type {}: the model's vocabulary is the "
+        "tokenizer's {} tokens{} (Megatron reads --vocab-size for NullTokenizer and TikTokenizer "
+        "only; --padded-vocab-size sets the vocabulary)", a->vocab_size_opt->as<int64_t>(), f.type, n,
+        a->vocab_from_checkpoint ? ", in the checkpoint's vocabulary" : ", padded"));
+  if (a->vocab_from_checkpoint) {
+    if (n > t.model.vocab_size)
+      fail_usage("the tokenizer ({}) has {} tokens, more than the checkpoint's vocabulary of {}",
+                 name, n, t.model.vocab_size);
+  } else if (a->padded_vocab_size > 0) {
+    if (n > a->padded_vocab_size)
+      fail_usage("the tokenizer ({}) has {} tokens, more than --padded-vocab-size {}", name, n,
+                 a->padded_vocab_size);
+    t.model.vocab_size = static_cast<int>(a->padded_vocab_size);
+  } else {
+    const int64_t d = a->no_pad_vocab_size ? 1 : a->vocab_divisible_by;
+    t.model.vocab_size = static_cast<int>((n + d - 1) / d * d);
   }
 }
 
@@ -517,6 +577,7 @@ void resolve_pipeline_split(TrainArgs* a, bool hybrid_pattern) {
 // dtypes, the hybrid or MoE layer pattern, the tokenizer, the fused-kernel switch.
 void resolve_train_args(TrainArgs* a) {
   TrainConfig& t = a->cfg;
+  resolve_load_balancing(a);  // first: later checks read the model's type and weight
   t.adam.exp_avg_dtype = moment_dtype("--exp-avg-dtype", a->exp_avg_dtype);
   t.adam.exp_avg_sq_dtype = moment_dtype("--exp-avg-sq-dtype", a->exp_avg_sq_dtype);
   if (t.log_interval < 1) fail_usage("--log-interval must be >= 1");
@@ -550,7 +611,13 @@ void resolve_train_args(TrainArgs* a) {
     if (const auto saved = checkpoint_model(t.load, t.ckpt_step)) {
       // An import's seq_length is the model's context limit (max_position_embeddings, 131072
       // for Llama 3.1), not a length to train at: --seq-length keeps its own value there.
+      // --vocab-size counts only where it sizes the model (vocab_flag_sizes_model), and
+      // --padded-vocab-size counts as it (Megatron takes the checkpoint's padded vocabulary
+      // unless that flag is given).
       const auto given = [&](const char* flag) {
+        if (std::string(flag) == "--vocab-size")
+          return a->padded_vocab_size > 0 ||
+                 (a->app->get_option(flag)->count() > 0 && vocab_flag_sizes_model(a->tokenizer));
         return a->app->get_option(flag)->count() > 0 ||
                (saved->imported && std::string(flag) == "--seq-length");
       };

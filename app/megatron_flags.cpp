@@ -61,6 +61,7 @@ constexpr std::pair<const char*, const char*> kAccepted[] = {
     {"--log-memory-to-tensorboard", "always written (mem-max-allocated-bytes)"},
     {"--log-timers-to-tensorboard", "iteration-time is always written"},
     {"--no-log-loss-scale-to-tensorboard", "no loss scale in bf16/fp32"},
+    {"--disable-log-loss-scale-to-tensorboard", "no loss scale in bf16/fp32"},
 };
 
 // Flags with a value that only a setting weft refuses reads (--fp16, --fp8-format, a capacity

@@ -3,7 +3,7 @@
 # file, and trains nothing: no "iteration" line, no checkpoint directory. Cases: a missing .idx,
 # a truncated .bin, a wrong magic, pointers beyond .bin, an empty dataset, a split that leaves
 # the valid split empty while evaluating, blend weights that are negative or do not parse, a
-# tokenizer larger than --vocab-size, --mock-data with --data-path, and another tokenizer on
+# tokenizer larger than --padded-vocab-size, --mock-data with --data-path, and another tokenizer on
 # --load (which --override-tokenizer accepts). One good run must succeed and print its
 # validation loss, so the script cannot pass by everything failing.
 # The corpus is generated here (awk, no python), the tokenizers and datasets are made with
@@ -117,7 +117,7 @@ expect 1 "--data-path" "${tokA[@]}" --data-path 0.5 "$P" x1 "$P"
 expect 1 "the weights' sum is not finite" "${tokA[@]}" --data-path 1e308 "$P" 1e308 "$P"
 expect 1 "--split \"1e308,1e308,0\": the weights' sum is not finite" "${tokA[@]}" --data-path "$P" \
   --split 1e308,1e308,0
-expect 1 "--vocab-size 128" "${tokA[@]}" --data-path "$P" --vocab-size 128
+expect 1 "--padded-vocab-size 128" "${tokA[@]}" --data-path "$P" --padded-vocab-size 128
 expect 1 "--mock-data" "${tokA[@]}" --data-path "$P" --mock-data
 expect 2 "$tmp/noidx.idx" "${tokA[@]}" --data-path "$tmp/noidx"
 

@@ -63,7 +63,8 @@ run accepted --train-iters 4 --log-throughput --exit-signal-handler \
   --data-parallel-sharding-strategy optim_grads_params --manual-gc --timing-log-level 2 \
   --calculate-per-token-loss --no-create-attention-mask-in-dataloader --tensorboard-queue-size 5 \
   --log-validation-ppl-to-tensorboard --log-memory-to-tensorboard --empty-unused-memory-level 1 \
-  --rerun-mode validate_results --initial-loss-scale 4096 --hysteresis 2 --fp8-recipe delayed
+  --rerun-mode validate_results --initial-loss-scale 4096 --hysteresis 2 --fp8-recipe delayed \
+  --disable-log-loss-scale-to-tensorboard
 same "accepted Megatron flags change no bit" plain accepted
 # --rotary-percent 0.5 (Nemotron-H 8B's): half of each head rotates, so the losses change.
 run partial --train-iters 4 --rotary-percent 0.5
@@ -132,6 +133,9 @@ refuse "--moe-router-num-groups 3 must divide --num-experts 8" --num-experts 8 \
 refuse "--moe-router-group-topk 4 is more than --moe-router-topk 2" --num-experts 8 \
   --moe-router-num-groups 4 --moe-router-group-topk 4
 refuse "--rotary-percent must be" --rotary-percent 1.5
+refuse "--save-interval needs --save DIR" --persistent-save-interval 5  # Megatron's other name
+refuse "--moe-router-load-balancing-type takes one value in weft (got 2)" --num-experts 4 \
+  --moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 0.01 0.001
 refuse "--spec foo.specs my_spec: weft builds one model code" --spec foo.specs my_spec
 refuse "--hybrid-attention-ratio 0.6 plus --hybrid-mlp-ratio 0.5 exceed 1" \
   --hybrid-attention-ratio 0.6 --hybrid-mlp-ratio 0.5

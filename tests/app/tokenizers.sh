@@ -122,6 +122,25 @@ if train g2 "${gpt2[@]}" --data-path "$tmp/g2_text_document"; then
 else
   bad "training with GPT2BPETokenizer: $(grep -m1 error "$tmp/train_g2.log")"
 fi
+# Megatron sizes the vocabulary from the tokenizer: --vocab-size has no effect beside a file
+# tokenizer (a warning), --padded-vocab-size sets it, --no-pad-vocab-size leaves it unpadded.
+vocab_case() {  # vocab_case NAME WANT FLAGS...
+  local name=$1 want=$2
+  shift 2
+  if train "$name" "${gpt2[@]}" --data-path "$tmp/g2_text_document" "$@"; then
+    local got
+    got=$(ckpt_vocab "$tmp/ck_$name")
+    [ "$got" = "$want GPT2BPETokenizer $((V - 1))" ] && ok "GPT2BPETokenizer $*: vocab $want" ||
+      bad "GPT2BPETokenizer $* recorded '$got', wanted vocab $want"
+  else
+    bad "training with GPT2BPETokenizer $*: $(grep -m1 error "$tmp/train_$name.log")"
+  fi
+}
+vocab_case g2v $(( (V + 127) / 128 * 128 )) --vocab-size 999
+grep -q -- "--vocab-size 999 has no effect with --tokenizer-type GPT2BPETokenizer" "$tmp/train_g2v.log" &&
+  ok "--vocab-size beside a file tokenizer warns" || bad "no warning for --vocab-size 999"
+vocab_case g2p 600 --padded-vocab-size 600
+vocab_case g2n "$V" --no-pad-vocab-size
 if train llama3 --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/hf_llama3" \
      --data-path "$tmp/hf_llama3_text_document" --make-vocab-size-divisible-by 64; then
   got=$(ckpt_vocab "$tmp/ck_llama3")
@@ -271,6 +290,10 @@ expect "--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file" \
   train "${model[@]}" --mock-data --tokenizer-type GPT2BPETokenizer
 expect "NullTokenizer needs --vocab-size" train "${model[@]}" --mock-data \
   --tokenizer-type NullTokenizer
+expect "has $V tokens, more than --padded-vocab-size 100" train "${model[@]}" "${gpt2[@]}" \
+  --data-path "$tmp/g2_text_document" --padded-vocab-size 100
+expect "--padded-vocab-size must be >= 1 (got 0)" train "${model[@]}" --mock-data \
+  --padded-vocab-size 0
 
 [ "$fails" -eq 0 ] && echo "tokenizers: all passed" || echo "tokenizers: $fails failed"
 [ "$fails" -eq 0 ]

@@ -209,7 +209,11 @@ def make(out_dir):
         "a\u00a0\u3000<|user|>\u2003\nb <|user|>\u200bc",
         "numbers 1234567 and 12 and 1", "HE'S I'LL We'Ve", "e\u0301 vs \u00e9, \u212b vs \u00c5",
         "\U0001F600\U0001F600 emoji\u200dzwj", "x" * 3000, "!!!???" * 200, "\u00ad soft hyphen",
-        "mixed\u00a0nbsp", "trailing newline\n"]
+        "mixed\u00a0nbsp", "trailing newline\n",
+        # Unicode's White_Space beyond the ASCII ones (vertical tab, NEL, the line and
+        # paragraph separators), around words, alone and in runs
+        "vertical\u000btab and\u0085next \u000b\u000b x\u0085", "\u0085\u000b", "a\u2028b\u2029 c\u000b",
+        "a\u000b\u000b\u000bb and \u0085\u0085\u0085c"]
     with open(os.path.join(out_dir, "texts.jsonl"), "w", encoding="utf-8") as f:
         for t in tests:
             f.write(json.dumps({"text": t}) + "\n")

@@ -123,7 +123,8 @@ def main(weft, out):
         "", " ", "   leading and trailing   ", "a\n\n\nb", "<|endoftext|> in text<|endoftext|>",
         "hi <|user|>  there<|begin_of_text|>x", "numbers 1234567 and 12", "HE'S I'LL We'Ve",
         "e\u0301 vs \u00e9, \u212b", "\U0001F600\U0001F600 emoji\u200dzwj", "x" * 3000,
-        "!!!???" * 200, "mixed\u00a0nbsp", "trailing newline\n", "\u00ad soft hyphen"]
+        "!!!???" * 200, "mixed\u00a0nbsp", "trailing newline\n", "\u00ad soft hyphen",
+        "vertical\u000btab and\u0085next \u000b\u000b x\u0085", "\u0085\u000b", "a\u2028b\u2029 c\u000b"]
     jsonl = os.path.join(out, "texts.jsonl")
     with open(jsonl, "w", encoding="utf-8") as f:
         for t in tests:
