@@ -247,8 +247,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
               "step and counts it");
   opt("--max-skipped-iterations", t.max_skipped_iterations,
       "stop, saving nothing, after K consecutive skipped (non-finite) iterations (0: never)");
-  opt("--exp-avg-dtype", a->exp_avg_dtype, "fp32 | bf16");
-  opt("--exp-avg-sq-dtype", a->exp_avg_sq_dtype, "fp32 | bf16");
+  opt("--exp-avg-dtype", a->exp_avg_dtype, "fp32 | bf16 (with --use-precision-aware-optimizer)");
+  opt("--exp-avg-sq-dtype", a->exp_avg_sq_dtype,
+      "fp32 | bf16 (with --use-precision-aware-optimizer)");
   c->add_flag("--use-precision-aware-optimizer", t.adam.precision_aware,
               "keep gradients in a decoupled fp32 buffer beside the master weights");
   opt("--decoder-first-pipeline-num-layers", t.first_stage_layers,
@@ -580,6 +581,13 @@ void resolve_train_args(TrainArgs* a) {
   resolve_load_balancing(a);  // first: later checks read the model's type and weight
   t.adam.exp_avg_dtype = moment_dtype("--exp-avg-dtype", a->exp_avg_dtype);
   t.adam.exp_avg_sq_dtype = moment_dtype("--exp-avg-sq-dtype", a->exp_avg_sq_dtype);
+  // Megatron's OptimizerConfig asserts the same: narrower moments are the precision-aware
+  // optimizer's.
+  for (const auto& [flag, v] : {std::pair{"--exp-avg-dtype", a->exp_avg_dtype},
+                                std::pair{"--exp-avg-sq-dtype", a->exp_avg_sq_dtype}})
+    if (v != "fp32" && !t.adam.precision_aware)
+      fail_usage("{} {} needs --use-precision-aware-optimizer (Megatron asserts the same: only "
+                 "that optimizer keeps moments narrower than fp32)", flag, v);
   if (t.log_interval < 1) fail_usage("--log-interval must be >= 1");
   if (a->threads < 0) fail_usage("--threads must be >= 0 (got {})", a->threads);
   // Megatron's gloo is its collectives over host memory; weft's are MPI's (the same sums).

@@ -133,6 +133,7 @@ refuse "--moe-router-num-groups 3 must divide --num-experts 8" --num-experts 8 \
 refuse "--moe-router-group-topk 4 is more than --moe-router-topk 2" --num-experts 8 \
   --moe-router-num-groups 4 --moe-router-group-topk 4
 refuse "--rotary-percent must be" --rotary-percent 1.5
+refuse "--exp-avg-dtype bf16 needs --use-precision-aware-optimizer" --exp-avg-dtype bf16
 refuse "--save-interval needs --save DIR" --persistent-save-interval 5  # Megatron's other name
 refuse "--moe-router-load-balancing-type takes one value in weft (got 2)" --num-experts 4 \
   --moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 0.01 0.001
