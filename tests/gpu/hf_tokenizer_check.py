@@ -5,6 +5,12 @@ is installed (the GPU machine; no network needed).
 
   hf_tokenizer_check.py WEFT OUTDIR
 
+Two phases, so that each runs where it can: with transformers installed it writes the
+tokenizers, the texts and OUTDIR/cases.json (transformers' ids); with WEFT (not "-") it runs
+weft on them and compares. The GPU machine has transformers but builds weft without ICU; the CPU
+machine has ICU but no transformers: run it there with WEFT "-", bring OUTDIR back, and run it
+here on the same OUTDIR.
+
 trains three byte-level BPE tokenizers with `tokenizers` on a generated multilingual corpus
 (GPT-2's ByteLevel pipeline, also saved as vocab.json + merges.txt; Llama 3's Split +
 ByteLevel + ignore_merges + BOS template; Qwen's NFC + Split with single digits), saves each as
@@ -20,9 +26,6 @@ import struct
 import subprocess
 import sys
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-from tokenizers.trainers import BpeTrainer
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
           r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -48,6 +51,10 @@ def corpus(seed, n):
 
 
 def build(kind, texts, out):
+    from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                            processors)
+    from tokenizers.trainers import BpeTrainer
+    from transformers import PreTrainedTokenizerFast
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     specials = {"gpt2": ["<|endoftext|>"],
                 "llama3": ["<|begin_of_text|>", "<|end_of_text|>", "<|user|>"],
@@ -116,62 +123,81 @@ def preprocess(weft, args):
     return r.returncode == 0
 
 
-def main(weft, out):
-    os.makedirs(out, exist_ok=True)
+def references(out):
+    """Phase 1 (transformers): the tokenizers, the text set and cases.json, each case a name,
+    weft's preprocess flags (paths relative to OUTDIR) and transformers' ids per text."""
+    from transformers import AutoTokenizer
     texts = corpus(1, 2000)
     tests = corpus(2, 300) + [
         "", " ", "   leading and trailing   ", "a\n\n\nb", "<|endoftext|> in text<|endoftext|>",
         "hi <|user|>  there<|begin_of_text|>x", "numbers 1234567 and 12", "HE'S I'LL We'Ve",
         "e\u0301 vs \u00e9, \u212b", "\U0001F600\U0001F600 emoji\u200dzwj", "x" * 3000,
         "!!!???" * 200, "mixed\u00a0nbsp", "trailing newline\n", "\u00ad soft hyphen",
-        "vertical\u000btab and\u0085next \u000b\u000b x\u0085", "\u0085\u000b", "a\u2028b\u2029 c\u000b"]
-    jsonl = os.path.join(out, "texts.jsonl")
-    with open(jsonl, "w", encoding="utf-8") as f:
+        "vertical\u000btab and\u0085next \u000b\u000b x\u0085", "\u0085\u000b", "a\u2028b\u2029 c\u000b",
+        "a\u000b\u000b\u000bb and \u0085\u0085\u0085c"]
+    with open(os.path.join(out, "texts.jsonl"), "w", encoding="utf-8") as f:
         for t in tests:
             f.write(json.dumps({"text": t}) + "\n")
-    ok = True
+    cases = []
     for kind in ("gpt2", "llama3", "qwen"):
         d = os.path.join(out, kind)
         build(kind, texts, d)
         hf = AutoTokenizer.from_pretrained(d)
-        want = [hf(t).input_ids for t in tests]
-        want = [w + [hf.eos_token_id] if w else w for w in want]
-        prefix = os.path.join(out, f"w_{kind}")
-        if not preprocess(weft, ["--input", jsonl, "--output-prefix", prefix, "--append-eod",
-                                 "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
-                                 d]):  # Megatron's default: the template's specials
-            ok = False
-            continue
-        ok &= compare(f"HuggingFaceTokenizer {kind}", want, read_bin(prefix + "_text_document"))
+        eos = [hf.eos_token_id]
+        hf_flags = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", kind]
+        # Megatron's default since February 2026: the template's specials, tokenizer(text)
+        cases.append({"name": f"HuggingFaceTokenizer {kind}", "flags": hf_flags,
+                      "want": [hf(t).input_ids for t in tests], "eod": eos})
         # --tokenizer-hf-no-include-special-tokens: the text's tokens alone (tokenize +
-        # convert_tokens_to_ids), Megatron's default before February 2026
-        plain = [hf.convert_tokens_to_ids(hf.tokenize(t)) for t in tests]
-        plain = [w + [hf.eos_token_id] if w else w for w in plain]
-        if not preprocess(weft, ["--input", jsonl, "--output-prefix", prefix + "_plain",
-                                 "--append-eod", "--tokenizer-type", "HuggingFaceTokenizer",
-                                 "--tokenizer-model", d,
-                                 "--tokenizer-hf-no-include-special-tokens"]):
-            ok = False
-            continue
-        ok &= compare(f"HuggingFaceTokenizer {kind} without the template's specials", plain,
-                      read_bin(prefix + "_plain_text_document"))
+        # convert_tokens_to_ids), Megatron's default before
+        cases.append({"name": f"HuggingFaceTokenizer {kind} without the template's specials",
+                      "flags": hf_flags + ["--tokenizer-hf-no-include-special-tokens"],
+                      "want": [hf.convert_tokens_to_ids(hf.tokenize(t)) for t in tests],
+                      "eod": eos})
         if kind == "gpt2":  # Megatron's GPT2BPETokenizer: transformers' GPT-2 tokenizer on the
             # files; with --legacy-tokenizer its own GPT2Tokenizer, where <|endoftext|> is text
-            eot = hf.convert_tokens_to_ids("<|endoftext|>")
             files = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
-                     os.path.join(d, "vocab.json"), "--merge-file", os.path.join(d, "merges.txt")]
+                     os.path.join(kind, "vocab.json"), "--merge-file",
+                     os.path.join(kind, "merges.txt")]
             for legacy in (False, True):
-                want = [hf(t, split_special_tokens=legacy).input_ids for t in tests]
-                want = [w + [eot] if w else w for w in want]
-                out_prefix = prefix + ("_bpe_legacy" if legacy else "_bpe")
-                if not preprocess(weft, ["--input", jsonl, "--output-prefix", out_prefix,
-                                         "--append-eod"] + files +
-                                  (["--legacy-tokenizer"] if legacy else [])):
-                    ok = False
-                    continue
-                ok &= compare(f"GPT2BPETokenizer legacy={legacy}", want,
-                              read_bin(out_prefix + "_text_document"))
-    return 0 if ok else 1
+                cases.append({"name": f"GPT2BPETokenizer legacy={legacy}",
+                              "flags": files + (["--legacy-tokenizer"] if legacy else []),
+                              "want": [hf(t, split_special_tokens=legacy).input_ids
+                                       for t in tests],
+                              "eod": [hf.convert_tokens_to_ids("<|endoftext|>")]})
+    with open(os.path.join(out, "cases.json"), "w") as f:
+        json.dump(cases, f)
+
+
+def check(weft, out):
+    """Phase 2 (weft built with ICU): preprocess with each case's flags and compare."""
+    with open(os.path.join(out, "cases.json")) as f:
+        cases = json.load(f)
+    ok = True
+    for n, c in enumerate(cases):
+        prefix = os.path.join(out, f"w{n}")
+        flags = [os.path.join(out, a) if os.path.exists(os.path.join(out, a)) else a
+                 for a in c["flags"]]
+        if not preprocess(weft, ["--input", os.path.join(out, "texts.jsonl"), "--output-prefix",
+                                 prefix, "--append-eod"] + flags):
+            ok = False
+            continue
+        want = [w + c["eod"] if w else w for w in c["want"]]
+        ok &= compare(c["name"], want, read_bin(prefix + "_text_document"))
+    return ok
+
+
+def main(weft, out):
+    """WEFT "-": phase 1 only; without transformers: phase 2 only, on OUTDIR's cases.json."""
+    os.makedirs(out, exist_ok=True)
+    try:
+        import transformers  # noqa: F401
+        references(out)
+    except ImportError:
+        if not os.path.exists(os.path.join(out, "cases.json")):
+            print("neither transformers nor a cases.json in", out)
+            return 1
+    return 0 if weft == "-" or check(weft, out) else 1
 
 
 if __name__ == "__main__":
