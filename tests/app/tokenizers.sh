@@ -290,6 +290,11 @@ expect "--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file" \
   train "${model[@]}" --mock-data --tokenizer-type GPT2BPETokenizer
 expect "NullTokenizer needs --vocab-size" train "${model[@]}" --mock-data \
   --tokenizer-type NullTokenizer
+# The same tokenizer read without the template's specials: refused, naming the flag
+expect "the checkpoint's run added the template's special tokens: drop --tokenizer-hf-no-include-special-tokens" \
+  train "${model[@]}" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/hf_llama3" \
+  --data-path "$tmp/hf_llama3_text_document" --make-vocab-size-divisible-by 64 \
+  --load "$tmp/ck_llama3" --train-iters 9 --tokenizer-hf-no-include-special-tokens
 expect "has $V tokens, more than --padded-vocab-size 100" train "${model[@]}" "${gpt2[@]}" \
   --data-path "$tmp/g2_text_document" --padded-vocab-size 100
 expect "--padded-vocab-size must be >= 1 (got 0)" train "${model[@]}" --mock-data \

@@ -664,9 +664,22 @@ void Trainer::check_tokenizer(const nlohmann::json& meta) const {
                  "tokenizer {}, this run uses {}\n", saved.dump(), mine.dump());
     return;
   }
+  // The same tokenizer read another way: HuggingFaceTokenizer's template specials, whose
+  // default changed (Megatron's since February 2026).
+  nlohmann::json a = saved, b = mine;
+  a.erase("include_special_tokens");
+  b.erase("include_special_tokens");
+  const bool saved_specials = saved.value("include_special_tokens", false);
+  const std::string hint =
+      !same_tokenizer(a, b) ? ""
+      : saved_specials      ? " (the same tokenizer; the checkpoint's run added the template's "
+                              "special tokens: drop --tokenizer-hf-no-include-special-tokens)"
+                            : " (the same tokenizer; the checkpoint's run read texts without the "
+                              "template's special tokens, weft's default before: add "
+                              "--tokenizer-hf-no-include-special-tokens)";
   fail_usage("--tokenizer-type/--tokenizer-model: {} differs from the tokenizer the checkpoint {} "
-             "was trained with ({}); pass --override-tokenizer to load it anyway",
-             mine.dump(), cfg_.load, saved.dump());
+             "was trained with ({}){}; pass --override-tokenizer to load it anyway",
+             mine.dump(), cfg_.load, saved.dump(), hint);
 }
 
 int64_t Trainer::valid_first_sample(int iteration) const {
