@@ -140,6 +140,7 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   // Megatron takes one value per load-balancing type (nargs '+'); weft runs one type.
   c->add_option("--moe-aux-loss-coeff", a->aux_loss_coeffs, "weight of the load-balancing loss")
       ->expected(1, -1)
+      ->trigger_on_parse()  // a repeated flag: its last occurrence's values
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   opt("--moe-router-score-function", m.moe_router_score_function, "softmax | sigmoid");
   c->add_flag("--moe-router-pre-softmax", m.moe_router_pre_softmax,
@@ -155,6 +156,7 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   c->add_option("--moe-router-load-balancing-type", a->load_balancing_types,
                 "aux_loss | seq_aux_loss (per sequence, averaged) | none")
       ->expected(1, -1)
+      ->trigger_on_parse()  // a repeated flag: its last occurrence's values
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   c->add_flag("--moe-router-enable-expert-bias", m.moe_router_enable_expert_bias,
               "aux-loss-free load balancing (sigmoid router): a per-expert bias on the scores "

@@ -23,12 +23,13 @@ void add_tokenizer_flags(CLI::App* cmd, TokenizerFiles* f) {
   // --tokenizer-hf-no-include-special-tokens leaves them out, as its default did before.
   // --tokenizer-hf-include-special-tokens (the older flag) asks for them explicitly.
   auto hf_special = [f](bool on, const char* name) {
-    return [f, on, name](int64_t) {
-      if (f->hf_special_tokens_flag && f->hf_include_special_tokens != on)
+    return [f, on, name](int64_t n) {
+      const bool value = n > 0 ? on : !on;  // --flag=false: the other way
+      if (f->hf_special_tokens_flag && f->hf_include_special_tokens != value)
         fail_usage("{} contradicts {}", name,
                    on ? "--tokenizer-hf-no-include-special-tokens"
                       : "--tokenizer-hf-include-special-tokens");
-      f->hf_include_special_tokens = on;
+      f->hf_include_special_tokens = value;
       f->hf_special_tokens_flag = true;
     };
   };
@@ -56,6 +57,7 @@ void add_tokenizer_flags(CLI::App* cmd, TokenizerFiles* f) {
                     "TikTokenizer's special tokens, ids 0, 1, ... (default: <unk> <s> </s> <mask> "
                     "<pad> <cls> <sep>; with --legacy-tokenizer <unk> <s> </s>)")
         ->expected(1, -1)
+        ->trigger_on_parse()  // a repeated flag: its last occurrence's tokens
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--null-tokenizer-eod-id", f->null_eod_id,
                   "NullTokenizer: the end-of-document id (default --vocab-size - 1)")

@@ -88,6 +88,10 @@ else
   bad "--moe-router-group-topk 2 of 4 groups gave the ungrouped losses (or none)"
 fi
 same "--moe-router-group-topk = --moe-router-num-groups limits nothing" moe_plain moe_all_groups
+# A repeated flag takes its last occurrence (Megatron's argparse likewise), lists included.
+run moe_repeated "${moe[@]}" --moe-aux-loss-coeff 0.5 --moe-aux-loss-coeff 0.01 \
+  --moe-router-load-balancing-type seq_aux_loss --moe-router-load-balancing-type aux_loss
+same "a repeated --moe-aux-loss-coeff / load-balancing type takes the last" moe_plain moe_repeated
 
 # --- warned: logging weft has not; the run trains the same --------------------------------------
 run warned --train-iters 4 --log-params-norm --wandb-project p --wandb-exp-name e \

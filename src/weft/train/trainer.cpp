@@ -564,6 +564,8 @@ void Trainer::add_loss_mask(Microbatch* b, DataSplit split, int64_t first, int64
   b->loss.per_token = cfg_.calculate_per_token_loss;
   const int64_t pad = cfg_.pad_token;
   if (!cfg_.eod_mask_loss && pad < 0) return;
+  // A middle stage (no tokens) needs the step's count only for the per-token aux weight.
+  if (!b->tokens.defined() && !cfg_.calculate_per_token_loss) return;
   const auto span = std::make_tuple(split, first, count);
   if (span != log_scale_span_) {
     const LossPositions n = data_->loss_positions(split, first, count,
@@ -574,7 +576,6 @@ void Trainer::add_loss_mask(Microbatch* b, DataSplit split, int64_t first, int64
     log_scale_span_ = span;
   }
   if (!span_masked_) return;
-  // A middle stage (no tokens) needs the step's count only for the per-token aux weight.
   if (b->tokens.defined()) {
     at::Tensor mask = at::ones_like(b->tokens, at::kFloat);
     if (cfg_.eod_mask_loss) mask.mul_(b->tokens.ne(cfg_.eod_token));
@@ -586,8 +587,6 @@ void Trainer::add_loss_mask(Microbatch* b, DataSplit split, int64_t first, int64
       b->labels = b->labels.masked_fill(b->labels.eq(pad), 0);
     }
     b->loss.mask = mask;
-  } else if (!cfg_.calculate_per_token_loss) {
-    return;
   }
   b->loss.log_scale = log_scale_;
 }
