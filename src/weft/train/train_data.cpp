@@ -119,6 +119,13 @@ TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank)
   identity_["kind"] = "gpt";
 }
 
+at::Tensor loss_keep(const at::Tensor& tokens, const at::Tensor& labels, int64_t eod, int64_t pad) {
+  at::Tensor keep = at::ones_like(tokens, at::kBool);
+  if (eod >= 0) keep &= tokens.ne(eod);
+  if (pad >= 0) keep &= labels.ne(pad);
+  return keep;
+}
+
 LossPositions TrainData::loss_positions(DataSplit split, int64_t first, int64_t count,
                                        int64_t eod, int64_t pad) const {
   const TokenDataset& d = split == DataSplit::kTrain   ? *train_
@@ -128,14 +135,9 @@ LossPositions TrainData::loss_positions(DataSplit split, int64_t first, int64_t 
   for (int64_t at = first; at < first + count; at += 64) {
     at::Tensor tokens, labels;
     d.batch(at, static_cast<int>(std::min<int64_t>(64, first + count - at)), &tokens, &labels);
-    at::Tensor keep = at::ones_like(tokens, at::kBool);
-    if (eod >= 0) keep &= tokens.ne(eod);
-    if (pad >= 0) {
-      keep &= labels.ne(pad);
-      n.pad_seen = n.pad_seen || tokens.eq(pad).any().item<bool>() ||
-                   labels.eq(pad).any().item<bool>();
-    }
-    n.unmasked += keep.sum().item<int64_t>();
+    if (pad >= 0 && !n.pad_seen)
+      n.pad_seen = tokens.eq(pad).any().item<bool>() || labels.eq(pad).any().item<bool>();
+    n.unmasked += loss_keep(tokens, labels, eod, pad).sum().item<int64_t>();
   }
   return n;
 }

@@ -33,6 +33,11 @@ struct TrainConfig;
 // UsageError naming the flag or the file.
 void validate_data_config(const TrainConfig& cfg);
 
+// The positions that stay in the loss (bool, the shape of `tokens`): an input token other than
+// `eod` and a label other than `pad` (-1: no such rule). One rule for the host count and the
+// microbatch's mask.
+at::Tensor loss_keep(const at::Tensor& tokens, const at::Tensor& labels, int64_t eod, int64_t pad);
+
 struct LossPositions {
   int64_t unmasked = 0;
   bool pad_seen = false;

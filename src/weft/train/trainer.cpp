@@ -577,16 +577,15 @@ void Trainer::add_loss_mask(Microbatch* b, DataSplit split, int64_t first, int64
   }
   if (!span_masked_) return;
   if (b->tokens.defined()) {
-    at::Tensor mask = at::ones_like(b->tokens, at::kFloat);
-    if (cfg_.eod_mask_loss) mask.mul_(b->tokens.ne(cfg_.eod_token));
+    b->loss.mask =
+        loss_keep(b->tokens, b->labels, cfg_.eod_mask_loss ? cfg_.eod_token : -1, pad)
+            .to(at::kFloat);
     if (pad >= 0) {
-      // Megatron's GPTDataset: labels equal to the pad leave the loss; pad tokens and labels
-      // become id 0 (the embedding's, and the MTP depths' inputs).
-      mask.mul_(b->labels.ne(pad));
+      // Megatron's GPTDataset: pad tokens and labels become id 0 (the embedding's, and the MTP
+      // depths' inputs), after the mask above left the pad labels out of the loss.
       b->tokens = b->tokens.masked_fill(b->tokens.eq(pad), 0);
       b->labels = b->labels.masked_fill(b->labels.eq(pad), 0);
     }
-    b->loss.mask = mask;
   }
   b->loss.log_scale = log_scale_;
 }
