@@ -392,9 +392,9 @@ bool vocab_flag_sizes_model(const TokenizerFiles& f) {
 }
 
 // The tokenizer flags: loads the tokenizer, records its identity, and sizes the vocabulary as
-// Megatron does: --padded-vocab-size, else the tokenizer's size padded to
-// --make-vocab-size-divisible-by (unpadded with --no-pad-vocab-size), else with
-// --use-checkpoint-args the checkpoint's (the tokenizer must fit in it). The tokenizer's size is
+// Megatron does: --padded-vocab-size, else with --use-checkpoint-args the checkpoint's (the
+// tokenizer must fit in it), else the tokenizer's size padded to --make-vocab-size-divisible-by
+// (unpadded with --no-pad-vocab-size). The tokenizer's size is
 // NullTokenizer's --vocab-size V (V + 1 with --legacy-tokenizer), TikTokenizer's --vocab-size
 // ids (default 2^17), or the tokenizer file's; there --vocab-size has no effect (a warning).
 void resolve_tokenizer(TrainArgs* a) {
