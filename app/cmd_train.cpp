@@ -114,6 +114,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--kv-channels", m.kv_channels, "head dim of the attention (-1: hidden / heads)");
   c->add_flag("--qk-layernorm", m.qk_layernorm,
               "RMSNorm of each query and key head over the head dim, before RoPE (Qwen3)");
+  c->add_flag("--add-qkv-bias", m.add_qkv_bias,
+              "a bias on the query/key/value projection only (Megatron's flag; Qwen2); weft's "
+              "other linear layers have none");
   opt("--seq-length", m.seq_length, "sequence length");
   opt("--vocab-size", m.vocab_size,
       "the model's vocabulary without a tokenizer; NullTokenizer's V and TikTokenizer's ids "

@@ -145,7 +145,6 @@ constexpr Refused kRefused[] = {
     {"--start-weight-decay", 1, "weft's weight decay is constant (--weight-decay)"},
     {"--end-weight-decay", 1, "weft's weight decay is constant (--weight-decay)"},
     {"--apply-layernorm-1p", 0, "weft's RMSNorm multiplies by its weight, not 1 + weight"},
-    {"--add-qkv-bias", 0, "weft's linear layers have no biases"},
     {"--openai-gelu", 0, "weft's MLP is SwiGLU or squared ReLU (--squared-relu)"},
     {"--init-method-xavier-uniform", 0,
      "weft initialises from a normal of --init-method-std"},

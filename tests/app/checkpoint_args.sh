@@ -3,11 +3,12 @@
 # takes the model flags from the checkpoint (docs/hf-interop.md, "Loading checks ...").
 # Three tiny models are trained 2 iterations and saved on 2 ranks: D, a dense one far from every
 # default (3 layers, hidden 64, 8 heads in 2 groups, seq 32, vocab 96, untied, RoPE base 5e5
-# with Llama 3 scaling 16, norm epsilon 1e-6), M, a dense layer then two MoE ones with an MTP
+# with Llama 3 scaling 16, norm epsilon 1e-6, q/k/v biases), M, a dense layer then two MoE ones with an MTP
 # depth, and H, a hybrid Mamba/attention/MoE one. Each
 # is resumed for iteration 3 once with every model flag and once with --load and
 # --use-checkpoint-args alone: both must log the same loss and grad norm, bit for bit. Then the
-# refusals: D resumed with the default flags, with --use-checkpoint-args and another
+# refusals: D resumed with the default flags, with every flag but --add-qkv-bias, with
+# --use-checkpoint-args and another
 # --rotary-base or scaling factor (allowed with --override-checkpoint-rope), --use-checkpoint-args
 # without --load, with an empty --load or with a missing --ckpt-step.
 # Usage: checkpoint_args.sh WEFT MPIRUN...
@@ -21,7 +22,8 @@ fails=0
 batch=(--micro-batch-size 2 --global-batch-size 4 --eval-interval 0 --mock-data)
 dense=(--num-layers 3 --hidden-size 64 --ffn-hidden-size 96 --num-attention-heads 8
        --num-query-groups 2 --seq-length 32 --vocab-size 96 --untie-embeddings-and-output-weights
-       --rotary-base 500000 --use-rope-scaling --rope-scaling-factor 16 --norm-epsilon 1e-6)
+       --rotary-base 500000 --use-rope-scaling --rope-scaling-factor 16 --norm-epsilon 1e-6
+       --add-qkv-bias)  # last: the refusal below leaves it out
 moe=(--num-layers 3 --moe-layer-freq "[0,1,1]" --num-experts 4 --moe-router-topk 2
      --moe-ffn-hidden-size 48 --mtp-num-layers 1 --hidden-size 64 --ffn-hidden-size 96
      --num-attention-heads 4 --num-query-groups 2 --seq-length 32 --vocab-size 96)
@@ -73,6 +75,8 @@ refused() {
 refused "default flags into D" "--num-attention-heads 4 (checkpoint: 8)" \
   --hidden-size 64 --ffn-hidden-size 96 --num-layers 3 --seq-length 32 --vocab-size 96 \
   --untie-embeddings-and-output-weights --load "$dir/dense"
+refused "D's flags without its q/k/v biases" "--add-qkv-bias false (checkpoint: true)" \
+  "${dense[@]::${#dense[@]}-1}" --load "$dir/dense"
 refused "D's flags but the RoPE base" "--rotary-base 10000 (checkpoint: 500000); give the checkpoint's values (or --override-checkpoint-rope" \
   --load "$dir/dense" --use-checkpoint-args --rotary-base 10000
 refused "D's flags but the scaling factor" "--rope-scaling-factor 8 (checkpoint: 16)" \

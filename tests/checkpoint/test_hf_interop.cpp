@@ -338,6 +338,83 @@ TEST(HfInterop, Qwen3RoundTrip) {
   barrier();
 }
 
+// --add-qkv-bias goes out as Qwen2 (q_proj, k_proj, v_proj biases split by the QKV weight's
+// interleave, no head_dim key) and back, bitwise; Qwen2 configs with a sliding window, sliding
+// layer types or an attention_bias key are refused, and so are exports Qwen2 cannot hold.
+TEST(HfInterop, Qwen2RoundTrip) {
+  TrainConfig cfg = pp2dp2(tiny());
+  cfg.model.add_qkv_bias = true;
+  const std::string ck = trained(cfg, 4, "hfqwen2");
+  if (rank0()) [&] {
+    hf_export_checkpoint(ck, ck + "/ex", {});
+    nlohmann::json c = read_json(ck + "/ex/config.json");
+    EXPECT_EQ(c["model_type"], "qwen2");
+    EXPECT_EQ(c["architectures"], nlohmann::json::array({"Qwen2ForCausalLM"}));
+    EXPECT_FALSE(c.contains("head_dim"));
+    EXPECT_FALSE(c.contains("attention_bias"));
+    EXPECT_EQ(c["use_sliding_window"], false);
+    const std::string f = ck + "/ex/model.safetensors";
+    const nlohmann::json h = raw_header(f);
+    EXPECT_EQ(h["model.layers.1.self_attn.q_proj.bias"]["shape"], nlohmann::json({32}));
+    EXPECT_EQ(h["model.layers.1.self_attn.k_proj.bias"]["shape"], nlohmann::json({16}));
+    EXPECT_EQ(h["model.layers.1.self_attn.v_proj.bias"]["shape"], nlohmann::json({16}));
+    EXPECT_FALSE(h.contains("model.layers.1.self_attn.o_proj.bias"));
+    EXPECT_EQ(h.size(), 1u + 1 + 4 * 12 + 1);  // metadata, embedding, 4 layers of 12, norm
+    const auto w = weights_of(ck);
+    const int64_t ng = 2, r = 2, hd = 8;  // tiny(): 4 heads in 2 groups of head dim 8
+    for (int l : {0, 3}) {
+      const at::Tensor b = w.at(fmt::format("decoder.layers.{}.self_attention.linear_qkv.bias", l));
+      EXPECT_GT(b.abs().max().item<double>(), 0.0) << "trained away from zero";
+      const std::string p = fmt::format("model.layers.{}.self_attn.", l);
+      const at::Tensor q = hf_tensor(f, p + "q_proj.bias"), k = hf_tensor(f, p + "k_proj.bias");
+      const at::Tensor v = hf_tensor(f, p + "v_proj.bias");
+      for (int64_t g = 0; g < ng; ++g) {
+        const int64_t base = g * (r + 2) * hd;
+        EXPECT_TRUE(at::equal(q.narrow(0, g * r * hd, r * hd), b.narrow(0, base, r * hd)));
+        EXPECT_TRUE(at::equal(k.narrow(0, g * hd, hd), b.narrow(0, base + r * hd, hd)));
+        EXPECT_TRUE(at::equal(v.narrow(0, g * hd, hd), b.narrow(0, base + (r + 1) * hd, hd)));
+      }
+    }
+    hf_import_checkpoint(ck + "/ex", ck + "/im");
+    const ModelConfig m = model_of(ck + "/im");
+    EXPECT_TRUE(m.add_qkv_bias);
+    EXPECT_FALSE(m.qk_layernorm);
+    expect_same_weights(w, weights_of(ck + "/im"));
+    c["sliding_window"] = 32768;  // present but unused, as in Qwen2.5's configs
+    c["max_window_layers"] = 21;
+    c["layer_types"] = nlohmann::json::array(
+        {"full_attention", "full_attention", "full_attention", "full_attention"});
+    EXPECT_TRUE(hf_model_config_from_json(c).add_qkv_bias);
+    nlohmann::json bad = c;
+    bad["use_sliding_window"] = true;
+    EXPECT_THROW(hf_model_config_from_json(bad), UsageError);
+    bad = c;
+    bad["layer_types"][2] = "sliding_attention";
+    EXPECT_THROW(hf_model_config_from_json(bad), UsageError);
+    bad = c;
+    bad["attention_bias"] = true;
+    EXPECT_THROW(hf_model_config_from_json(bad), UsageError);
+    bad = c;
+    bad.erase("num_key_value_heads");  // Qwen2Config's default is not num_attention_heads
+    EXPECT_THROW(hf_model_config_from_json(bad), UsageError);
+    // Llama's attention_bias puts a bias on o_proj too: still refused.
+    nlohmann::json llama = c;
+    llama["model_type"] = "llama";
+    llama["attention_bias"] = true;
+    EXPECT_THROW(hf_model_config_from_json(llama), UsageError);
+    ModelConfig both = m;
+    both.qk_layernorm = true;
+    EXPECT_THROW(hf_model_type(both), UsageError);
+    ModelConfig wide = m;
+    wide.kv_channels = 16;
+    EXPECT_THROW(hf_model_type(wide), UsageError);
+    ModelConfig moe = m;
+    moe.num_experts = 4;
+    EXPECT_THROW(hf_model_type(moe), UsageError);
+  }();
+  barrier();
+}
+
 TEST(HfInterop, QkvAndGateUpSplitByTheDocumentedInterleave) {
   const std::string ck = trained(tiny(), 1, "hfqkv");
   if (rank0()) [&] {

@@ -184,8 +184,12 @@ struct Reference {
     }
     const torch::Tensor wqkv = get(p + "self_attention.linear_qkv.weight");
     const torch::Tensor xn = rms(x, get(p + "input_layernorm.weight"), cfg.norm_epsilon);
+    // --add-qkv-bias: each projected row plus its bias entry (the same row order).
     auto proj = [&](const std::vector<int64_t>& rows) {
-      return xn.matmul(wqkv.index_select(0, torch::tensor(rows)).t());
+      const torch::Tensor idx = torch::tensor(rows);
+      const torch::Tensor y = xn.matmul(wqkv.index_select(0, idx).t());
+      if (!cfg.add_qkv_bias) return y;
+      return y + get(p + "self_attention.linear_qkv.bias").index_select(0, idx);
     };
     // --qk-layernorm: each head's query and key normalised over hd before the rotation.
     auto qk_norm = [&](const torch::Tensor& t, const char* which) {
@@ -256,12 +260,17 @@ void check_against_reference(const ModelConfig& cfg, torch::ScalarType dtype, do
   FullParams params;
   const Handles h = register_model(params, cfg, /*seed=*/1234, dtype);
   const Batch batch = make_batch(cfg, 2, 7);
-  {  // norm weights start at one; random ones show a weight used in the wrong place
+  {  // norm weights start at one and biases at zero; random ones show a weight used in the
+     // wrong place
     torch::NoGradGuard no_grad;
     auto gen = at::detail::createCPUGenerator(99);
-    for (int i = 0; i < params.size(); ++i)
-      if (params.spec(i).name.find("layernorm.weight") != std::string::npos)
+    for (int i = 0; i < params.size(); ++i) {
+      const std::string& name = params.spec(i).name;
+      if (name.find("layernorm.weight") != std::string::npos)
         const_cast<at::Tensor&>(params.value(i)).uniform_(0.5, 1.5, gen);
+      if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0)
+        const_cast<at::Tensor&>(params.value(i)).uniform_(-0.5, 0.5, gen);
+    }
   }
 
   const torch::Tensor loss = lm_loss_sum(model_logits(h, cfg, batch.tokens, dtype), batch.labels);
@@ -310,6 +319,20 @@ TEST(ModelReference, Float64QkLayernorm) {
   check_against_reference(cfg, torch::kDouble, 1e-10);
   cfg.kv_channels = 16;
   check_against_reference(cfg, torch::kDouble, 1e-10);
+  check_against_reference(cfg, torch::kFloat, 1e-5);
+}
+
+// --add-qkv-bias (Qwen2): the bias rows follow the weight's per-group interleave, at GQA, MHA
+// and MQA, tied and untied (check_against_reference makes every bias random).
+TEST(ModelReference, Float64QkvBias) {
+  for (auto [tied, heads, groups] :
+       {std::tuple{true, 4, 2}, std::tuple{false, 4, 4}, std::tuple{true, 4, 1}}) {
+    ModelConfig cfg = small_config(tied, heads, groups);
+    cfg.add_qkv_bias = true;
+    check_against_reference(cfg, torch::kDouble, 1e-10);
+  }
+  ModelConfig cfg = small_config(false, 4, 2);
+  cfg.add_qkv_bias = true;
   check_against_reference(cfg, torch::kFloat, 1e-5);
 }
 
@@ -754,6 +777,34 @@ TEST(ModelOps, LinearInComputesInTheGivenDtype) {
   }
 }
 
+// add_bias: y = x + b, b's gradient the sum of dy over every token, delivered once, also when x
+// needs no gradient; in bf16 the sum over the tokens stays in float32 (3000 tokens of 1 + 2^-7
+// sum to 3023.4375, which a bf16 result would round to 3024).
+TEST(ModelOps, AddBiasMatchesNativeAndSumsInFloat32) {
+  FullParams params;
+  const ParamSpec s{"b", {5}, InitKind::kZeros, false};
+  const torch::Tensor b0 = torch::randn({5}, torch::kDouble);
+  const ParamHandle h = params.add(s, b0);
+  const torch::Tensor x = torch::randn({3, 2, 5}, torch::kDouble);  // requires no grad
+  const torch::Tensor dy = torch::randn({3, 2, 5}, torch::kDouble);
+  const torch::Tensor y = ops::add_bias(x, h);
+  ASSERT_TRUE(y.requires_grad());
+  EXPECT_TRUE(torch::equal(y.detach(), x + b0));
+  (y * dy).sum().backward();
+  EXPECT_LE(rel_err(params.grad(0), dy.sum(at::IntArrayRef{0, 1})), 1e-15);
+  EXPECT_EQ(params.pending_uses(0), 0);
+
+  FullParams p16;
+  const ParamHandle h16 = p16.add(s, b0.to(torch::kBFloat16));
+  const torch::Tensor x16 = torch::zeros({3000, 5}, torch::kBFloat16).requires_grad_(true);
+  const torch::Tensor dy16 = torch::full({3000, 5}, 1.0 + 1.0 / 128, torch::kBFloat16);
+  (ops::add_bias(x16, h16) * dy16).sum().backward();
+  EXPECT_EQ(p16.grad(0).scalar_type(), torch::kFloat);
+  EXPECT_LE(rel_err(p16.grad(0), torch::full({5}, 3000 * (1.0 + 1.0 / 128), torch::kDouble)), 1e-7);
+  EXPECT_TRUE(torch::equal(x16.grad(), dy16));
+  EXPECT_THROW(ops::add_bias(x, h16), Error);  // dtypes differ
+}
+
 TEST(ModelOps, RmsNormMatchesNative) {
   FullParams params;
   const torch::Tensor w0 = torch::randn({6}, torch::kDouble);
@@ -961,8 +1012,11 @@ TEST(ModelCuda, MatchesCpuAndIsDeterministic) {
   ModelConfig qk = small_config(true);  // --qk-layernorm: its norms, then the fused rotary kernel
   qk.qk_layernorm = true;
   qk.kv_channels = 16;
-  for (const ModelConfig& cfg : {small_config(true), qk}) {
-    SCOPED_TRACE(::testing::Message() << "qk-layernorm " << cfg.qk_layernorm);
+  ModelConfig bias = small_config(true);  // --add-qkv-bias: the bias added before the rotation
+  bias.add_qkv_bias = true;
+  for (const ModelConfig& cfg : {small_config(true), qk, bias}) {
+    SCOPED_TRACE(::testing::Message() << "qk-layernorm " << cfg.qk_layernorm << " qkv bias "
+                                      << cfg.add_qkv_bias);
     const Batch batch = make_batch(cfg, 2, 5);
     FullParams cpu;
     const Handles hc = register_model(cpu, cfg, 21, torch::kDouble);

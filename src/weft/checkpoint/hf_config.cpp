@@ -43,6 +43,19 @@ std::string hf_model_type(const ModelConfig& c) {
   if (c.rotary_percent != 1.0)
     fail_usage("hf export: --rotary-percent {}: Llama, Qwen3 and Mixtral rotate every channel of "
                "the head", c.rotary_percent);
+  if (c.add_qkv_bias && c.qk_layernorm)
+    fail_usage("hf export: --add-qkv-bias with --qk-layernorm has no Hugging Face equivalent "
+               "(Qwen2 has the q/k/v biases without the norms, Qwen3 the norms without biases)");
+  if (c.add_qkv_bias && c.moe())
+    fail_usage("hf export: --add-qkv-bias in an MoE model has no Mixtral equivalent (Mixtral's "
+               "attention has no biases)");
+  if (c.add_qkv_bias) {  // Qwen2: Llama with biases on q_proj, k_proj, v_proj
+    if (c.head_dim() * c.num_attention_heads != c.hidden_size)
+      fail_usage("hf export: --kv-channels {} with --add-qkv-bias: Qwen2's head dim is "
+                 "hidden_size / num_attention_heads ({})", c.head_dim(),
+                 c.hidden_size / c.num_attention_heads);
+    return "qwen2";
+  }
   if (!c.moe()) return c.qk_layernorm ? "qwen3" : "llama";  // Qwen3: Llama with q/k norms
   if (c.qk_layernorm)
     fail_usage("hf export: --qk-layernorm in an MoE model has no Mixtral equivalent (Mixtral "
@@ -92,6 +105,13 @@ std::vector<HfTensorMap> hf_tensor_maps(const ModelConfig& c) {
                    {q + "self_attn.q_proj.weight", q + "self_attn.k_proj.weight",
                     q + "self_attn.v_proj.weight"},
                    {{nh * hd, h}, {ng * hd, h}, {ng * hd, h}}});
+    if (c.add_qkv_bias)  // Qwen2's q/k/v biases, in the weight's row order
+      out.push_back({p + "self_attention.linear_qkv.bias",
+                     {(nh + 2 * ng) * hd},
+                     HfSplit::kQkv,
+                     {q + "self_attn.q_proj.bias", q + "self_attn.k_proj.bias",
+                      q + "self_attn.v_proj.bias"},
+                     {{nh * hd}, {ng * hd}, {ng * hd}}});
     if (c.qk_layernorm) {
       one(p + "self_attention.q_layernorm.weight", {hd}, q + "self_attn.q_norm.weight");
       one(p + "self_attention.k_layernorm.weight", {hd}, q + "self_attn.k_norm.weight");
@@ -129,13 +149,13 @@ std::vector<at::Tensor> hf_split(const HfTensorMap& m, const at::Tensor& w, cons
       const int64_t f = m.shape[0] / 2;
       return {w.narrow(0, 0, f).contiguous(), w.narrow(0, f, f).contiguous()};
     }
-    case HfSplit::kQkv: {
+    case HfSplit::kQkv: {  // the weight [rows, h] or the bias [rows] (h = 1)
       const int64_t ng = c.num_query_groups, r = c.num_attention_heads / ng, hd = c.head_dim();
-      const int64_t h = m.shape[1];
+      const int64_t h = m.shape.size() > 1 ? m.shape[1] : 1;
       const at::Tensor g = w.view({ng, r + 2, hd, h});
-      return {g.narrow(1, 0, r).reshape({ng * r * hd, h}).contiguous(),
-              g.select(1, r).reshape({ng * hd, h}).contiguous(),
-              g.select(1, r + 1).reshape({ng * hd, h}).contiguous()};
+      return {g.narrow(1, 0, r).reshape(m.hf_shapes[0]).contiguous(),
+              g.select(1, r).reshape(m.hf_shapes[1]).contiguous(),
+              g.select(1, r + 1).reshape(m.hf_shapes[2]).contiguous()};
     }
   }
   fail("hf_split: unknown split");
@@ -149,13 +169,13 @@ at::Tensor hf_merge(const HfTensorMap& m, const std::vector<at::Tensor>& parts,
       return parts[0].contiguous();
     case HfSplit::kGateUp:
       return at::cat({parts[0], parts[1]}, 0);
-    case HfSplit::kQkv: {
+    case HfSplit::kQkv: {  // the weight [rows, h] or the bias [rows] (h = 1)
       const int64_t ng = c.num_query_groups, r = c.num_attention_heads / ng, hd = c.head_dim();
-      const int64_t h = m.shape[1];
-      return at::cat({parts[0].view({ng, r, hd, h}), parts[1].view({ng, 1, hd, h}),
-                      parts[2].view({ng, 1, hd, h})},
+      const int64_t h = m.shape.size() > 1 ? m.shape[1] : 1;
+      return at::cat({parts[0].reshape({ng, r, hd, h}), parts[1].reshape({ng, 1, hd, h}),
+                      parts[2].reshape({ng, 1, hd, h})},
                      1)
-          .reshape({m.shape[0], h});
+          .reshape(m.shape);
     }
   }
   fail("hf_merge: unknown split");
@@ -174,6 +194,7 @@ nlohmann::json hf_config_from_model(const ModelConfig& c, const std::string& tor
   }
   nlohmann::json j = {
       {"architectures", {type == "llama"   ? "LlamaForCausalLM"
+                         : type == "qwen2" ? "Qwen2ForCausalLM"
                          : type == "qwen3" ? "Qwen3ForCausalLM"
                                            : "MixtralForCausalLM"}},
       {"model_type", type},
@@ -213,6 +234,11 @@ nlohmann::json hf_config_from_model(const ModelConfig& c, const std::string& tor
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
     j["pretraining_tp"] = 1;
+  } else if (type == "qwen2") {  // no head_dim or attention_bias: not Qwen2Config's fields
+    j.erase("head_dim");
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = c.num_layers;
   } else if (type == "qwen3") {
     j["attention_bias"] = false;
     j["use_sliding_window"] = false;
@@ -312,13 +338,17 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
   hf_get(j, "model_type", &type, true);
   if (type == "nemotron_h") return hf_nemotron_h_model_config(j);
   // Mistral (with no sliding window, refused below otherwise) is Llama's architecture under
-  // Llama's tensor names; it imports as a dense model and exports as LlamaForCausalLM. Qwen3
-  // is Llama with an RMSNorm of each query and key head (q_norm, k_norm: --qk-layernorm).
-  if (type != "llama" && type != "mistral" && type != "qwen3" && type != "mixtral")
-    fail_usage("hf import: config.json model_type '{}' is not supported (llama, mistral, qwen3, "
-               "mixtral or nemotron_h)", type);
+  // Llama's tensor names; it imports as a dense model and exports as LlamaForCausalLM. Qwen2
+  // is Llama with biases on q_proj, k_proj and v_proj (--add-qkv-bias); Qwen3 is Llama with an
+  // RMSNorm of each query and key head (q_norm, k_norm: --qk-layernorm).
+  if (type != "llama" && type != "mistral" && type != "qwen2" && type != "qwen3" &&
+      type != "mixtral")
+    fail_usage("hf import: config.json model_type '{}' is not supported (llama, mistral, qwen2, "
+               "qwen3, mixtral or nemotron_h)", type);
+  const bool qwen = type == "qwen2" || type == "qwen3";
   ModelConfig m;
   m.qk_layernorm = type == "qwen3";
+  m.add_qkv_bias = type == "qwen2";
   hf_get(j, "hidden_size", &m.hidden_size, true);
   int inter = 0;
   hf_get(j, "intermediate_size", &inter, true);
@@ -330,8 +360,9 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
     fail_usage("hf import: config.json hidden_size {} and num_attention_heads {} must be "
                "positive", m.hidden_size, m.num_attention_heads);
   m.num_query_groups = m.num_attention_heads;
-  // Qwen3's defaults (head_dim 128, its own key/value heads) are not Llama's: required there.
-  hf_get(j, "num_key_value_heads", &m.num_query_groups, type == "qwen3");
+  // Qwen's defaults (Qwen3's head_dim 128, their own key/value heads) are not Llama's: required
+  // there.
+  hf_get(j, "num_key_value_heads", &m.num_query_groups, qwen);
   if (m.num_query_groups < 1 || m.num_attention_heads % m.num_query_groups)
     fail_usage("hf import: config.json num_key_value_heads {} does not divide num_attention_heads "
                "{}", m.num_query_groups, m.num_attention_heads);
@@ -363,12 +394,24 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
   hf_get(j, "hidden_act", &act, false);
   if (act != "silu")
     fail_usage("hf import: config.json hidden_act is '{}'; weft's MLP is SwiGLU (silu)", act);
-  hf_refuse_unless(j, "attention_bias", false, "weft's attention has no biases");
+  // Qwen2's q/k/v biases are fixed by its model_type (its config has no attention_bias);
+  // Llama's and Qwen3's attention_bias would put a bias on o_proj too, which weft lacks.
+  hf_refuse_unless(j, "attention_bias", false,
+                   type == "qwen2" ? "Qwen2's biases are those of q/k/v (no such key)"
+                                   : "weft's attention has biases on q/k/v only (Qwen2's)");
   hf_refuse_unless(j, "partial_rotary_factor", 1.0, "Llama, Qwen3 and Mixtral rotate every channel");
   hf_refuse_unless(j, "mlp_bias", false, "weft's MLP has no biases");
   hf_refuse_unless(j, "attention_dropout", 0.0, "weft has no attention dropout");
-  if (type == "qwen3") {  // its sliding_window applies only with use_sliding_window
+  if (qwen) {  // their sliding_window applies only with use_sliding_window
     hf_refuse_unless(j, "use_sliding_window", false, "weft's attention is full causal");
+    if (auto lt = j.find("layer_types"); lt != j.end() && !lt->is_null()) {
+      if (!lt->is_array())
+        fail_usage("hf import: config.json layer_types is not a list ({})", lt->dump());
+      for (const auto& t : *lt)
+        if (t != "full_attention")
+          fail_usage("hf import: config.json layer_types holds {}; weft's attention is full "
+                     "causal (full_attention)", t.dump());
+    }
   } else {
     hf_refuse_unless(j, "sliding_window", nullptr, "weft's attention is full causal");
   }

@@ -36,7 +36,8 @@ struct HfTensorMap {
   bool float32 = false;  // written as F32 whatever the export dtype (NemotronH's expert bias)
 };
 
-// "llama" (dense), "qwen3" (dense with --qk-layernorm), "mixtral" (every layer MoE with a
+// "llama" (dense), "qwen2" (dense with --add-qkv-bias), "qwen3" (dense with --qk-layernorm),
+// "mixtral" (every layer MoE with a
 // softmax router, no shared expert) or "nemotron_h" (hybrid models, hf_nemotron_h.h). Throws
 // UsageError "hf export: ..." naming the weft flag for a model none represents (mixed
 // dense/MoE layers, shared experts or the sigmoid router outside hybrids, ...).

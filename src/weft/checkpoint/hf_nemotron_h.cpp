@@ -103,6 +103,8 @@ void hf_nemotron_h_check(const ModelConfig& c) {
                c.position_embedding_type);
   if (has(c, '*') && c.qk_layernorm)
     fail_usage("hf export: --qk-layernorm: NemotronH's attention has no query/key norms");
+  if (has(c, '*') && c.add_qkv_bias)
+    fail_usage("hf export: --add-qkv-bias: NemotronH's attention has no biases");
   if ((has(c, '-') || has(c, 'E')) && !c.squared_relu)
     fail_usage("hf export: NemotronH's MLPs and experts are ungated squared ReLU; this model's "
                "are SwiGLU (train with --squared-relu)");

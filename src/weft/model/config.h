@@ -27,6 +27,10 @@ struct ModelConfig {
   int num_query_groups = 2;      // --num-query-groups (GQA); equal to heads for MHA
   int kv_channels = -1;          // --kv-channels: the head dim (-1: hidden / heads)
   bool qk_layernorm = false;     // --qk-layernorm: RMSNorm of each query and key head before RoPE
+  // --add-qkv-bias (Megatron's flag): a bias on the fused QKV projection only
+  // (self_attention.linear_qkv.bias, rows as the weight's; Qwen2's q/k/v biases). weft's other
+  // linear layers have none.
+  bool add_qkv_bias = false;
   int seq_length = 32;           // --seq-length
   int vocab_size = 128;          // --vocab-size
   double init_method_std = 0.02; // --init-method-std

@@ -131,6 +131,30 @@ struct LinearFn : Function<LinearFn> {
   }
 };
 
+// --- a linear layer's bias: y = x + b ----------------------------------------------------------
+
+struct BiasFn : Function<BiasFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const c10::optional<at::Tensor>& /*anchor*/, const WeightRef& b,
+                            ParamHandle h) {
+    save_handle(ctx, h);
+    return x + b.value;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const ParamHandle h = load_handle(ctx);
+    const at::Tensor& dy = grads[0];
+    const int64_t n = dy.size(-1);
+    // db = sum over every token of dy, reduced in float32 (not in bf16) into the buffer.
+    at::Tensor buf = fetch_grad_buffer(h, {n});
+    buf.add_(dy.reshape({-1, n}).sum(at::IntArrayRef{0}, /*keepdim=*/false, accum_dtype(dy.scalar_type()))
+                 .to(buf.scalar_type()));
+    h.source->grad_ready(h.index);
+    return {ctx->needs_input_grad(0) ? dy : at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
 // --- RMSNorm scale: y = xhat * w ---------------------------------------------------------------
 
 struct ScaleFn : Function<ScaleFn> {
@@ -315,6 +339,20 @@ at::Tensor linear_impl(const at::Tensor& x, ParamHandle weight,
 
 at::Tensor linear(const at::Tensor& x, ParamHandle weight) {
   return linear_impl(x, weight, c10::nullopt);
+}
+
+at::Tensor add_bias(const at::Tensor& x, ParamHandle bias) {
+  check_handle(bias);
+  const bool grad_mode = at::GradMode::is_enabled();
+  at::Tensor b = bias.source->forward_weight(bias.index);
+  WEFT_CHECK(b.dim() == 1 && x.dim() >= 1 && x.size(-1) == b.size(0) &&
+                 b.scalar_type() == x.scalar_type(),
+             "add_bias: input [..., {}] {} does not match bias {} of shape [{}] {}", x.size(-1),
+             c10::toString(x.scalar_type()), bias.index, fmt::join(b.sizes(), ", "),
+             c10::toString(b.scalar_type()));
+  if (!grad_mode) return x + b;
+  auto anchor = grad_anchor(grad_mode, x, b);
+  return BiasFn::apply(x, anchor, WeightRef{std::move(b)}, bias);
 }
 
 at::Tensor linear_in(const at::Tensor& x, ParamHandle weight, c10::ScalarType dtype) {

@@ -1,5 +1,5 @@
-// The three parametric ops of the model — linear, the RMSNorm scale, the embedding lookup —
-// as custom autograd functions over ParamHandles.
+// The parametric ops of the model — linear, a linear layer's bias, the RMSNorm scale, the
+// embedding lookup — as custom autograd functions over ParamHandles.
 //
 // Invariant (param_source.h's contract): under grad mode, each call asks its source for the
 // weight once (forward_weight) and its backward delivers the weight gradient exactly once
@@ -29,6 +29,11 @@ at::Tensor linear(const at::Tensor& x, ParamHandle weight);
 // --moe-router-dtype router GEMM. x's gradient comes back in x's dtype; W's is accumulated in
 // its gradient buffer as linear's (Megatron rounds it to W's dtype first).
 at::Tensor linear_in(const at::Tensor& x, ParamHandle weight, c10::ScalarType dtype);
+
+// y = x + b, x [..., n], b [n] of x's dtype (a linear layer's bias, added after its product).
+// b's gradient is the sum of y's over every token, reduced in float32 (float64 for float64) and
+// accumulated into its gradient buffer.
+at::Tensor add_bias(const at::Tensor& x, ParamHandle bias);
 
 // y = x * rsqrt(mean(x^2, last dim) + eps) * w, w [h]. The normalisation runs in float32
 // (float64 for float64 x) and is cast back to x's dtype before the multiply by w.

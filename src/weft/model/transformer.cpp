@@ -243,6 +243,9 @@ std::vector<ParamSpec> block_param_specs(const ModelConfig& cfg, const std::stri
     out.push_back(spec(p + "input_layernorm.weight", {h}, InitKind::kOnes, false));
     out.push_back(spec(p + "self_attention.linear_qkv.weight", {(nh + 2 * ng) * hd, h},
                        InitKind::kNormal, true));
+    if (cfg.add_qkv_bias)  // zeros and no weight decay, as Megatron's biases
+      out.push_back(spec(p + "self_attention.linear_qkv.bias", {(nh + 2 * ng) * hd},
+                         InitKind::kZeros, false));
     if (cfg.qk_layernorm) {  // one weight over the head dim, shared by the heads
       out.push_back(spec(p + "self_attention.q_layernorm.weight", {hd}, InitKind::kOnes, false));
       out.push_back(spec(p + "self_attention.k_layernorm.weight", {hd}, InitKind::kOnes, false));
@@ -376,6 +379,7 @@ LayerHandles layer_handles(ParamSource* src, int first, const std::vector<ParamS
   const std::pair<const char*, ParamHandle*> slots[] = {
       {"input_layernorm.weight", &h.input_layernorm},
       {"self_attention.linear_qkv.weight", &h.linear_qkv},
+      {"self_attention.linear_qkv.bias", &h.linear_qkv_bias},
       {"self_attention.q_layernorm.weight", &h.q_layernorm},
       {"self_attention.k_layernorm.weight", &h.k_layernorm},
       {"self_attention.linear_proj.weight", &h.linear_proj},
@@ -523,7 +527,9 @@ AttentionQkv attention_qkv_normed(const at::Tensor& xn, const LayerHandles& w,
              "decoder_layer: positions [{}, {}) need rotary tables of at least [{}, {}]", pos,
              pos + s, pos + s, cfg.rotary_dim());
   // Fused rows per group g: r query heads, then g's key head, then its value head.
-  const at::Tensor qkv = ops::linear(xn, w.linear_qkv).view({b, s, ng, r + 2, hd});
+  at::Tensor projected = ops::linear(xn, w.linear_qkv);
+  if (w.linear_qkv_bias.source) projected = ops::add_bias(projected, w.linear_qkv_bias);
+  const at::Tensor qkv = projected.view({b, s, ng, r + 2, hd});
   AttentionQkv out;
   // The fused kernel rotates whole heads; --rotary-percent < 1 takes the ATen rotation.
   const bool fused_rope = cfg.rotary() && cfg.rotary_dim() == hd && fused::usable(qkv) &&

@@ -7,7 +7,8 @@
 // Row orders of fused weights (documented for conversion tools):
 // - linear_qkv.weight [(nh + 2*ng) * hd, h]: Megatron's per-group interleave. For each query
 //   group g in 0..ng-1, in order: the nh/ng query heads of g, then g's key head, then g's value
-//   head; each head is hd consecutive rows.
+//   head; each head is hd consecutive rows. linear_qkv.bias (--add-qkv-bias) [(nh + 2*ng) * hd]
+//   has the same order.
 // - linear_fc1.weight [2*ffn, h]: rows [0, ffn) are the gate (SiLU applied), rows [ffn, 2*ffn)
 //   the up projection; with --squared-relu [ffn, h], no gate (MlpSpec).
 // RoPE rotates the two halves of each head (rotate-half, non-interleaved), as Megatron's default.
@@ -36,7 +37,8 @@ ParamSpec embedding_param_spec(const ModelConfig& cfg);      // embedding.word_e
 // One layer's own parameters under `prefix` (e.g. "decoder.layers.3."). `symbol` is the layer's
 // kind: 'T' a transformer layer (attention, then an MLP, or MoE when `moe`), or a hybrid
 // model's '*' attention, '-' MLP, 'E' MoE, 'M' Mamba-2. Order: input_layernorm,
-// self_attention.linear_qkv, self_attention.linear_proj; pre_mlp_layernorm, mlp.linear_fc1,
+// self_attention.linear_qkv (weight, then bias with --add-qkv-bias), the q/k layernorms
+// (--qk-layernorm), self_attention.linear_proj; pre_mlp_layernorm, mlp.linear_fc1,
 // mlp.linear_fc2 | mlp.router, mlp.shared_experts.linear_fc1/fc2 (with shared experts);
 // mixer.{in_proj.layer_norm_weight, in_proj, conv1d.weight, conv1d.bias, dt_bias, A_log, D,
 // norm, out_proj}. Routed experts' weights are declared apart (expert_param_specs): they are
@@ -81,6 +83,7 @@ struct RouterBias;
 struct LayerHandles {
   ParamHandle input_layernorm;    // input_layernorm.weight        [h]
   ParamHandle linear_qkv;         // self_attention.linear_qkv.weight
+  ParamHandle linear_qkv_bias;    // self_attention.linear_qkv.bias [(nh+2ng)*hd] (--add-qkv-bias)
   ParamHandle linear_proj;        // self_attention.linear_proj.weight [h, nh*hd]
   ParamHandle q_layernorm;        // self_attention.q_layernorm.weight [hd] (--qk-layernorm)
   ParamHandle k_layernorm;        // self_attention.k_layernorm.weight [hd] (--qk-layernorm)

@@ -50,6 +50,7 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   get(j, "num_query_groups", &m.num_query_groups, true);
   get(j, "kv_channels", &m.kv_channels, false);  // absent before: hidden / heads
   get(j, "qk_layernorm", &m.qk_layernorm, false);
+  get(j, "add_qkv_bias", &m.add_qkv_bias, false);  // absent before: no bias
   get(j, "seq_length", &m.seq_length, true);
   get(j, "vocab_size", &m.vocab_size, true);
   get(j, "init_method_std", &m.init_method_std, false);
@@ -124,6 +125,10 @@ std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelCon
   cmp("--norm-epsilon", run.norm_epsilon, saved.norm_epsilon);
   cmp("--squared-relu", run.squared_relu, saved.squared_relu);
   cmp("--position-embedding-type", run.position_embedding_type, saved.position_embedding_type);
+  // The q/k/v biases: a run without them would drop what the checkpoint learnt (unexpected keys
+  // pass under Megatron's default --dist-ckpt-strictness); a run that adds them to a checkpoint
+  // without has missing keys, refused unless the strictness lets them start at zero.
+  if (saved.add_qkv_bias) cmp("--add-qkv-bias", run.add_qkv_bias, true);
   if (run.moe() && saved.moe()) {
     cmp("--moe-router-topk", run.moe_router_topk, saved.moe_router_topk);
     cmp("--moe-router-score-function", run.moe_router_score_function,
@@ -172,6 +177,7 @@ bool take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,
   take("--num-query-groups", m.num_query_groups, saved.num_query_groups);
   take("--kv-channels", m.kv_channels, saved.head_dim());
   take("--qk-layernorm", m.qk_layernorm, saved.qk_layernorm);
+  take("--add-qkv-bias", m.add_qkv_bias, saved.add_qkv_bias);
   take("--seq-length", m.seq_length, saved.seq_length);
   take("--vocab-size", m.vocab_size, saved.vocab_size);
   take("--rotary-base", m.rotary_base, saved.rotary_base);

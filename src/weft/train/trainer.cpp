@@ -56,7 +56,7 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
         {"ffn_hidden_size", m.ffn_hidden_size}, {"squared_relu", m.squared_relu},
         {"num_attention_heads", m.num_attention_heads},
         {"num_query_groups", m.num_query_groups}, {"kv_channels", m.head_dim()},
-        {"qk_layernorm", m.qk_layernorm},
+        {"qk_layernorm", m.qk_layernorm}, {"add_qkv_bias", m.add_qkv_bias},
         {"seq_length", m.seq_length},
         {"vocab_size", m.vocab_size}, {"init_method_std", m.init_method_std},
         {"rotary_base", m.rotary_base}, {"rotary_percent", m.rotary_percent},

@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""weft's Qwen2 import (--add-qkv-bias, docs/hf-interop.md) against transformers' Qwen2ForCausalLM.
+
+Two phases, because transformers lives on the GPU machine and a full weft build (ICU, the
+tokenizers) here:
+
+  reference OUTDIR        (where transformers is; `bash bench/gpu/run.sh hfqwen2`)
+      saves two random Qwen2ForCausalLM models, tied (as Qwen2.5-0.5B) and untied, with
+      save_pretrained under OUTDIR/{tied,untied}/model, and for each a random sequence D of S
+      token ids and transformers' float64 loss of predicting D[1:] + [D[0]] from D; also the
+      same loss with the q/k/v biases zeroed: the planted bug the check must tell apart.
+      The biases, norm weights and the q/k scale are made random and large enough that every
+      part moves the loss (at the default initialisation the biases are zero).
+
+  check OUTDIR WEFT       (here, with the weft binary WEFT)
+      for each model: a corpus of 64 copies of D as NullTokenizer text (space-separated ids, no
+      end-of-document token), so that every training sample weft draws is D followed by D[0];
+      `weft data preprocess`, `weft ckpt import --format hf`, then one `weft train --finetune
+      --use-checkpoint-args` iteration in float32 on the CPU, whose first batch
+      (--dump-first-batch) must be D labelled D[1:] + [D[0]] in every sample; its iteration-1 lm
+      loss (the imported weights') against transformers'. Passes when the relative difference is below
+      1e-5 and the bias-less loss differs by more than 100x that.
+
+Prints one JSON line per model; exits 0 when every model passes, 1 when one does not, 2 when
+the input is not as expected.
+"""
+import argparse
+import ast
+import json
+import os
+import struct
+import subprocess
+import sys
+
+SHAPE = dict(hidden=256, ffn=704, layers=4, heads=8, groups=4, vocab=1024, seq=128)
+
+
+def fail(msg):
+    print(json.dumps({"error": msg}))
+    sys.exit(2)
+
+
+def cmd_reference(a):
+    import torch
+    import torch.nn.functional as F
+    import transformers
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    for i, tied in enumerate((True, False)):
+        name = "tied" if tied else "untied"
+        torch.manual_seed(11 + i)
+        cfg = Qwen2Config(
+            vocab_size=SHAPE["vocab"], hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["ffn"],
+            num_hidden_layers=SHAPE["layers"], num_attention_heads=SHAPE["heads"],
+            num_key_value_heads=SHAPE["groups"], max_position_embeddings=32768,
+            rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+            tie_word_embeddings=tied, hidden_act="silu", use_sliding_window=False,
+            sliding_window=32768, max_window_layers=21, initializer_range=0.02)
+        model = Qwen2ForCausalLM(cfg).to(torch.float32)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n.endswith("norm.weight"):
+                    p.uniform_(0.5, 1.5)
+                if n.endswith(("q_proj.weight", "k_proj.weight")):
+                    p.mul_(4.0)
+                if n.endswith("_proj.bias"):
+                    p.uniform_(-1.0, 1.0)
+        out = os.path.join(a.outdir, name)
+        os.makedirs(out, exist_ok=True)
+        model.save_pretrained(os.path.join(out, "model"), safe_serialization=True)
+        seq = torch.randint(0, SHAPE["vocab"], (SHAPE["seq"],), generator=torch.Generator().manual_seed(5 + i))
+        labels = torch.cat([seq[1:], seq[:1]])
+
+        def loss_of(m):
+            with torch.no_grad():
+                logits = m(input_ids=seq.unsqueeze(0)).logits[0].double()
+                return F.cross_entropy(logits, labels).item()
+
+        m64 = model.to(torch.float64).eval()
+        ref = loss_of(m64)
+        with torch.no_grad():
+            for n, p in m64.named_parameters():
+                if n.endswith("_proj.bias"):
+                    p.zero_()
+        no_bias = loss_of(m64)
+        with open(os.path.join(out, "reference.json"), "w") as f:
+            json.dump({"seq": seq.tolist(), "loss": ref, "loss_without_qkv_bias": no_bias,
+                       "tied": tied, "transformers_version": transformers.__version__}, f)
+        print(json.dumps({"model": name, "loss": ref, "loss_without_qkv_bias": no_bias}))
+
+
+def run(cmd, log):
+    with open(log, "w") as f:
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    if r.returncode != 0:
+        with open(log) as f:
+            tail = f.read()[-2000:]
+        fail(f"{' '.join(cmd)} exited {r.returncode}: {tail}")
+
+
+def read_npy_int64(path):
+    """The shape and values of a little-endian int64 .npy file (no numpy here)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:6] != b"\x93NUMPY":
+        fail(f"{path}: not an .npy file")
+    major = data[6]
+    hlen = struct.unpack("<H" if major == 1 else "<I", data[8:10] if major == 1 else data[8:12])[0]
+    start = 10 if major == 1 else 12
+    header = ast.literal_eval(data[start:start + hlen].decode("latin1"))
+    if header["descr"] != "<i8" or header["fortran_order"]:
+        fail(f"{path}: expected C-order little-endian int64, got {header}")
+    body = data[start + hlen:]
+    return header["shape"], list(struct.unpack(f"<{len(body) // 8}q", body))
+
+
+def cmd_check(a):
+    ok_all = True
+    for name in ("tied", "untied"):
+        d = os.path.join(a.outdir, name)
+        ref_path = os.path.join(d, "reference.json")
+        if not os.path.exists(ref_path):
+            fail(f"{ref_path} is missing: run the reference phase first")
+        with open(ref_path) as f:
+            ref = json.load(f)
+        work = os.path.join(a.workdir, name)
+        os.makedirs(work, exist_ok=True)
+        text = " ".join(str(t) for t in ref["seq"])
+        corpus = os.path.join(work, "corpus.jsonl")
+        with open(corpus, "w") as f:
+            for _ in range(64):
+                f.write(json.dumps({"text": text}) + "\n")
+        tok = ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(SHAPE["vocab"])]
+        run([a.weft, "data", "preprocess", "--input", corpus, "--json-keys", "text",
+             "--output-prefix", os.path.join(work, "corpus"), *tok, "--workers", "1"],
+            os.path.join(work, "preprocess.log"))
+        imported = os.path.join(work, "imported")
+        run([a.weft, "ckpt", "import", "--format", "hf", os.path.join(d, "model"), imported],
+            os.path.join(work, "import.log"))
+        jsonl = os.path.join(work, "ft.jsonl")
+        run([a.weft, "train", "--load", imported, "--finetune", "--use-checkpoint-args",
+             "--seq-length", str(SHAPE["seq"]), "--micro-batch-size", "2",
+             "--global-batch-size", "2", "--train-iters", "1", "--lr", "1e-4", "--log-interval",
+             "1", "--data-path", os.path.join(work, "corpus_text_document"), *tok,
+             "--log-jsonl", jsonl, "--device", "cpu", "--dump-first-batch",
+             os.path.join(work, "batch.npy")], os.path.join(work, "train.log"))
+        # Every sample weft trained on must be D, labelled D[1:] + [D[0]].
+        shape, values = read_npy_int64(os.path.join(work, "batch.npy"))
+        seq = ref["seq"]
+        want = [seq, seq[1:] + seq[:1]]
+        if len(shape) != 3 or shape[0] != 2 or shape[2] != len(seq):
+            fail(f"{work}/batch.npy has shape {shape}, expected [2, G, {len(seq)}]")
+        n = len(seq)
+        for k in range(2):
+            for g in range(shape[1]):
+                off = (k * shape[1] + g) * n
+                if values[off:off + n] != want[k]:
+                    fail(f"{work}/batch.npy: sample {g}'s {'labels' if k else 'tokens'} are not "
+                         "the reference sequence's")
+        weft = None
+        with open(jsonl) as f:
+            for line in f:
+                rec = json.loads(line)
+                if rec.get("iteration") == 1 and "lm_loss" in rec:
+                    weft = rec["lm_loss"]
+        if weft is None:
+            fail(f"{jsonl}: no lm_loss for iteration 1")
+        rel = abs(weft - ref["loss"]) / abs(ref["loss"])
+        bias_rel = abs(ref["loss_without_qkv_bias"] - ref["loss"]) / abs(ref["loss"])
+        ok = rel < 1e-5 and bias_rel > 100 * 1e-5
+        ok_all = ok_all and ok
+        print(json.dumps({"model": name, "weft": weft, "transformers": ref["loss"],
+                          "rel_diff": rel, "without_bias_rel_diff": bias_rel, "pass": ok,
+                          "transformers_version": ref["transformers_version"]}))
+    sys.exit(0 if ok_all else 1)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("reference")
+    r.add_argument("outdir")
+    c = sub.add_parser("check")
+    c.add_argument("outdir")
+    c.add_argument("weft")
+    c.add_argument("--workdir", default="/tmp/weft-hf-qwen2")
+    a = p.parse_args()
+    if a.cmd == "reference":
+        cmd_reference(a)
+    else:
+        cmd_check(a)
+
+
+if __name__ == "__main__":
+    main()
