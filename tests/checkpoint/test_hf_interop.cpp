@@ -339,8 +339,8 @@ TEST(HfInterop, Qwen3RoundTrip) {
 }
 
 // --add-qkv-bias goes out as Qwen2 (q_proj, k_proj, v_proj biases split by the QKV weight's
-// interleave, no head_dim key) and back, bitwise; Qwen2 configs with a sliding window, sliding
-// layer types or an attention_bias key are refused, and so are exports Qwen2 cannot hold.
+// interleave) and back, bitwise; Qwen2 configs with a sliding window, sliding layer types or an
+// attention_bias are refused, and so are exports Qwen2 cannot hold.
 TEST(HfInterop, Qwen2RoundTrip) {
   TrainConfig cfg = pp2dp2(tiny());
   cfg.model.add_qkv_bias = true;
@@ -350,7 +350,7 @@ TEST(HfInterop, Qwen2RoundTrip) {
     nlohmann::json c = read_json(ck + "/ex/config.json");
     EXPECT_EQ(c["model_type"], "qwen2");
     EXPECT_EQ(c["architectures"], nlohmann::json::array({"Qwen2ForCausalLM"}));
-    EXPECT_FALSE(c.contains("head_dim"));
+    EXPECT_EQ(c["head_dim"], 8);
     EXPECT_FALSE(c.contains("attention_bias"));
     EXPECT_EQ(c["use_sliding_window"], false);
     const std::string f = ck + "/ex/model.safetensors";
@@ -405,9 +405,6 @@ TEST(HfInterop, Qwen2RoundTrip) {
     ModelConfig both = m;
     both.qk_layernorm = true;
     EXPECT_THROW(hf_model_type(both), UsageError);
-    ModelConfig wide = m;
-    wide.kv_channels = 16;
-    EXPECT_THROW(hf_model_type(wide), UsageError);
     ModelConfig moe = m;
     moe.num_experts = 4;
     EXPECT_THROW(hf_model_type(moe), UsageError);
@@ -961,6 +958,86 @@ TEST(HfInterop, MixtralRoundTrip) {
     EXPECT_TRUE(at::equal(hf_tensor(f, "model.layers.2.block_sparse_moe.experts.3.w3.weight"), fc1.narrow(0, 24, 24)));
     hf_import_checkpoint(ck + "/ex", ck + "/im");
     expect_same_weights(w, weights_of(ck + "/im"));
+  }();
+  barrier();
+}
+
+// An MoE model with --qk-layernorm goes out as Qwen3-MoE and back, bitwise: a dense first layer
+// (--moe-layer-freq) becomes mlp_only_layers, the router mlp.gate, each expert
+// mlp.experts.{e}.gate_proj/up_proj/down_proj; --moe-router-pre-softmax is norm_topk_prob
+// false. The config's sparsity keys read back into the same pattern, decoder_sparse_step too.
+TEST(HfInterop, Qwen3MoeRoundTrip) {
+  TrainConfig c = tiny();
+  c.model.num_experts = 4;
+  c.model.moe_router_topk = 2;
+  c.model.moe_ffn_hidden_size = 24;
+  c.model.moe_layer_pattern = {0, 1, 1, 1};
+  c.model.moe_router_pre_softmax = true;
+  c.model.qk_layernorm = true;
+  c.layout.ep = 2;
+  const std::string ck = trained(c, 4, "hfqwen3moe");  // ep 2 x dp 4 (edp 2)
+  if (rank0()) [&] {
+    hf_export_checkpoint(ck, ck + "/ex", {});
+    nlohmann::json cfg = read_json(ck + "/ex/config.json");
+    EXPECT_EQ(cfg["model_type"], "qwen3_moe");
+    EXPECT_EQ(cfg["architectures"], nlohmann::json::array({"Qwen3MoeForCausalLM"}));
+    EXPECT_EQ(cfg["num_experts"], 4);
+    EXPECT_EQ(cfg["num_experts_per_tok"], 2);
+    EXPECT_EQ(cfg["moe_intermediate_size"], 24);
+    EXPECT_EQ(cfg["intermediate_size"], 48);
+    EXPECT_EQ(cfg["norm_topk_prob"], false);
+    EXPECT_EQ(cfg["decoder_sparse_step"], 1);
+    EXPECT_EQ(cfg["mlp_only_layers"], nlohmann::json::array({0}));
+    const std::string f = ck + "/ex/model.safetensors";
+    const nlohmann::json h = raw_header(f);
+    EXPECT_EQ(h["model.layers.0.mlp.gate_proj.weight"]["shape"], nlohmann::json({48, 32}));
+    EXPECT_FALSE(h.contains("model.layers.0.mlp.gate.weight"));
+    EXPECT_EQ(h["model.layers.2.mlp.gate.weight"]["shape"], nlohmann::json({4, 32}));
+    EXPECT_EQ(h["model.layers.2.mlp.experts.3.gate_proj.weight"]["shape"], nlohmann::json({24, 32}));
+    EXPECT_EQ(h["model.layers.2.mlp.experts.3.down_proj.weight"]["shape"], nlohmann::json({32, 24}));
+    EXPECT_EQ(h["model.layers.2.self_attn.q_norm.weight"]["shape"], nlohmann::json({8}));
+    // metadata, embedding, norm; layer 0: 11 (Qwen3's); layers 1-3: 8 + gate + 4 x 3 experts
+    EXPECT_EQ(h.size(), 1u + 1 + 1 + 11 + 3 * (8 + 1 + 12));
+    const auto w = weights_of(ck);
+    const at::Tensor fc1 = w.at("decoder.layers.2.mlp.experts.3.linear_fc1.weight");
+    EXPECT_TRUE(at::equal(hf_tensor(f, "model.layers.2.mlp.experts.3.gate_proj.weight"), fc1.narrow(0, 0, 24)));
+    EXPECT_TRUE(at::equal(hf_tensor(f, "model.layers.2.mlp.experts.3.up_proj.weight"), fc1.narrow(0, 24, 24)));
+    hf_import_checkpoint(ck + "/ex", ck + "/im");
+    const ModelConfig m = model_of(ck + "/im");
+    EXPECT_TRUE(m.qk_layernorm);
+    EXPECT_TRUE(m.moe_router_pre_softmax);
+    EXPECT_EQ(m.moe_layer_pattern, (std::vector<int>{0, 1, 1, 1}));
+    EXPECT_EQ(m.expert_ffn(), 24);
+    EXPECT_EQ(m.ffn_hidden_size, 48);
+    expect_same_weights(w, weights_of(ck + "/im"));
+    // The sparsity keys as transformers reads them: (index + 1) % step, minus mlp_only_layers.
+    cfg["mlp_only_layers"] = nlohmann::json::array({3});
+    cfg["decoder_sparse_step"] = 2;
+    EXPECT_EQ(hf_model_config_from_json(cfg).moe_layer_pattern, (std::vector<int>{0, 1, 0, 0}));
+    cfg["mlp_only_layers"] = nlohmann::json::array();
+    cfg["decoder_sparse_step"] = 1;
+    cfg["norm_topk_prob"] = true;
+    const ModelConfig all = hf_model_config_from_json(cfg);
+    EXPECT_TRUE(all.moe_layer_pattern.empty());  // every layer MoE
+    EXPECT_FALSE(all.moe_router_pre_softmax);
+    cfg.erase("norm_topk_prob");  // Qwen3MoeConfig's default: false
+    EXPECT_TRUE(hf_model_config_from_json(cfg).moe_router_pre_softmax);
+    nlohmann::json bad = cfg;
+    bad["decoder_sparse_step"] = 0;
+    EXPECT_THROW(hf_model_config_from_json(bad), UsageError);
+    bad = cfg;
+    bad["mlp_only_layers"] = "0";
+    EXPECT_THROW(hf_model_config_from_json(bad), UsageError);
+    bad = cfg;
+    bad.erase("moe_intermediate_size");
+    EXPECT_THROW(hf_model_config_from_json(bad), UsageError);
+    // What Qwen3-MoE cannot hold is refused on export, naming the flag.
+    ModelConfig shared = m;
+    shared.moe_shared_expert_intermediate_size = 16;
+    EXPECT_THROW(hf_model_type(shared), UsageError);
+    ModelConfig sigmoid = m;
+    sigmoid.moe_router_score_function = "sigmoid";
+    EXPECT_THROW(hf_model_type(sigmoid), UsageError);
   }();
   barrier();
 }

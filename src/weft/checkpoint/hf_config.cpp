@@ -24,6 +24,7 @@
 #include "weft/checkpoint/format.h"
 #include "weft/checkpoint/hf_json.h"
 #include "weft/checkpoint/hf_nemotron_h.h"
+#include "weft/checkpoint/hf_qwen3_moe.h"
 #include "weft/core/error.h"
 #include "weft/model/transformer.h"
 
@@ -49,17 +50,12 @@ std::string hf_model_type(const ModelConfig& c) {
   if (c.add_qkv_bias && c.moe())
     fail_usage("hf export: --add-qkv-bias in an MoE model has no Mixtral equivalent (Mixtral's "
                "attention has no biases)");
-  if (c.add_qkv_bias) {  // Qwen2: Llama with biases on q_proj, k_proj, v_proj
-    if (c.head_dim() * c.num_attention_heads != c.hidden_size)
-      fail_usage("hf export: --kv-channels {} with --add-qkv-bias: Qwen2's head dim is "
-                 "hidden_size / num_attention_heads ({})", c.head_dim(),
-                 c.hidden_size / c.num_attention_heads);
-    return "qwen2";
-  }
+  if (c.add_qkv_bias) return "qwen2";  // Qwen2: Llama with biases on q_proj, k_proj, v_proj
   if (!c.moe()) return c.qk_layernorm ? "qwen3" : "llama";  // Qwen3: Llama with q/k norms
-  if (c.qk_layernorm)
-    fail_usage("hf export: --qk-layernorm in an MoE model has no Mixtral equivalent (Mixtral "
-               "has no query/key norms)");
+  if (c.qk_layernorm) {  // Qwen3's attention with experts: Qwen3-MoE (hf_qwen3_moe.h)
+    hf_qwen3_moe_check(c);
+    return "qwen3_moe";
+  }
   if (c.moe_shared_expert_intermediate_size > 0)
     fail_usage("hf export: --moe-shared-expert-intermediate-size {} has no Mixtral equivalent "
                "(Mixtral has no shared expert)", c.moe_shared_expert_intermediate_size);
@@ -118,7 +114,16 @@ std::vector<HfTensorMap> hf_tensor_maps(const ModelConfig& c) {
     }
     one(p + "self_attention.linear_proj.weight", {h, nh * hd}, q + "self_attn.o_proj.weight");
     one(p + "pre_mlp_layernorm.weight", {h}, q + "post_attention_layernorm.weight");
-    if (type != "mixtral") {
+    if (type == "qwen3_moe" && c.is_moe_layer(l)) {  // router mlp.gate, experts per index
+      one(p + "mlp.router.weight", {c.num_experts, h}, q + "mlp.gate.weight");
+      for (int e = 0; e < c.num_experts; ++e) {
+        const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
+        const std::string y = fmt::format("{}mlp.experts.{}.", q, e);
+        out.push_back({x + "linear_fc1.weight", {2 * fe, h}, HfSplit::kGateUp,
+                       {y + "gate_proj.weight", y + "up_proj.weight"}, {{fe, h}, {fe, h}}});
+        one(x + "linear_fc2.weight", {h, fe}, y + "down_proj.weight");
+      }
+    } else if (type != "mixtral") {  // a dense MLP (Llama, Qwen, Qwen3-MoE's dense layers)
       out.push_back({p + "mlp.linear_fc1.weight", {2 * f, h}, HfSplit::kGateUp,
                      {q + "mlp.gate_proj.weight", q + "mlp.up_proj.weight"}, {{f, h}, {f, h}}});
       one(p + "mlp.linear_fc2.weight", {h, f}, q + "mlp.down_proj.weight");
@@ -196,7 +201,8 @@ nlohmann::json hf_config_from_model(const ModelConfig& c, const std::string& tor
       {"architectures", {type == "llama"   ? "LlamaForCausalLM"
                          : type == "qwen2" ? "Qwen2ForCausalLM"
                          : type == "qwen3" ? "Qwen3ForCausalLM"
-                                           : "MixtralForCausalLM"}},
+                         : type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                                               : "MixtralForCausalLM"}},
       {"model_type", type},
       {"hidden_size", c.hidden_size},
       {"intermediate_size", type != "mixtral" ? c.ffn_hidden_size : c.expert_ffn()},
@@ -234,11 +240,12 @@ nlohmann::json hf_config_from_model(const ModelConfig& c, const std::string& tor
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
     j["pretraining_tp"] = 1;
-  } else if (type == "qwen2") {  // no head_dim or attention_bias: not Qwen2Config's fields
-    j.erase("head_dim");
+  } else if (type == "qwen2") {  // head_dim is read as Llama's attention reads it (getattr)
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.num_layers;
+  } else if (type == "qwen3_moe") {
+    hf_qwen3_moe_config(c, &j);
   } else if (type == "qwen3") {
     j["attention_bias"] = false;
     j["use_sliding_window"] = false;
@@ -342,12 +349,12 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
   // is Llama with biases on q_proj, k_proj and v_proj (--add-qkv-bias); Qwen3 is Llama with an
   // RMSNorm of each query and key head (q_norm, k_norm: --qk-layernorm).
   if (type != "llama" && type != "mistral" && type != "qwen2" && type != "qwen3" &&
-      type != "mixtral")
+      type != "qwen3_moe" && type != "mixtral")
     fail_usage("hf import: config.json model_type '{}' is not supported (llama, mistral, qwen2, "
-               "qwen3, mixtral or nemotron_h)", type);
-  const bool qwen = type == "qwen2" || type == "qwen3";
+               "qwen3, qwen3_moe, mixtral or nemotron_h)", type);
+  const bool qwen = type == "qwen2" || type == "qwen3" || type == "qwen3_moe";
   ModelConfig m;
-  m.qk_layernorm = type == "qwen3";
+  m.qk_layernorm = type == "qwen3" || type == "qwen3_moe";
   m.add_qkv_bias = type == "qwen2";
   hf_get(j, "hidden_size", &m.hidden_size, true);
   int inter = 0;
@@ -428,6 +435,7 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
   hf_get(j, "max_position_embeddings", &m.seq_length, false);
   hf_get(j, "initializer_range", &m.init_method_std, false);
   m.ffn_hidden_size = inter;
+  if (type == "qwen3_moe") hf_qwen3_moe_model_config(j, &m);
   if (type == "mixtral") {
     hf_get(j, "num_local_experts", &m.num_experts, true);
     hf_get(j, "num_experts_per_tok", &m.moe_router_topk, true);

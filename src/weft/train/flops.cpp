@@ -18,8 +18,7 @@ struct LayerCost {
 LayerCost attention_cost(const ModelConfig& m) {
   const double h = m.hidden_size, nh = m.num_attention_heads, ng = m.num_query_groups;
   const double hd = m.head_dim();
-  return {h * (nh + 2 * ng) * hd + nh * hd * h + h + (m.qk_layernorm ? 2 * hd : 0) +
-              (m.add_qkv_bias ? (nh + 2 * ng) * hd : 0),
+  return {h * (nh + 2 * ng) * hd + nh * hd * h + h + (m.qk_layernorm ? 2 * hd : 0),
           6.0 * m.seq_length * nh * hd};
 }
 

@@ -1,7 +1,8 @@
 // Model FLOPs per token of one training step (forward and backward, no recomputation), the
 // numerator of MFU, and the default peak it is divided by. The formula is bench/gpu/mfu.py's,
 // ported: 6 FLOPs per token for every weight a token meets in a matmul (2 forward, 4
-// backward), plus the attention scores and the Mamba-2 SSD scan:
+// backward), plus the attention scores and the Mamba-2 SSD scan (a bias, --add-qkv-bias's, is
+// no matmul weight and is not counted):
 //   attention ('*', and a transformer layer's first half)  h*(nh+2ng)*hd + nh*hd*h + h, and
 //                                                         6*s*nh*hd for the causal scores
 //   dense MLP ('-', a dense transformer layer)             3*h*ffn + h

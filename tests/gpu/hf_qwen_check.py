@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""weft's Qwen2 import (--add-qkv-bias, docs/hf-interop.md) against transformers' Qwen2ForCausalLM.
+"""weft's Qwen2 and Qwen3-MoE imports (docs/hf-interop.md) against transformers.
 
 Two phases, because transformers lives on the GPU machine and a full weft build (ICU, the
 tokenizers) here:
 
-  reference OUTDIR        (where transformers is; `bash bench/gpu/run.sh hfqwen2`)
-      saves two random Qwen2ForCausalLM models, tied (as Qwen2.5-0.5B) and untied, with
-      save_pretrained under OUTDIR/{tied,untied}/model, and for each a random sequence D of S
-      token ids and transformers' float64 loss of predicting D[1:] + [D[0]] from D; also the
-      same loss with the q/k/v biases zeroed: the planted bug the check must tell apart.
-      The biases, norm weights and the q/k scale are made random and large enough that every
-      part moves the loss (at the default initialisation the biases are zero).
+  reference OUTDIR        (where transformers is; `bash bench/gpu/run.sh hfqwen`)
+      saves four random models with save_pretrained under OUTDIR/<name>/model: Qwen2ForCausalLM
+      tied (as Qwen2.5-0.5B) and untied (weft's --add-qkv-bias), and Qwen3MoeForCausalLM with a
+      dense first layer (mlp_only_layers), a head dim of its own and norm_topk_prob true and
+      false (weft's --qk-layernorm MoE, --moe-router-pre-softmax for false); for each a random
+      sequence D of S token ids and transformers' float64 loss of predicting D[1:] + [D[0]]
+      from D, and the same loss with a planted difference the check must tell apart (Qwen2: the
+      q/k/v biases zeroed; Qwen3-MoE: norm_topk_prob flipped). Biases, norm weights and the q/k
+      scale are made random and large enough that every part moves the loss.
 
   check OUTDIR WEFT       (here, with the weft binary WEFT)
       for each model: a corpus of 64 copies of D as NullTokenizer text (space-separated ids, no
@@ -19,7 +21,7 @@ tokenizers) here:
       --use-checkpoint-args` iteration in float32 on the CPU, whose first batch
       (--dump-first-batch) must be D labelled D[1:] + [D[0]] in every sample; its iteration-1 lm
       loss (the imported weights') against transformers'. Passes when the relative difference is below
-      1e-5 and the bias-less loss differs by more than 100x that.
+      1e-5 and the planted difference moves the loss by more than 100x that.
 
 Prints one JSON line per model; exits 0 when every model passes, 1 when one does not, 2 when
 the input is not as expected.
@@ -33,6 +35,7 @@ import subprocess
 import sys
 
 SHAPE = dict(hidden=256, ffn=704, layers=4, heads=8, groups=4, vocab=1024, seq=128)
+MODELS = ("qwen2_tied", "qwen2_untied", "qwen3_moe_norm", "qwen3_moe_prob")
 
 
 def fail(msg):
@@ -40,23 +43,51 @@ def fail(msg):
     sys.exit(2)
 
 
+def make_model(name, torch):
+    """The random model `name` and how to plant its difference (a function of the model)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    common = dict(
+        vocab_size=SHAPE["vocab"], hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["ffn"],
+        num_hidden_layers=SHAPE["layers"], num_attention_heads=SHAPE["heads"],
+        num_key_value_heads=SHAPE["groups"], max_position_embeddings=32768, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6}, hidden_act="silu",
+        use_sliding_window=False, sliding_window=32768, initializer_range=0.02)
+    if name.startswith("qwen2"):
+        cfg = Qwen2Config(tie_word_embeddings=name.endswith("tied") and not name.endswith("untied"),
+                          max_window_layers=21, **common)
+        model = Qwen2ForCausalLM(cfg)
+
+        def plant(m):
+            for n, p in m.named_parameters():
+                if n.endswith("_proj.bias"):
+                    p.zero_()
+        return model, plant
+    cfg = Qwen3MoeConfig(tie_word_embeddings=False, head_dim=64, num_experts=4,
+                         num_experts_per_tok=2, moe_intermediate_size=128, mlp_only_layers=[0],
+                         decoder_sparse_step=1, norm_topk_prob=name.endswith("norm"),
+                         router_aux_loss_coef=0.001, **common)
+    model = Qwen3MoeForCausalLM(cfg)
+
+    def plant(m):
+        for mod in m.modules():
+            if hasattr(mod, "norm_topk_prob"):
+                mod.norm_topk_prob = not mod.norm_topk_prob
+    return model, plant
+
+
 def cmd_reference(a):
     import torch
     import torch.nn.functional as F
     import transformers
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    for i, tied in enumerate((True, False)):
-        name = "tied" if tied else "untied"
+    for i, name in enumerate(MODELS):
         torch.manual_seed(11 + i)
-        cfg = Qwen2Config(
-            vocab_size=SHAPE["vocab"], hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["ffn"],
-            num_hidden_layers=SHAPE["layers"], num_attention_heads=SHAPE["heads"],
-            num_key_value_heads=SHAPE["groups"], max_position_embeddings=32768,
-            rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-            tie_word_embeddings=tied, hidden_act="silu", use_sliding_window=False,
-            sliding_window=32768, max_window_layers=21, initializer_range=0.02)
-        model = Qwen2ForCausalLM(cfg).to(torch.float32)
+        model, plant = make_model(name, torch)
+        model = model.to(torch.float32)
+        theta = (getattr(model.config, "rope_parameters", None) or {}).get("rope_theta")
+        if theta != 1e6:  # transformers 4 would store rope_parameters but compute with 10000
+            fail(f"{name}: transformers built the model with rope_theta {theta}, not 1e6")
         with torch.no_grad():
             for n, p in model.named_parameters():
                 if n.endswith("norm.weight"):
@@ -65,6 +96,8 @@ def cmd_reference(a):
                     p.mul_(4.0)
                 if n.endswith("_proj.bias"):
                     p.uniform_(-1.0, 1.0)
+                if n.endswith("mlp.gate.weight"):  # the router: decisive choices
+                    p.normal_(0.0, 0.5)
         out = os.path.join(a.outdir, name)
         os.makedirs(out, exist_ok=True)
         model.save_pretrained(os.path.join(out, "model"), safe_serialization=True)
@@ -79,14 +112,13 @@ def cmd_reference(a):
         m64 = model.to(torch.float64).eval()
         ref = loss_of(m64)
         with torch.no_grad():
-            for n, p in m64.named_parameters():
-                if n.endswith("_proj.bias"):
-                    p.zero_()
-        no_bias = loss_of(m64)
+            plant(m64)
+        planted = loss_of(m64)
         with open(os.path.join(out, "reference.json"), "w") as f:
-            json.dump({"seq": seq.tolist(), "loss": ref, "loss_without_qkv_bias": no_bias,
-                       "tied": tied, "transformers_version": transformers.__version__}, f)
-        print(json.dumps({"model": name, "loss": ref, "loss_without_qkv_bias": no_bias}))
+            json.dump({"seq": seq.tolist(), "loss": ref, "loss_planted": planted,
+                       "model": type(model).__name__,
+                       "transformers_version": transformers.__version__}, f)
+        print(json.dumps({"model": name, "loss": ref, "loss_planted": planted}))
 
 
 def run(cmd, log):
@@ -116,7 +148,7 @@ def read_npy_int64(path):
 
 def cmd_check(a):
     ok_all = True
-    for name in ("tied", "untied"):
+    for name in MODELS:
         d = os.path.join(a.outdir, name)
         ref_path = os.path.join(d, "reference.json")
         if not os.path.exists(ref_path):
@@ -166,11 +198,11 @@ def cmd_check(a):
         if weft is None:
             fail(f"{jsonl}: no lm_loss for iteration 1")
         rel = abs(weft - ref["loss"]) / abs(ref["loss"])
-        bias_rel = abs(ref["loss_without_qkv_bias"] - ref["loss"]) / abs(ref["loss"])
-        ok = rel < 1e-5 and bias_rel > 100 * 1e-5
+        planted_rel = abs(ref["loss_planted"] - ref["loss"]) / abs(ref["loss"])
+        ok = rel < 1e-5 and planted_rel > 100 * 1e-5
         ok_all = ok_all and ok
         print(json.dumps({"model": name, "weft": weft, "transformers": ref["loss"],
-                          "rel_diff": rel, "without_bias_rel_diff": bias_rel, "pass": ok,
+                          "rel_diff": rel, "planted_rel_diff": planted_rel, "pass": ok,
                           "transformers_version": ref["transformers_version"]}))
     sys.exit(0 if ok_all else 1)
 
@@ -183,7 +215,7 @@ def main():
     c = sub.add_parser("check")
     c.add_argument("outdir")
     c.add_argument("weft")
-    c.add_argument("--workdir", default="/tmp/weft-hf-qwen2")
+    c.add_argument("--workdir", default="/tmp/weft-hf-qwen")
     a = p.parse_args()
     if a.cmd == "reference":
         cmd_reference(a)
