@@ -114,29 +114,26 @@ std::vector<HfTensorMap> hf_tensor_maps(const ModelConfig& c) {
     }
     one(p + "self_attention.linear_proj.weight", {h, nh * hd}, q + "self_attn.o_proj.weight");
     one(p + "pre_mlp_layernorm.weight", {h}, q + "post_attention_layernorm.weight");
-    if (type == "qwen3_moe" && c.is_moe_layer(l)) {  // router mlp.gate, experts per index
-      one(p + "mlp.router.weight", {c.num_experts, h}, q + "mlp.gate.weight");
+    // An MoE layer: the router, then each expert's gate/up (split) and down projections, under
+    // the model's names: `block` holds the router `gate` and the `experts.{e}.` of each.
+    auto moe = [&](const std::string& block, const char* gate, const char* up, const char* down) {
+      one(p + "mlp.router.weight", {c.num_experts, h}, block + "gate.weight");
       for (int e = 0; e < c.num_experts; ++e) {
         const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
-        const std::string y = fmt::format("{}mlp.experts.{}.", q, e);
+        const std::string y = fmt::format("{}experts.{}.", block, e);
         out.push_back({x + "linear_fc1.weight", {2 * fe, h}, HfSplit::kGateUp,
-                       {y + "gate_proj.weight", y + "up_proj.weight"}, {{fe, h}, {fe, h}}});
-        one(x + "linear_fc2.weight", {h, fe}, y + "down_proj.weight");
+                       {y + gate + ".weight", y + up + ".weight"}, {{fe, h}, {fe, h}}});
+        one(x + "linear_fc2.weight", {h, fe}, y + down + ".weight");
       }
-    } else if (type != "mixtral") {  // a dense MLP (Llama, Qwen, Qwen3-MoE's dense layers)
+    };
+    if (type == "mixtral") {
+      moe(q + "block_sparse_moe.", "w1", "w3", "w2");
+    } else if (type == "qwen3_moe" && c.is_moe_layer(l)) {
+      moe(q + "mlp.", "gate_proj", "up_proj", "down_proj");
+    } else {  // a dense MLP (Llama, Qwen, Qwen3-MoE's dense layers)
       out.push_back({p + "mlp.linear_fc1.weight", {2 * f, h}, HfSplit::kGateUp,
                      {q + "mlp.gate_proj.weight", q + "mlp.up_proj.weight"}, {{f, h}, {f, h}}});
       one(p + "mlp.linear_fc2.weight", {h, f}, q + "mlp.down_proj.weight");
-    } else {
-      const std::string m = q + "block_sparse_moe.";
-      one(p + "mlp.router.weight", {c.num_experts, h}, m + "gate.weight");
-      for (int e = 0; e < c.num_experts; ++e) {
-        const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
-        const std::string y = fmt::format("{}experts.{}.", m, e);
-        out.push_back({x + "linear_fc1.weight", {2 * fe, h}, HfSplit::kGateUp,
-                       {y + "w1.weight", y + "w3.weight"}, {{fe, h}, {fe, h}}});
-        one(x + "linear_fc2.weight", {h, fe}, y + "w2.weight");
-      }
     }
   }
   one("decoder.final_layernorm.weight", {h}, "model.norm.weight");
