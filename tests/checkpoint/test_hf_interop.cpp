@@ -397,6 +397,8 @@ TEST(HfInterop, Qwen2RoundTrip) {
     bad = c;
     bad.erase("num_key_value_heads");  // Qwen2Config's default is not num_attention_heads
     EXPECT_THROW(hf_model_config_from_json(bad), UsageError);
+    bad["num_key_value_heads"] = nullptr;  // but null is: one key/value head per head
+    EXPECT_EQ(hf_model_config_from_json(bad).num_query_groups, 4);
     // Llama's attention_bias puts a bias on o_proj too: still refused.
     nlohmann::json llama = c;
     llama["model_type"] = "llama";
@@ -1031,6 +1033,22 @@ TEST(HfInterop, Qwen3MoeRoundTrip) {
     bad = cfg;
     bad.erase("moe_intermediate_size");
     EXPECT_THROW(hf_model_config_from_json(bad), UsageError);
+    bad = cfg;
+    bad["num_key_value_heads"] = nullptr;  // Qwen3MoeConfig has no fallback for null
+    EXPECT_THROW(hf_model_config_from_json(bad), UsageError);
+    bad = cfg;
+    bad["num_experts_per_tok"] = 1;
+    bad["norm_topk_prob"] = true;  // the expert weighs 1: weft's router needs pre-softmax there
+    EXPECT_THROW(hf_model_config_from_json(bad), UsageError);
+    bad["norm_topk_prob"] = false;
+    EXPECT_TRUE(hf_model_config_from_json(bad).moe_router_pre_softmax);
+    nlohmann::json alias = cfg;  // transformers' attribute name, and out-of-range dense indices
+    alias.erase("num_experts");
+    alias["num_local_experts"] = 4;
+    alias["mlp_only_layers"] = nlohmann::json::array({4294967298LL, -1, 9, 1});  // 2^32 + 2 is not layer 2
+    const ModelConfig a = hf_model_config_from_json(alias);
+    EXPECT_EQ(a.num_experts, 4);
+    EXPECT_EQ(a.moe_layer_pattern, (std::vector<int>{1, 0, 1, 1}));
     // What Qwen3-MoE cannot hold is refused on export, naming the flag.
     ModelConfig shared = m;
     shared.moe_shared_expert_intermediate_size = 16;

@@ -365,8 +365,11 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
                "positive", m.hidden_size, m.num_attention_heads);
   m.num_query_groups = m.num_attention_heads;
   // Qwen's defaults (Qwen3's head_dim 128, their own key/value heads) are not Llama's: required
-  // there.
-  hf_get(j, "num_key_value_heads", &m.num_query_groups, qwen);
+  // there, unless null, which Qwen2's and Qwen3's configs read as one per head (Qwen3-MoE's does
+  // not).
+  const bool kv_null = j.contains("num_key_value_heads") && j["num_key_value_heads"].is_null() &&
+                       (type == "qwen2" || type == "qwen3");
+  hf_get(j, "num_key_value_heads", &m.num_query_groups, qwen && !kv_null);
   if (m.num_query_groups < 1 || m.num_attention_heads % m.num_query_groups)
     fail_usage("hf import: config.json num_key_value_heads {} does not divide num_attention_heads "
                "{}", m.num_query_groups, m.num_attention_heads);

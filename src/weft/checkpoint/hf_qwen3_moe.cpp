@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <set>
 #include <vector>
 
@@ -30,7 +31,6 @@ void hf_qwen3_moe_check(const ModelConfig& c) {
   if (c.moe_router_group_topk > 0)
     refuse(fmt::format("--moe-router-group-topk {}", c.moe_router_group_topk),
            "Qwen3-MoE routes over all experts");
-  if (c.add_qkv_bias) refuse("--add-qkv-bias", "Qwen3-MoE's attention has no biases");
 }
 
 void hf_qwen3_moe_config(const ModelConfig& c, nlohmann::json* j) {
@@ -64,6 +64,10 @@ void hf_qwen3_moe_model_config(const nlohmann::json& j, ModelConfig* m) {
   bool norm_topk = false;
   hf_get(j, "norm_topk_prob", &norm_topk, false);
   m->moe_router_pre_softmax = !norm_topk;
+  if (norm_topk && m->moe_router_topk == 1)
+    fail_usage("hf import: config.json num_experts_per_tok 1 with norm_topk_prob true weighs the "
+               "one expert by 1 (the router gets no gradient); weft's softmax router, as "
+               "Megatron's, takes top 1 only with --moe-router-pre-softmax (norm_topk_prob false)");
   m->moe_aux_loss_coeff = 0.001;
   hf_get(j, "router_aux_loss_coef", &m->moe_aux_loss_coeff, false);
   int step = 1;
@@ -77,7 +81,11 @@ void hf_qwen3_moe_model_config(const nlohmann::json& j, ModelConfig* m) {
     for (const auto& v : *it) {
       if (!v.is_number_integer())
         fail_usage("hf import: config.json mlp_only_layers holds {}, not a layer index", v.dump());
-      dense.insert(v.get<int>());  // indices past the last layer select nothing, as there
+      // An index outside the layers selects nothing, as in transformers (read unnarrowed).
+      const bool small = v.is_number_unsigned() ? v.get<uint64_t>() < (1u << 30)
+                                                : v.get<int64_t>() > -(1 << 30) &&
+                                                      v.get<int64_t>() < (1 << 30);
+      if (small) dense.insert(static_cast<int>(v.get<int64_t>()));
     }
   }
   m->moe_layer_pattern.clear();

@@ -20,7 +20,7 @@ namespace weft {
 
 // Throws UsageError "hf export: ..." naming the flag when the MoE model `c` (with
 // --qk-layernorm) has no exact Qwen3-MoE form (a shared expert, the sigmoid router, expert
-// biases, a top-k scaling factor, group-limited routing, q/k/v biases).
+// biases, a top-k scaling factor, group-limited routing; q/k/v biases are refused before).
 void hf_qwen3_moe_check(const ModelConfig& c);
 // The Qwen3-MoE keys of config.json for `c` (experts, top k, widths, norm_topk_prob,
 // decoder_sparse_step, mlp_only_layers, aux-loss coefficient), added to `j`.
