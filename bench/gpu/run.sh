@@ -28,7 +28,7 @@
 #   bash bench/gpu/run.sh hfrope      Llama 3 RoPE scaling (--use-rope-scaling) and a head dim
 #                                     other than hidden / heads (--kv-channels) against
 #                                     transformers (docs/hf-interop.md)
-#   bash bench/gpu/run.sh hfqwen      random Qwen2 and Qwen3-MoE models and transformers' losses,
+#   bash bench/gpu/run.sh hfqwen      random Qwen2, Qwen3-MoE and Mixtral models and transformers' losses,
 #                                     for weft's imports (tests/gpu/hf_qwen_check.py; needs no build)
 #   bash bench/gpu/run.sh hftok       GPT2BPETokenizer and HuggingFaceTokenizer against transformers'
 #                                     AutoTokenizer (tests/gpu/hf_tokenizer_check.py)

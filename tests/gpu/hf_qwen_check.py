@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""weft's Qwen2 and Qwen3-MoE imports (docs/hf-interop.md) against transformers.
+"""weft's Qwen2, Qwen3-MoE and Mixtral imports (docs/hf-interop.md) against transformers.
 
 Two phases, because transformers lives on the GPU machine and a full weft build (ICU, the
 tokenizers) here:
 
   reference OUTDIR        (where transformers is; `bash bench/gpu/run.sh hfqwen`)
-      saves four random models with save_pretrained under OUTDIR/<name>/model: Qwen2ForCausalLM
-      tied (as Qwen2.5-0.5B) and untied (weft's --add-qkv-bias), and Qwen3MoeForCausalLM with a
+      saves five random models with save_pretrained under OUTDIR/<name>/model: Qwen2ForCausalLM
+      tied (as Qwen2.5-0.5B) and untied (weft's --add-qkv-bias); Qwen3MoeForCausalLM with a
       dense first layer (mlp_only_layers), a head dim of its own and norm_topk_prob true and
-      false (weft's --qk-layernorm MoE, --moe-router-pre-softmax for false); for each a random
-      sequence D of S token ids and transformers' float64 loss of predicting D[1:] + [D[0]]
+      false (weft's --qk-layernorm MoE, --moe-router-pre-softmax for false); MixtralForCausalLM
+      (weft's MoE without q/k norms, never compared with transformers before). For each: a
+      random sequence D of S token ids, transformers' float64 loss of predicting D[1:] + [D[0]]
       from D, and the same loss with a planted difference the check must tell apart (Qwen2: the
-      q/k/v biases zeroed; Qwen3-MoE: norm_topk_prob flipped). Biases, norm weights and the q/k
-      scale are made random and large enough that every part moves the loss.
+      q/k/v biases zeroed; Qwen3-MoE: norm_topk_prob flipped; Mixtral: the router zeroed).
+      Biases, norm weights, routers and the q/k scale are made random and large enough that
+      every part moves the loss.
 
   check OUTDIR WEFT       (here, with the weft binary WEFT)
       for each model: a corpus of 64 copies of D as NullTokenizer text (space-separated ids, no
@@ -35,7 +37,7 @@ import subprocess
 import sys
 
 SHAPE = dict(hidden=256, ffn=704, layers=4, heads=8, groups=4, vocab=1024, seq=128)
-MODELS = ("qwen2_tied", "qwen2_untied", "qwen3_moe_norm", "qwen3_moe_prob")
+MODELS = ("qwen2_tied", "qwen2_untied", "qwen3_moe_norm", "qwen3_moe_prob", "mixtral")
 
 
 def fail(msg):
@@ -45,7 +47,8 @@ def fail(msg):
 
 def make_model(name, torch):
     """The random model `name` and how to plant its difference (a function of the model)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import (MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                              Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
     common = dict(
         vocab_size=SHAPE["vocab"], hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["ffn"],
@@ -61,6 +64,18 @@ def make_model(name, torch):
         def plant(m):
             for n, p in m.named_parameters():
                 if n.endswith("_proj.bias"):
+                    p.zero_()
+        return model, plant
+    if name == "mixtral":  # weft's MoE without q/k norms; transformers 5 fuses its experts too
+        del common["use_sliding_window"]
+        cfg = MixtralConfig(tie_word_embeddings=False, num_local_experts=4, num_experts_per_tok=2,
+                            router_jitter_noise=0.0, router_aux_loss_coef=0.001,
+                            **{**common, "sliding_window": None, "intermediate_size": 128})
+        model = MixtralForCausalLM(cfg)
+
+        def plant(m):  # uniform routing
+            for n, p in m.named_parameters():
+                if n.endswith("gate.weight") and "experts" not in n:
                     p.zero_()
         return model, plant
     cfg = Qwen3MoeConfig(tie_word_embeddings=False, head_dim=64, num_experts=4,
@@ -96,7 +111,7 @@ def cmd_reference(a):
                     p.mul_(4.0)
                 if n.endswith("_proj.bias"):
                     p.uniform_(-1.0, 1.0)
-                if n.endswith("mlp.gate.weight"):  # the router: decisive choices
+                if n.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):  # routers
                     p.normal_(0.0, 0.5)
         out = os.path.join(a.outdir, name)
         os.makedirs(out, exist_ok=True)
