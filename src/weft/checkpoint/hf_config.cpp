@@ -237,17 +237,15 @@ nlohmann::json hf_config_from_model(const ModelConfig& c, const std::string& tor
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
     j["pretraining_tp"] = 1;
-  } else if (type == "qwen2") {  // head_dim is read as Llama's attention reads it (getattr)
+  } else if (type == "qwen2" || type == "qwen3") {
+    // Qwen2's config has no attention_bias (its q/k/v biases come with the type); its head_dim
+    // is read as Llama's attention reads it (getattr).
+    if (type == "qwen3") j["attention_bias"] = false;
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.num_layers;
   } else if (type == "qwen3_moe") {
     hf_qwen3_moe_config(c, &j);
-  } else if (type == "qwen3") {
-    j["attention_bias"] = false;
-    j["use_sliding_window"] = false;
-    j["sliding_window"] = nullptr;
-    j["max_window_layers"] = c.num_layers;
   } else {
     j["num_local_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.moe_router_topk;

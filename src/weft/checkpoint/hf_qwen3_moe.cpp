@@ -82,10 +82,9 @@ void hf_qwen3_moe_model_config(const nlohmann::json& j, ModelConfig* m) {
       if (!v.is_number_integer())
         fail_usage("hf import: config.json mlp_only_layers holds {}, not a layer index", v.dump());
       // An index outside the layers selects nothing, as in transformers (read unnarrowed).
-      const bool small = v.is_number_unsigned() ? v.get<uint64_t>() < (1u << 30)
-                                                : v.get<int64_t>() > -(1 << 30) &&
-                                                      v.get<int64_t>() < (1 << 30);
-      if (small) dense.insert(static_cast<int>(v.get<int64_t>()));
+      const bool huge = v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX;
+      const int64_t i = huge ? -1 : v.get<int64_t>();
+      if (i >= 0 && i < m->num_layers) dense.insert(static_cast<int>(i));
     }
   }
   m->moe_layer_pattern.clear();

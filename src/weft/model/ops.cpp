@@ -147,8 +147,9 @@ struct BiasFn : Function<BiasFn> {
     const int64_t n = dy.size(-1);
     // db = sum over every token of dy, reduced in float32 (not in bf16) into the buffer.
     at::Tensor buf = fetch_grad_buffer(h, {n});
-    buf.add_(dy.reshape({-1, n}).sum(at::IntArrayRef{0}, /*keepdim=*/false, accum_dtype(dy.scalar_type()))
-                 .to(buf.scalar_type()));
+    const auto acc = accum_dtype(dy.scalar_type());
+    const at::Tensor db = dy.reshape({-1, n}).sum(at::IntArrayRef{0}, /*keepdim=*/false, acc);
+    buf.add_(db.to(buf.scalar_type()));
     h.source->grad_ready(h.index);
     return {ctx->needs_input_grad(0) ? dy : at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor()};
