@@ -14,6 +14,8 @@
 #include <filesystem>
 #include <memory>
 
+#include <sys/resource.h>
+
 #include "weft/checkpoint/checkpoint.h"
 #include "weft/checkpoint/format.h"
 #include "weft/core/error.h"
@@ -194,8 +196,13 @@ void add_ckpt_command(CLI::App* app) {
   im->add_option("--format", *format, "hf")->capture_default_str();
   im->callback([=] {
     check_format();
-    hf_import_checkpoint(*dir, *other);
-    fmt::print("imported {} to {}\n", *dir, *other);
+    const HfImportStats st = hf_import_checkpoint(*dir, *other);
+    // The peak resident memory of the whole command (the import streams one weight at a time).
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    fmt::print("imported {} to {}: {} tensors, {} parameters ({:.2f} GB in float32); peak host "
+               "memory {:.2f} GB\n", *dir, *other, st.tensors, st.parameters,
+               st.parameters * 4e-9, ru.ru_maxrss * 1024 * 1e-9);
   });
 }
 

@@ -86,11 +86,10 @@ c10::ScalarType hf_dtype(const std::string& name, const std::string& d) {
 
 }  // namespace
 
-HfModel hf_read_model(const std::string& dir) {
+HfModelReader::HfModelReader(const std::string& dir) {
   if (!fs::is_directory(dir)) fail_usage("hf import: {} is not a directory", dir);
-  HfModel out;
-  out.config = read_json_file(dir + "/config.json");
-  out.model = hf_model_config_from_json(out.config);
+  config_ = read_json_file(dir + "/config.json");
+  model_ = hf_model_config_from_json(config_);
 
   // The files and every tensor they hold.
   std::vector<std::string> files;
@@ -112,32 +111,30 @@ HfModel hf_read_model(const std::string& dir) {
   } else {
     fail_usage("hf import: {} has neither model.safetensors nor model.safetensors.index.json", dir);
   }
-  std::map<std::string, SafetensorsHeader> headers;
-  std::map<std::string, HfSource> where;
   for (const std::string& f : files) {
     const std::string path = dir + "/" + f;
     SafetensorsHeader h;
     if (Status s = safetensors_read_header(path, &h); !s) fail_usage("hf import: {}", s.message());
-    const SafetensorsHeader& stored = headers.emplace(f, std::move(h)).first->second;
+    const SafetensorsHeader& stored = headers_.emplace(path, std::move(h)).first->second;
     for (const auto& [name, e] : stored.entries) {
-      if (where.count(name))
-        fail_usage("hf import: tensor '{}' is in both {} and {}", name, where[name].file, path);
-      where[name] = {path, &stored};
+      if (where_.count(name))
+        fail_usage("hf import: tensor '{}' is in both {} and {}", name, where_[name], path);
+      where_[name] = path;
     }
   }
   for (const auto& [name, file] : weight_map.items())
-    if (!where.count(name) || where[name].file != dir + "/" + file.get<std::string>())
+    if (!where_.count(name) || where_[name] != dir + "/" + file.get<std::string>())
       fail_usage("hf import: tensor '{}' listed in model.safetensors.index.json is not in {}",
                  name, file.get<std::string>());
 
-  const ModelConfig& cfg = out.model;
-  const std::vector<HfTensorMap> maps = hf_tensor_maps(cfg);
+  const ModelConfig& cfg = model_;
+  std::vector<HfTensorMap> maps = hf_tensor_maps(cfg);
   std::set<std::string> expected;
   for (const HfTensorMap& m : maps)
     for (const std::string& n : m.hf) expected.insert(n);
-  const bool extra_lm_head = cfg.tied() && where.count("lm_head.weight");
+  const bool extra_lm_head = cfg.tied() && where_.count("lm_head.weight");
   int mtp = 0;  // NemotronH's multi-token-prediction tensors: transformers ignores them too
-  for (const auto& [name, src] : where) {
+  for (const auto& [name, file] : where_) {
     if (expected.count(name) || (extra_lm_head && name == "lm_head.weight")) continue;
     if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;
     if (cfg.hybrid() && name.rfind("mtp.", 0) == 0) {
@@ -145,100 +142,134 @@ HfModel hf_read_model(const std::string& dir) {
       continue;
     }
     fail_usage("hf import: unknown tensor '{}' in {} (not part of a {} model with this "
-               "config.json)", name, src.file, out.config.value("model_type", "?"));
+               "config.json)", name, file, config_.value("model_type", "?"));
   }
   if (mtp > 0)
     std::fprintf(stderr, "weft: warning: hf import: %d multi-token-prediction tensor(s) (mtp.*) "
                  "skipped; the imported model has no MTP layers\n", mtp);
-  auto read = [&](const std::string& name, const std::vector<int64_t>& shape) {
-    auto it = where.find(name);
-    if (it == where.end()) fail_usage("hf import: tensor '{}' is missing", name);
-    const SafetensorsEntry& e = it->second.header->entries.at(name);
-    if (e.shape != shape)
-      fail_usage("hf import: tensor '{}' has shape [{}], config.json implies [{}]", name,
-                 fmt::join(e.shape, ","), fmt::join(shape, ","));
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(hf_dtype(name, e.dtype)));
-    if (Status s = safetensors_read_entry(it->second.file, *it->second.header, name, t.data_ptr(),
-                                          static_cast<size_t>(e.end - e.begin));
-        !s)
-      fail_usage("hf import: {}", s.message());
-    return t.to(at::kFloat);
-  };
   // NemotronH's e_score_correction_bias (HfTensorMap::float32): absent, transformers routes
   // with zeros; all zeros, it is weft's model without --moe-router-enable-expert-bias; any
   // non-zero (a model trained with aux-loss-free balancing) turns the flag on, so that a
   // fine-tune goes on balancing as the model was trained.
-  auto optional = [&](const HfTensorMap& m) { return m.float32 && !where.count(m.hf[0]); };
+  auto optional = [&](const HfTensorMap& m) { return m.float32 && !where_.count(m.hf[0]); };
   // Check every name and shape before reading any data.
   for (const HfTensorMap& m : maps)
     for (size_t i = 0; i < m.hf.size() && !optional(m); ++i) {
-      auto it = where.find(m.hf[i]);
-      if (it == where.end()) fail_usage("hf import: tensor '{}' is missing", m.hf[i]);
-      const SafetensorsEntry& e = it->second.header->entries.at(m.hf[i]);
+      auto it = where_.find(m.hf[i]);
+      if (it == where_.end()) fail_usage("hf import: tensor '{}' is missing", m.hf[i]);
+      const SafetensorsEntry& e = headers_.at(it->second).entries.at(m.hf[i]);
       if (e.shape != m.hf_shapes[i])
         fail_usage("hf import: tensor '{}' has shape [{}], config.json implies [{}]", m.hf[i],
                    fmt::join(e.shape, ","), fmt::join(m.hf_shapes[i], ","));
       (void)hf_dtype(m.hf[i], e.dtype);
     }
   bool biased = false;
-  for (const HfTensorMap& m : maps) {
-    if (optional(m)) continue;
-    std::vector<at::Tensor> parts;
-    for (size_t i = 0; i < m.hf.size(); ++i) parts.push_back(read(m.hf[i], m.hf_shapes[i]));
-    out.weights[m.weft] = hf_merge(m, parts, cfg);
-    if (m.float32) biased |= out.weights[m.weft].ne(0).any().item<bool>();
-  }
   for (const HfTensorMap& m : maps)
-    if (m.float32 && !biased) out.weights.erase(m.weft);
-  out.model.moe_router_enable_expert_bias = biased;
+    if (m.float32 && !optional(m))
+      biased |= read_hf(m.hf[0], m.hf_shapes[0]).ne(0).any().item<bool>();
+  for (const HfTensorMap& m : maps)
+    if (!(m.float32 && !biased)) maps_.push_back(m);
+  model_.moe_router_enable_expert_bias = biased;
   if (extra_lm_head) {
-    const at::Tensor lm = read("lm_head.weight", {cfg.vocab_size, cfg.hidden_size});
-    if (!at::equal(lm, out.weights.at("embedding.word_embeddings.weight")))
+    const at::Tensor lm = read_hf("lm_head.weight", {cfg.vocab_size, cfg.hidden_size});
+    const HfTensorMap& emb = maps_.front();  // the embedding comes first
+    if (!at::equal(lm, read_hf(emb.hf[0], emb.hf_shapes[0])))
       fail_usage("hf import: lm_head.weight differs from the embedding ({}) but config.json "
-                 "tie_word_embeddings is true", maps.front().hf[0]);
+                 "tie_word_embeddings is true", emb.hf[0]);
   }
+}
+
+at::Tensor HfModelReader::read_hf(const std::string& name, const std::vector<int64_t>& shape) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) fail_usage("hf import: tensor '{}' is missing", name);
+  const SafetensorsHeader& header = headers_.at(it->second);
+  const SafetensorsEntry& e = header.entries.at(name);
+  if (e.shape != shape)
+    fail_usage("hf import: tensor '{}' has shape [{}], config.json implies [{}]", name,
+               fmt::join(e.shape, ","), fmt::join(shape, ","));
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(hf_dtype(name, e.dtype)));
+  if (Status s = safetensors_read_entry(it->second, header, name, t.data_ptr(),
+                                        static_cast<size_t>(e.end - e.begin));
+      !s)
+    fail_usage("hf import: {}", s.message());
+  return t.to(at::kFloat);
+}
+
+at::Tensor HfModelReader::read(size_t i) const {
+  const HfTensorMap& m = maps_.at(i);
+  std::vector<at::Tensor> parts;
+  for (size_t j = 0; j < m.hf.size(); ++j) parts.push_back(read_hf(m.hf[j], m.hf_shapes[j]));
+  return hf_merge(m, parts, model_);
+}
+
+HfModel hf_read_model(const std::string& dir) {
+  const HfModelReader reader(dir);
+  HfModel out;
+  out.config = reader.config();
+  out.model = reader.model();
+  for (size_t i = 0; i < reader.tensors().size(); ++i)
+    out.weights[reader.tensors()[i].weft] = reader.read(i);
   return out;
 }
 
 void ckpt_write_weights_only(const std::string& out, nlohmann::json meta,
-                             const std::map<std::string, at::Tensor>& weights) {
-  std::vector<at::Tensor> data;  // contiguous float32, alive while writing
-  std::vector<SafetensorsWriteEntry> entries;
-  nlohmann::json tensors = nlohmann::json::object(), chunks = nlohmann::json::array();
+                             const WeightShapes& shapes,
+                             const std::function<at::Tensor(size_t)>& weight) {
   const std::string file = ckpt_shard_file_name(0);
-  for (const auto& [key, w] : weights) {
-    at::Tensor t = w.to(at::kCPU).to(at::kFloat).contiguous();
-    data.push_back(t);
+  std::vector<SafetensorsWriteEntry> entries;
+  std::vector<CkptChunk> chunks;
+  for (const auto& [key, shape] : shapes) {
     SafetensorsWriteEntry e;
     e.name = key + "@0";
     e.dtype = "F32";
-    e.shape = t.sizes().vec();
-    e.data = t.data_ptr();
-    e.nbytes = static_cast<size_t>(t.numel()) * sizeof(float);
+    e.shape = shape;
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    e.nbytes = static_cast<size_t>(numel) * sizeof(float);
     entries.push_back(e);
     CkptChunk c;
     c.key = key;
     c.file = file;
     c.entry = e.name;
     c.dtype = "F32";
-    c.shape = e.shape;
-    c.offsets.assign(e.shape.size(), 0);
-    c.lengths = e.shape;
-    c.crc32c = crc32c(e.data, e.nbytes);
-    const nlohmann::json cj = ckpt_chunk_to_json(c);
-    chunks.push_back(cj);
-    tensors[key] = {{"shape", c.shape}, {"dtype", "F32"}, {"chunks", {cj}}};
+    c.shape = shape;
+    c.offsets.assign(shape.size(), 0);
+    c.lengths = shape;
+    chunks.push_back(c);
   }
-  meta["format"] = kCheckpointFormat;
-  meta["version"] = kCheckpointVersion;
-  meta["iteration"] = 0;
-  meta["weights_only"] = true;
-  meta["consumed_samples"] = 0;
-  meta["consumed_tokens"] = 0;
-  meta["layout"] = {{"world", 1}, {"tp", 1}, {"cp", 1}, {"pp", 1}, {"ep", 1}, {"etp", 1},
-                    {"dp", 1}, {"dp_outer", 1}, {"order", "tp-cp-ep-dp-pp"},
-                    {"first_stage_layers", -1}, {"last_stage_layers", -1}};
-  meta["tensors"] = tensors;
+  auto chunks_json = [&](const std::vector<uint32_t>& crcs) {
+    nlohmann::json j = nlohmann::json::array();
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      CkptChunk c = chunks[i];
+      c.crc32c = crcs.at(i);
+      j.push_back(ckpt_chunk_to_json(c));
+    }
+    return j;
+  };
+  // The shard's header holds the checksums (fixed-width hex, so the header's length is known
+  // before the data); each weight is produced when the file reaches it and dropped after.
+  auto metadata = [&](const std::vector<uint32_t>& crcs) {
+    return std::map<std::string, std::string>{{"format", kCheckpointFormat},
+                                              {"version", std::to_string(kCheckpointVersion)},
+                                              {"rank", "0"},
+                                              {"chunks", chunks_json(crcs).dump()}};
+  };
+  at::Tensor held;
+  size_t held_index = 0;
+  auto source = [&](size_t i, size_t off, size_t n, const void** p) -> Status {
+    if (!held.defined() || held_index != i) {
+      held = at::Tensor();  // the previous weight goes before the next is read
+      at::Tensor w = weight(i).to(at::kCPU).to(at::kFloat).contiguous();
+      if (w.sizes().vec() != shapes[i].second)
+        fail("weights-only checkpoint: weight '{}' has shape [{}], expected [{}]",
+             shapes[i].first, fmt::join(w.sizes(), ","), fmt::join(shapes[i].second, ","));
+      held = std::move(w);
+      held_index = i;
+    }
+    *p = static_cast<const char*>(held.data_ptr()) + off;
+    (void)n;
+    return Status::ok();
+  };
 
   const std::string tmp = hf_out_begin(out);
   try {
@@ -246,11 +277,27 @@ void ckpt_write_weights_only(const std::string& out, nlohmann::json meta,
     std::error_code ec;
     fs::create_directory(iter, ec);
     if (ec) fail("{}: cannot create: {}", iter, ec.message());
-    const std::map<std::string, std::string> md = {{"format", kCheckpointFormat},
-                                                   {"version", std::to_string(kCheckpointVersion)},
-                                                   {"rank", "0"},
-                                                   {"chunks", chunks.dump()}};
-    if (Status s = safetensors_write(iter + "/" + file, entries, md); !s) fail("{}", s.message());
+    constexpr size_t kBlock = size_t{64} << 20;
+    std::vector<uint32_t> crcs;
+    if (Status s = safetensors_write_streamed(iter + "/" + file, entries, source, metadata,
+                                              kBlock, &crcs);
+        !s)
+      fail("{}", s.message());
+    held = at::Tensor();
+    const nlohmann::json cj = chunks_json(crcs);
+    nlohmann::json tensors = nlohmann::json::object();
+    for (size_t i = 0; i < chunks.size(); ++i)
+      tensors[chunks[i].key] = {{"shape", chunks[i].shape}, {"dtype", "F32"}, {"chunks", {cj[i]}}};
+    meta["format"] = kCheckpointFormat;
+    meta["version"] = kCheckpointVersion;
+    meta["iteration"] = 0;
+    meta["weights_only"] = true;
+    meta["consumed_samples"] = 0;
+    meta["consumed_tokens"] = 0;
+    meta["layout"] = {{"world", 1}, {"tp", 1}, {"cp", 1}, {"pp", 1}, {"ep", 1}, {"etp", 1},
+                      {"dp", 1}, {"dp_outer", 1}, {"order", "tp-cp-ep-dp-pp"},
+                      {"first_stage_layers", -1}, {"last_stage_layers", -1}};
+    meta["tensors"] = tensors;
     hf_write_text_file(iter + "/metadata.json", meta.dump(1));
     if (Status s = ckpt_fsync_dir(iter); !s) fail("{}", s.message());
     hf_write_text_file(tmp + "/" + kTrackerFile, "0\n");
@@ -259,6 +306,18 @@ void ckpt_write_weights_only(const std::string& out, nlohmann::json meta,
     (void)remove_tree(tmp);
     throw;
   }
+}
+
+void ckpt_write_weights_only(const std::string& out, nlohmann::json meta,
+                             const std::map<std::string, at::Tensor>& weights) {
+  WeightShapes shapes;
+  std::vector<const at::Tensor*> ordered;
+  for (const auto& [key, w] : weights) {
+    shapes.emplace_back(key, w.sizes().vec());
+    ordered.push_back(&w);
+  }
+  ckpt_write_weights_only(out, std::move(meta), shapes,
+                          [&](size_t i) { return *ordered[i]; });
 }
 
 }  // namespace weft

@@ -39,14 +39,25 @@ void hf_export_checkpoint(const std::string& ckpt, const std::string& out,
   hf_export(cfg, fc.weights, ids, out, options);
 }
 
-void hf_import_checkpoint(const std::string& hf_dir, const std::string& out) {
-  HfModel m = hf_read_model(hf_dir);
+HfImportStats hf_import_checkpoint(const std::string& hf_dir, const std::string& out) {
+  const HfModelReader reader(hf_dir);
   TrainConfig tc;
-  tc.model = m.model;
+  tc.model = reader.model();
   nlohmann::json meta;
   meta["config"] = train_config_to_json(tc);
-  meta["hf"] = {{"special_ids", hf_special_ids(m.config)}, {"config", m.config}};
-  ckpt_write_weights_only(out, meta, m.weights);
+  meta["hf"] = {{"special_ids", hf_special_ids(reader.config())}, {"config", reader.config()}};
+  // One weight at a time from the Hugging Face files into the checkpoint's (hf_import.h).
+  WeightShapes shapes;
+  HfImportStats stats;
+  for (const HfTensorMap& m : reader.tensors()) {
+    shapes.emplace_back(m.weft, m.shape);
+    int64_t n = 1;
+    for (int64_t d : m.shape) n *= d;
+    stats.parameters += n;
+  }
+  stats.tensors = static_cast<int64_t>(shapes.size());
+  ckpt_write_weights_only(out, meta, shapes, [&](size_t i) { return reader.read(i); });
+  return stats;
 }
 
 }  // namespace weft

@@ -6,6 +6,7 @@
 // tensors bitwise and, for a directory that hf_export_checkpoint wrote, byte-identical files.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "weft/checkpoint/hf_export.h"
@@ -19,7 +20,13 @@ void hf_export_checkpoint(const std::string& ckpt, const std::string& out,
 
 // Imports the Hugging Face directory `hf_dir` as a weights-only weft checkpoint at `out`
 // (iteration 0, world-1 layout, float32 weights), loadable with `weft train --load out
-// --finetune` on any layout.
-void hf_import_checkpoint(const std::string& hf_dir, const std::string& out);
+// --finetune` on any layout. Every name and shape is checked before anything is written; then
+// one weight at a time is read, converted and written (host memory: a few times the largest
+// tensor).
+struct HfImportStats {
+  int64_t tensors = 0;     // weft tensors written
+  int64_t parameters = 0;  // their elements
+};
+HfImportStats hf_import_checkpoint(const std::string& hf_dir, const std::string& out);
 
 }  // namespace weft
