@@ -56,6 +56,14 @@ Status read_full(const Loaded& l, const std::string& key, CkptFileCache& files, 
   return Status::ok();
 }
 
+// The peak resident memory of this process so far, in GB (export and import stream one weight
+// at a time and print it).
+double peak_host_gb() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) * 1024 * 1e-9;
+}
+
 int inspect(const std::string& path) {
   Loaded l = open_checkpoint(path);
   fmt::print("checkpoint {}\n  iteration {} | consumed samples {} | format {} v{}\n", l.dir,
@@ -173,7 +181,8 @@ void add_ckpt_command(CLI::App* app) {
     if (*format != "hf") fail_usage("--format must be hf (got '{}')", *format);
   };
   CLI::App* ex = ck->add_subcommand("export", "write a checkpoint in the Hugging Face layout "
-                                              "(LlamaForCausalLM / MixtralForCausalLM)");
+                                              "(Llama, Qwen2, Qwen3, Qwen3-MoE, Mixtral, "
+                                              "NemotronH)");
   ex->add_option("CKPT", *dir, "save directory or iter_NNNNNNN directory")->required();
   ex->add_option("OUT", *other, "new output directory")->required();
   ex->add_option("--format", *format, "hf")->capture_default_str();
@@ -186,7 +195,7 @@ void add_ckpt_command(CLI::App* app) {
     o.dtype = *dtype;
     o.max_shard_bytes = hf_parse_shard_size(*shard);
     hf_export_checkpoint(*dir, *other, o);
-    fmt::print("exported {} to {}\n", *dir, *other);
+    fmt::print("exported {} to {}; peak host memory {:.2f} GB\n", *dir, *other, peak_host_gb());
   });
   CLI::App* im = ck->add_subcommand("import", "turn a Hugging Face model directory into a "
                                               "weights-only weft checkpoint (iteration 0)");
@@ -197,12 +206,9 @@ void add_ckpt_command(CLI::App* app) {
   im->callback([=] {
     check_format();
     const HfImportStats st = hf_import_checkpoint(*dir, *other);
-    // The peak resident memory of the whole command (the import streams one weight at a time).
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
     fmt::print("imported {} to {}: {} tensors, {} parameters ({:.2f} GB in float32); peak host "
                "memory {:.2f} GB\n", *dir, *other, st.tensors, st.parameters,
-               st.parameters * 4e-9, ru.ru_maxrss * 1024 * 1e-9);
+               st.parameters * 4e-9, peak_host_gb());
   });
 }
 

@@ -3,6 +3,7 @@ tests/checkpoint/hf_import_memory.sh: config.json, two safetensors shards and th
 
 Usage: hf_import_memory.py OUT LAYERS HIDDEN FFN VOCAB   (prints the parameter count)
        hf_import_memory.py check HFDIR CKPTDIR   (weft's float32 weights against the bf16 ones)
+       hf_import_memory.py same HFDIR1 HFDIR2    (the same bytes for every tensor)
 Pure Python (no numpy, no torch): the values are pseudo-random bf16 numbers in [-0.5, 0.5)
 drawn from one seeded generator, so the file holds no NaN or infinity.
 """
@@ -81,7 +82,36 @@ def check(hf, ckpt):
             sys.exit(1)
 
 
+def same(a, b):
+    """Every tensor of Hugging Face directory `a` in `b` with the same bytes, and nothing more."""
+    def tensors(d):
+        out = {}
+        for file in sorted(os.listdir(d)):
+            if file.endswith(".safetensors"):
+                with open(os.path.join(d, file), "rb") as f:
+                    n = struct.unpack("<Q", f.read(8))[0]
+                    header = json.loads(f.read(n))
+                out.update({k: (file, n, v) for k, v in header.items() if k != "__metadata__"})
+        return out
+    ta, tb = tensors(a), tensors(b)
+    if sorted(ta) != sorted(tb):
+        sys.exit(f"different tensor names: {sorted(set(ta) ^ set(tb))[:5]}")
+    for name in ta:
+        got = []
+        for d, (file, n, v) in ((a, ta[name]), (b, tb[name])):
+            begin, end = v["data_offsets"]
+            with open(os.path.join(d, file), "rb") as f:
+                f.seek(8 + n + begin)
+                got.append((v["dtype"], v["shape"], f.read(end - begin)))
+        if got[0] != got[1]:
+            sys.exit(f"{name} differs")
+    print(f"{len(ta)} tensors: the same bytes")
+
+
 def main():
+    if sys.argv[1] == "same":
+        same(sys.argv[2], sys.argv[3])
+        return
     if sys.argv[1] == "check":
         check(sys.argv[2], sys.argv[3])
         return

@@ -56,25 +56,41 @@ Status ckpt_read_full_tensor(const CkptIndex& index, const std::string& key, Ckp
   return Status::ok();
 }
 
+CkptWeightReader::CkptWeightReader(const std::string& iter_dir)
+    : files_(std::make_unique<CkptFileCache>(iter_dir)) {
+  status_ = ckpt_read_metadata(iter_dir, &meta_, &index_);
+  if (!status_) return;
+  const std::string opt = "optimizer.", master = "optimizer.fp32_param.";
+  for (const auto& [key, info] : index_) {
+    if (key.compare(0, master.size(), master) == 0) {
+      pick_[key.substr(master.size())] = key;  // the master wins over the model tensor
+    } else if (key.compare(0, opt.size(), opt) != 0) {
+      pick_.try_emplace(key, key);
+    }
+  }
+}
+
+const std::vector<int64_t>& CkptWeightReader::shape(const std::string& name) const {
+  return index_.at(pick_.at(name)).shape;
+}
+
+Status CkptWeightReader::read(const std::string& name, at::Tensor* out) {
+  auto it = pick_.find(name);
+  if (it == pick_.end())
+    return Status::error(fmt::format("weight '{}' is not in the checkpoint", name));
+  return ckpt_read_full_tensor(index_, it->second, *files_, out);  // names the file
+}
+
 Status ckpt_read_full_weights(const std::string& iter_dir, FullCheckpoint* out) {
   out->dir = iter_dir;
   out->weights.clear();
   out->source_key.clear();
-  CkptIndex index;
-  if (Status s = ckpt_read_metadata(iter_dir, &out->meta, &index); !s) return s;
-  const std::string opt = "optimizer.", master = "optimizer.fp32_param.";
-  std::map<std::string, std::string> pick;  // weight name -> key to read
-  for (const auto& [key, info] : index) {
-    if (key.compare(0, master.size(), master) == 0) {
-      pick[key.substr(master.size())] = key;  // the master wins over the model tensor
-    } else if (key.compare(0, opt.size(), opt) != 0) {
-      pick.try_emplace(key, key);
-    }
-  }
-  CkptFileCache files(iter_dir);
-  for (const auto& [name, key] : pick) {
+  CkptWeightReader reader(iter_dir);
+  if (!reader.status()) return reader.status();
+  out->meta = reader.meta();
+  for (const auto& [name, key] : reader.source_key()) {
     at::Tensor t;
-    if (Status s = ckpt_read_full_tensor(index, key, files, &t); !s) return s;  // names the file
+    if (Status s = reader.read(name, &t); !s) return s;
     out->weights[name] = t;
     out->source_key[name] = key;
   }

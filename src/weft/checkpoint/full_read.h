@@ -13,8 +13,10 @@
 #include <ATen/core/Tensor.h>
 
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "weft/checkpoint/format.h"
 #include "weft/core/status.h"
@@ -30,6 +32,30 @@ Status ckpt_resolve_iter_dir(const std::string& load, int step, std::string* ite
 // chunk.
 Status ckpt_read_full_tensor(const CkptIndex& index, const std::string& key, CkptFileCache& files,
                              at::Tensor* out);
+
+// The model weights of one iteration directory, read one at a time: metadata and the index at
+// construction (Status in status()), each weight when asked for. Host memory: the weight asked
+// for (export streams a model larger than memory through this; ckpt_read_full_weights holds
+// them all).
+class CkptWeightReader {
+ public:
+  explicit CkptWeightReader(const std::string& iter_dir);
+  const Status& status() const { return status_; }  // of reading metadata.json and the index
+  const nlohmann::json& meta() const { return meta_; }
+  // Weight name -> the key its value comes from (the float32 master when stored).
+  const std::map<std::string, std::string>& source_key() const { return pick_; }
+  // Its global shape, from the index (name must be in source_key()).
+  const std::vector<int64_t>& shape(const std::string& name) const;
+  // The weight's full tensor (CPU, stored dtype), every checksum verified.
+  Status read(const std::string& name, at::Tensor* out);
+
+ private:
+  Status status_ = Status::ok();
+  nlohmann::json meta_;
+  CkptIndex index_;
+  std::map<std::string, std::string> pick_;
+  std::unique_ptr<CkptFileCache> files_;
+};
 
 struct FullCheckpoint {
   std::string dir;      // the iteration directory read

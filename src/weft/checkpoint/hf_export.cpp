@@ -53,32 +53,21 @@ int64_t hf_parse_shard_size(const std::string& text) {
 
 namespace {
 
+// One Hugging Face tensor to write: part `part` of weft tensor maps[map] (split with hf_split),
+// or zeros (a NemotronH expert bias the model does not have).
 struct HfOutTensor {
   std::string name;
-  at::Tensor data;    // contiguous CPU tensor in the export dtype (or F32, HfTensorMap::float32)
+  std::vector<int64_t> shape;
   std::string dtype;  // its safetensors dtype
+  size_t map = 0;
+  size_t part = 0;
+  bool zeros = false;
+  int64_t bytes = 0;
 };
-
-int64_t tensor_bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
-
-void write_shard(const std::string& path, const std::vector<HfOutTensor>& tensors) {
-  std::vector<SafetensorsWriteEntry> entries;
-  for (const HfOutTensor& t : tensors) {
-    SafetensorsWriteEntry e;
-    e.name = t.name;
-    e.dtype = t.dtype;
-    e.shape = t.data.sizes().vec();
-    e.data = t.data.data_ptr();
-    e.nbytes = static_cast<size_t>(tensor_bytes(t.data));
-    entries.push_back(e);
-  }
-  if (Status s = safetensors_write(path, entries, {{"format", "pt"}}); !s)
-    fail("hf export: {}", s.message());
-}
 
 }  // namespace
 
-void hf_export(const ModelConfig& cfg, const std::map<std::string, at::Tensor>& weights,
+void hf_export(const ModelConfig& cfg, const HfWeightSource& weights,
                const nlohmann::json& special_ids, const std::string& out,
                const HfExportOptions& opt) {
   if (opt.dtype != "fp32" && opt.dtype != "bf16")
@@ -88,7 +77,7 @@ void hf_export(const ModelConfig& cfg, const std::map<std::string, at::Tensor>& 
   std::set<std::string> known;
   for (const HfTensorMap& m : maps) known.insert(m.weft);
   int mtp = 0;
-  for (const auto& [name, t] : weights) {
+  for (const auto& [name, shape] : weights.shapes) {
     if (name.rfind("mtp.", 0) == 0) {
       ++mtp;
     } else if (!known.count(name)) {
@@ -100,47 +89,101 @@ void hf_export(const ModelConfig& cfg, const std::map<std::string, at::Tensor>& 
     std::fprintf(stderr, "weft: warning: hf export: %d multi-token-prediction tensor(s) "
                  "(mtp.layers.*) dropped; Hugging Face has no layout for them\n", mtp);
 
+  // Every tensor planned, and every name and shape checked, before anything is read.
   const c10::ScalarType dtype = opt.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
   const std::string st_dtype = opt.dtype == "bf16" ? "BF16" : "F32";
+  auto numel = [](const std::vector<int64_t>& shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  };
   std::vector<HfOutTensor> all;
-  for (const HfTensorMap& m : maps) {
-    auto it = weights.find(m.weft);
-    if (it == weights.end() && m.float32 && !cfg.moe_router_enable_expert_bias) {
+  for (size_t mi = 0; mi < maps.size(); ++mi) {
+    const HfTensorMap& m = maps[mi];
+    auto it = weights.shapes.find(m.weft);
+    const std::string dt = m.float32 ? "F32" : st_dtype;
+    const int64_t width = m.float32 || opt.dtype == "fp32" ? 4 : 2;
+    if (it == weights.shapes.end() && m.float32 && !cfg.moe_router_enable_expert_bias) {
       // NemotronH's e_score_correction_bias of a model without expert biases: zeros, the same
       // routing (hf_nemotron_h_tensor_maps).
-      all.push_back({m.hf[0], at::zeros(m.shape, at::kFloat), "F32"});
+      all.push_back({m.hf[0], m.shape, "F32", mi, 0, true, numel(m.shape) * 4});
       continue;
     }
-    if (it == weights.end()) fail_usage("hf export: the checkpoint has no tensor '{}'", m.weft);
-    if (it->second.sizes().vec() != m.shape)
+    if (it == weights.shapes.end())
+      fail_usage("hf export: the checkpoint has no tensor '{}'", m.weft);
+    if (it->second != m.shape)
       fail_usage("hf export: tensor '{}' has shape [{}], the model config implies [{}]", m.weft,
-                 fmt::join(it->second.sizes(), ","), fmt::join(m.shape, ","));
-    const at::Tensor w = it->second.to(at::kCPU).to(at::kFloat);
-    std::vector<at::Tensor> parts = hf_split(m, w, cfg);
-    for (size_t i = 0; i < parts.size(); ++i)
-      all.push_back({m.hf[i], parts[i].to(m.float32 ? at::kFloat : dtype).contiguous(),
-                     m.float32 ? "F32" : st_dtype});
+                 fmt::join(it->second, ","), fmt::join(m.shape, ","));
+    for (size_t i = 0; i < m.hf.size(); ++i)
+      all.push_back({m.hf[i], m.hf_shapes[i], dt, mi, i, false, numel(m.hf_shapes[i]) * width});
   }
   // NemotronH's lm_head is always a weight of its own: a tied model writes the embedding again.
   if (cfg.hybrid() && cfg.tied()) {
     WEFT_CHECK(all.front().name == "backbone.embeddings.weight", "hf export: {} first",
                all.front().name);
-    all.push_back({"lm_head.weight", all.front().data, st_dtype});
+    HfOutTensor lm = all.front();
+    lm.name = "lm_head.weight";
+    all.push_back(lm);
   }
 
   // Greedy shards in table order.
   std::vector<std::vector<HfOutTensor>> shards(1);
   int64_t in_shard = 0, total = 0;
   for (HfOutTensor& t : all) {
-    const int64_t b = tensor_bytes(t.data);
-    if (!shards.back().empty() && in_shard + b > opt.max_shard_bytes) {
+    if (!shards.back().empty() && in_shard + t.bytes > opt.max_shard_bytes) {
       shards.emplace_back();
       in_shard = 0;
     }
-    shards.back().push_back(std::move(t));
-    in_shard += b;
-    total += b;
+    shards.back().push_back(t);
+    in_shard += t.bytes;
+    total += t.bytes;
   }
+
+  // The weft weight whose parts are being written, split and cast to the export dtype.
+  size_t held_map = maps.size();
+  std::vector<at::Tensor> held;
+  auto part = [&](const HfOutTensor& t) -> const at::Tensor& {
+    const HfTensorMap& m = maps[t.map];
+    if (held_map != t.map) {
+      held.clear();  // the previous weight goes before the next is read
+      held_map = maps.size();
+      if (t.zeros) {
+        held.push_back(at::zeros(m.shape, at::kFloat));
+      } else {
+        at::Tensor w = weights.read(m.weft).to(at::kCPU).to(at::kFloat);
+        if (w.sizes().vec() != m.shape)
+          fail("hf export: tensor '{}' was read with shape [{}], its index says [{}]", m.weft,
+               fmt::join(w.sizes(), ","), fmt::join(m.shape, ","));
+        for (at::Tensor& p : hf_split(m, w, cfg))
+          held.push_back(p.to(m.float32 ? at::kFloat : dtype).contiguous());
+      }
+      held_map = t.map;
+    }
+    return held.at(t.part);
+  };
+  auto write_shard = [&](const std::string& path, const std::vector<HfOutTensor>& tensors) {
+    std::vector<SafetensorsWriteEntry> entries;
+    for (const HfOutTensor& t : tensors) {
+      SafetensorsWriteEntry e;
+      e.name = t.name;
+      e.dtype = t.dtype;
+      e.shape = t.shape;
+      e.nbytes = static_cast<size_t>(t.bytes);
+      entries.push_back(e);
+    }
+    auto source = [&](size_t i, size_t off, size_t n, const void** p) -> Status {
+      (void)n;
+      *p = static_cast<const char*>(part(tensors[i]).data_ptr()) + off;
+      return Status::ok();
+    };
+    auto metadata = [](const std::vector<uint32_t>&) {
+      return std::map<std::string, std::string>{{"format", "pt"}};
+    };
+    std::vector<uint32_t> crcs;
+    constexpr size_t kBlock = size_t{64} << 20;
+    if (Status s = safetensors_write_streamed(path, entries, source, metadata, kBlock, &crcs); !s)
+      fail("hf export: {}", s.message());
+  };
 
   const std::string tmp = hf_out_begin(out);
   try {
@@ -165,6 +208,15 @@ void hf_export(const ModelConfig& cfg, const std::map<std::string, at::Tensor>& 
     (void)remove_tree(tmp);
     throw;
   }
+}
+
+void hf_export(const ModelConfig& cfg, const std::map<std::string, at::Tensor>& weights,
+               const nlohmann::json& special_ids, const std::string& out,
+               const HfExportOptions& opt) {
+  HfWeightSource source;
+  for (const auto& [name, t] : weights) source.shapes[name] = t.sizes().vec();
+  source.read = [&](const std::string& name) { return weights.at(name); };
+  hf_export(cfg, source, special_ids, out, opt);
 }
 
 }  // namespace weft

@@ -1,6 +1,6 @@
 // Checkpoint <-> Hugging Face glue (see hf_convert.h).
 //
-// Export reads every weight with ckpt_read_full_weights (the float32 master preferred, any
+// Export reads one weight at a time with CkptWeightReader (the float32 master preferred, any
 // saving layout) and the model config with model_config_from_json; the special token ids come
 // from the checkpoint's tokenizer identity (bos, eod, pad), or, for a checkpoint that import
 // wrote, from the ids import kept. Import stores the model config as train_config_to_json
@@ -21,22 +21,31 @@ void hf_export_checkpoint(const std::string& ckpt, const std::string& out,
                           const HfExportOptions& options) {
   std::string iter;
   if (Status s = ckpt_resolve_iter_dir(ckpt, -1, &iter); !s) fail_usage("hf export: {}", s.message());
-  FullCheckpoint fc;
-  if (Status s = ckpt_read_full_weights(iter, &fc); !s) fail_usage("hf export: {}", s.message());
+  CkptWeightReader reader(iter);
+  if (!reader.status()) fail_usage("hf export: {}", reader.status().message());
+  const nlohmann::json& meta = reader.meta();
   const nlohmann::json model_json =
-      fc.meta.contains("config") ? fc.meta["config"].value("model", nlohmann::json()) : nlohmann::json();
+      meta.contains("config") ? meta["config"].value("model", nlohmann::json()) : nlohmann::json();
   const ModelConfig cfg = model_config_from_json(model_json);
   nlohmann::json ids = nlohmann::json::object();
-  if (fc.meta.contains("tokenizer") && fc.meta["tokenizer"].is_object()) {
-    const nlohmann::json& t = fc.meta["tokenizer"];
+  if (meta.contains("tokenizer") && meta["tokenizer"].is_object()) {
+    const nlohmann::json& t = meta["tokenizer"];
     for (auto [from, to] : {std::pair{"bos", "bos_token_id"}, std::pair{"eod", "eos_token_id"},
                             std::pair{"pad", "pad_token_id"}})
       if (t.contains(from) && t[from].is_number_integer() && t[from].get<int64_t>() >= 0)
         ids[to] = t[from];
-  } else if (fc.meta.contains("hf") && fc.meta["hf"].contains("special_ids")) {
-    ids = fc.meta["hf"]["special_ids"];
+  } else if (meta.contains("hf") && meta["hf"].contains("special_ids")) {
+    ids = meta["hf"]["special_ids"];
   }
-  hf_export(cfg, fc.weights, ids, out, options);
+  // One weight at a time from the checkpoint's shards into the Hugging Face files.
+  HfWeightSource source;
+  for (const auto& [name, key] : reader.source_key()) source.shapes[name] = reader.shape(name);
+  source.read = [&](const std::string& name) {
+    at::Tensor t;
+    if (Status s = reader.read(name, &t); !s) fail_usage("hf export: {}", s.message());
+    return t;
+  };
+  hf_export(cfg, source, ids, out, options);
 }
 
 HfImportStats hf_import_checkpoint(const std::string& hf_dir, const std::string& out) {
