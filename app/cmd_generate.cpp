@@ -173,20 +173,22 @@ void run(const GenerateArgs& a) {
                "to run past the trained length)",
                prompt_flag, prompt.size(), a.max_new_tokens, total, cfg.seq_length);
 
-  FullCheckpoint ckpt;
-  if (Status s = ckpt_read_full_weights(iter_dir, &ckpt); !s)
-    fail_usage("--load {}: {}", a.load, s.message());
+  // One weight at a time from the checkpoint into the model (in its dtype, on its device): the
+  // host never holds the float32 model whole.
+  CkptWeightReader reader(iter_dir);
+  if (!reader.status()) fail_usage("--load {}: {}", a.load, reader.status().message());
   const c10::Device device = a.device == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   if (device.is_cuda()) set_cuda_device(0);
   const c10::ScalarType dtype = cfg.bf16 ? at::kBFloat16 : at::kFloat;
   InferenceModel model(
       cfg,
       [&](const ParamSpec& s) {
-        auto it = ckpt.weights.find(s.name);
-        return it == ckpt.weights.end() ? at::Tensor() : it->second;
+        at::Tensor t;
+        if (!reader.source_key().count(s.name)) return t;
+        if (Status st = reader.read(s.name, &t); !st) fail_usage("--load {}: {}", a.load, st.message());
+        return t;
       },
       device, dtype);
-  ckpt.weights.clear();  // the model holds its own copies now
 
   GenerateOptions opt;
   opt.max_new_tokens = a.max_new_tokens;
