@@ -929,6 +929,34 @@ TEST(HfInterop, NemotronHRefusals) {
   EXPECT_FALSE(back.model.moe_router_enable_expert_bias);
   expect_same_weights(init, back.weights);
   fs::remove_all(hf);
+  // Non-zero expert biases in one MoE layer and none in another: refused before anything is
+  // written, naming the missing tensor.
+  ModelConfig two = unbiased;
+  two.moe_router_enable_expert_bias = true;
+  apply_hybrid_layer_pattern("M-*EE", &two);
+  init.clear();
+  for (const ParamSpec& s : all_param_specs(two)) init[s.name] = init_param(s, two, 3);
+  init["decoder.layers.3.mlp.router.expert_bias"] = at::full({4}, 0.25);  // a buffer, no spec
+  init["decoder.layers.4.mlp.router.expert_bias"] = at::zeros({4});
+  hf_export(two, init, {}, hf, {});
+  std::map<std::string, at::Tensor> kept;
+  SafetensorsHeader h;
+  ASSERT_TRUE(safetensors_read_header(hf + "/model.safetensors", &h).is_ok());
+  for (const auto& [name, e] : h.entries)
+    if (name != "backbone.layers.4.mixer.gate.e_score_correction_bias")
+      kept[name] = hf_tensor(hf + "/model.safetensors", name).to(at::kFloat).contiguous();
+  write_model(hf, kept);
+  try {
+    hf_read_model(hf);
+    ADD_FAILURE() << "one layer's expert bias missing, yet imported";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("'backbone.layers.4.mixer.gate.e_score_correction_bias' "
+                                         "is missing while other layers' expert biases are "
+                                         "non-zero"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(hf);
   bad("moe_latent_size", 64, "moe_latent_size");
   bad("layers_block_type", nlohmann::json::array({"mamba", "conv"}), "'conv'");
 }

@@ -167,8 +167,12 @@ HfModelReader::HfModelReader(const std::string& dir) {
   for (const HfTensorMap& m : maps)
     if (m.float32 && !optional(m))
       biased |= read_hf(m.hf[0], m.hf_shapes[0]).ne(0).any().item<bool>();
-  for (const HfTensorMap& m : maps)
+  for (const HfTensorMap& m : maps) {
+    if (m.float32 && biased && optional(m))
+      fail_usage("hf import: tensor '{}' is missing while other layers' expert biases are "
+                 "non-zero (give every MoE layer its e_score_correction_bias, or none)", m.hf[0]);
     if (!(m.float32 && !biased)) maps_.push_back(m);
+  }
   model_.moe_router_enable_expert_bias = biased;
   if (extra_lm_head) {
     const at::Tensor lm = read_hf("lm_head.weight", {cfg.vocab_size, cfg.hidden_size});
