@@ -122,7 +122,8 @@ def main():
         cmd = mpirun + ["-np", str(ranks), weft, "train"] + args + ["--log-jsonl", log]
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
-            why = [l for l in (r.stdout + r.stderr).splitlines() if "error" in l][:2]
+            lines = (r.stdout + r.stderr).splitlines()
+            why = [l for l in lines if "error" in l][:2] or lines[-3:] or [f"exit {r.returncode}"]
             return None, " ".join(cmd), why
         rows = [json.loads(line) for line in open(log)]
         return [(x["iteration"], x["lm_loss"], x["aux_loss"], x["mtp_loss"], x["grad_norm"])
