@@ -18,6 +18,7 @@
 #include <iterator>
 #include <map>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -505,6 +506,45 @@ TEST_F(SafetensorsTest, EntryReadDetectsFileTruncatedAfterHeader) {
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find(path), std::string::npos);
   EXPECT_NE(st.message().find("'v'"), std::string::npos) << st.message();
+}
+
+// The streamed writer: the bytes of safetensors_write for the same entries, and no file left
+// when the data source fails or throws.
+TEST_F(SafetensorsTest, StreamedWriterMatchesAndLeavesNoPartialFile) {
+  std::vector<float> a(3000), b(777);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 0.5f * static_cast<float>(i);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = -1.0f * static_cast<float>(i);
+  const std::vector<SafetensorsWriteEntry> entries = {{"a", "F32", {3000}, a.data(), 12000},
+                                                      {"b", "F32", {7, 111}, b.data(), 3108}};
+  const std::string whole = file("whole.safetensors"), streamed = file("streamed.safetensors");
+  ASSERT_TRUE(safetensors_write(whole, entries, {{"format", "pt"}}).is_ok());
+  auto source = [&](size_t i, size_t off, size_t, const void** p) {
+    *p = static_cast<const char*>(entries[i].data) + off;
+    return Status::ok();
+  };
+  auto meta = [](const std::vector<uint32_t>&) {
+    return std::map<std::string, std::string>{{"format", "pt"}};
+  };
+  std::vector<uint32_t> crcs;
+  ASSERT_TRUE(safetensors_write_streamed(streamed, entries, source, meta, 1000, &crcs).is_ok());
+  EXPECT_EQ(read_all(streamed), read_all(whole));
+  EXPECT_EQ(crcs[1], crc32c(b.data(), 3108));
+
+  const std::string failed = file("failed.safetensors"), thrown = file("thrown.safetensors");
+  auto failing = [&](size_t i, size_t off, size_t n, const void** p) {
+    return i == 1 ? Status::error("no data") : source(i, off, n, p);
+  };
+  const Status st = safetensors_write_streamed(failed, entries, failing, meta, 1000, &crcs);
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("no data"), std::string::npos) << st.message();
+  EXPECT_FALSE(exists(failed));
+  auto throwing = [&](size_t i, size_t off, size_t n, const void** p) -> Status {
+    if (i == 1) throw std::runtime_error("source threw");
+    return source(i, off, n, p);
+  };
+  EXPECT_THROW(safetensors_write_streamed(thrown, entries, throwing, meta, 1000, &crcs),
+               std::runtime_error);
+  EXPECT_FALSE(exists(thrown));
 }
 
 }  // namespace

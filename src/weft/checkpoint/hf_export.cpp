@@ -159,7 +159,12 @@ void hf_export(const ModelConfig& cfg, const HfWeightSource& weights,
       }
       held_map = t.map;
     }
-    return held.at(t.part);
+    const at::Tensor& p = held.at(t.part);
+    // The planned bytes are what the file's header promised: never hand out fewer.
+    WEFT_CHECK(p.numel() * static_cast<int64_t>(p.element_size()) == t.bytes,
+               "hf export: {} has {} bytes, {} planned", t.name,
+               p.numel() * static_cast<int64_t>(p.element_size()), t.bytes);
+    return p;
   };
   auto write_shard = [&](const std::string& path, const std::vector<HfOutTensor>& tensors) {
     std::vector<SafetensorsWriteEntry> entries;

@@ -38,8 +38,9 @@ struct HfWeightSource {
 // Exports the weights (MTP tensors are dropped with one warning on stderr, any other name the
 // model does not have is an error) to `out`. `special_ids` may hold bos_token_id / eos_token_id
 // / pad_token_id for config.json. Every name and shape is checked before anything is written;
-// then each weight is read when its first Hugging Face tensor is written and dropped after its
-// last, so host memory is a few times the largest weight. Throws UsageError for a model or
+// then each weight is read when its first Hugging Face tensor is written and dropped when the
+// next weight is read (a tied NemotronH reads its embedding again for lm_head), so host memory
+// is a few times the largest weight. Throws UsageError for a model or
 // option that cannot be exported, Error on I/O failure.
 void hf_export(const ModelConfig& cfg, const HfWeightSource& weights,
                const nlohmann::json& special_ids, const std::string& out,

@@ -287,7 +287,15 @@ Status safetensors_write_streamed(const std::string& path,
     for (size_t off = 0; off < e.nbytes; off += block_bytes) {
       const size_t n = std::min(block_bytes, e.nbytes - off);
       const void* p = nullptr;
-      if (Status s = data(i, off, n, &p); !s) return fail("entry '" + e.name + "': " + s.message());
+      Status got = Status::ok();
+      try {
+        got = data(i, off, n, &p);
+      } catch (...) {  // a source that throws: no partial file either, then its exception
+        ::close(closer.release());
+        ::unlink(path.c_str());
+        throw;
+      }
+      if (!got) return fail("entry '" + e.name + "': " + got.message());
       (*crcs)[i] = crc32c_extend((*crcs)[i], p, n);
       if (int err = st_pwrite_all(fd, p, n, pos))
         return fail("writing entry '" + e.name + "': " + errno_text(err));

@@ -48,7 +48,8 @@ using SafetensorsMetadataFn =
 // Like safetensors_write, with the data produced block by block (entries' `data` unused) and
 // checksummed on the way: the data region is written first, behind room for the header, with
 // the device's writeback started every 256 MiB; then the header with the final checksums at
-// offset 0; then fsync. *crcs receives each entry's CRC-32C. Same failure contract.
+// offset 0; then fsync. *crcs receives each entry's CRC-32C. Same failure contract, also when
+// `data` throws (the partial file is removed, then the exception goes on).
 Status safetensors_write_streamed(const std::string& path,
                                   const std::vector<SafetensorsWriteEntry>& entries,
                                   const SafetensorsBlockSource& data,
