@@ -334,6 +334,12 @@ HfRope hf_rope(const nlohmann::json& j, const char* key) {
 
 }  // namespace
 
+int64_t hf_numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
 ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
   if (!j.is_object()) fail_usage("hf import: config.json is not a JSON object");
   std::string type;

@@ -48,6 +48,9 @@ std::string hf_model_type(const ModelConfig& cfg);
 // layer when untied), MTP tensors excluded. Requires hf_model_type(cfg) to succeed.
 std::vector<HfTensorMap> hf_tensor_maps(const ModelConfig& cfg);
 
+// The element count of a shape (1 for a scalar).
+int64_t hf_numel(const std::vector<int64_t>& shape);
+
 // Splits weft tensor `w` (shape m.shape) into m.hf.size() contiguous tensors, and back.
 std::vector<at::Tensor> hf_split(const HfTensorMap& m, const at::Tensor& w, const ModelConfig& cfg);
 at::Tensor hf_merge(const HfTensorMap& m, const std::vector<at::Tensor>& parts,

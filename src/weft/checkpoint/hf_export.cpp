@@ -92,11 +92,6 @@ void hf_export(const ModelConfig& cfg, const HfWeightSource& weights,
   // Every tensor planned, and every name and shape checked, before anything is read.
   const c10::ScalarType dtype = opt.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
   const std::string st_dtype = opt.dtype == "bf16" ? "BF16" : "F32";
-  auto numel = [](const std::vector<int64_t>& shape) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    return n;
-  };
   std::vector<HfOutTensor> all;
   for (size_t mi = 0; mi < maps.size(); ++mi) {
     const HfTensorMap& m = maps[mi];
@@ -106,7 +101,7 @@ void hf_export(const ModelConfig& cfg, const HfWeightSource& weights,
     if (it == weights.shapes.end() && m.float32 && !cfg.moe_router_enable_expert_bias) {
       // NemotronH's e_score_correction_bias of a model without expert biases: zeros, the same
       // routing (hf_nemotron_h_tensor_maps).
-      all.push_back({m.hf[0], m.shape, "F32", mi, 0, true, numel(m.shape) * 4});
+      all.push_back({m.hf[0], m.shape, "F32", mi, 0, true, hf_numel(m.shape) * 4});
       continue;
     }
     if (it == weights.shapes.end())
@@ -115,7 +110,7 @@ void hf_export(const ModelConfig& cfg, const HfWeightSource& weights,
       fail_usage("hf export: tensor '{}' has shape [{}], the model config implies [{}]", m.weft,
                  fmt::join(it->second, ","), fmt::join(m.shape, ","));
     for (size_t i = 0; i < m.hf.size(); ++i)
-      all.push_back({m.hf[i], m.hf_shapes[i], dt, mi, i, false, numel(m.hf_shapes[i]) * width});
+      all.push_back({m.hf[i], m.hf_shapes[i], dt, mi, i, false, hf_numel(m.hf_shapes[i]) * width});
   }
   // NemotronH's lm_head is always a weight of its own: a tied model writes the embedding again.
   if (cfg.hybrid() && cfg.tied()) {

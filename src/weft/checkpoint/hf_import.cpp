@@ -227,9 +227,7 @@ void ckpt_write_weights_only(const std::string& out, nlohmann::json meta,
     e.name = key + "@0";
     e.dtype = "F32";
     e.shape = shape;
-    int64_t numel = 1;
-    for (int64_t d : shape) numel *= d;
-    e.nbytes = static_cast<size_t>(numel) * sizeof(float);
+    e.nbytes = static_cast<size_t>(hf_numel(shape)) * sizeof(float);
     entries.push_back(e);
     CkptChunk c;
     c.key = key;

@@ -60,9 +60,7 @@ HfImportStats hf_import_checkpoint(const std::string& hf_dir, const std::string&
   HfImportStats stats;
   for (const HfTensorMap& m : reader.tensors()) {
     shapes.emplace_back(m.weft, m.shape);
-    int64_t n = 1;
-    for (int64_t d : m.shape) n *= d;
-    stats.parameters += n;
+    stats.parameters += hf_numel(m.shape);
   }
   stats.tensors = static_cast<int64_t>(shapes.size());
   ckpt_write_weights_only(out, meta, shapes, [&](size_t i) { return reader.read(i); });
