@@ -13,8 +13,11 @@ tokenizers) here:
       random sequence D of S token ids, transformers' float64 loss of predicting D[1:] + [D[0]]
       from D, and the same loss with a planted difference the check must tell apart (Qwen2: the
       q/k/v biases zeroed; Qwen3-MoE: norm_topk_prob flipped; Mixtral: the router zeroed).
-      Biases, norm weights, routers and the q/k scale are made random and large enough that
-      every part moves the loss.
+      Biases, norm weights, routers, experts and the q/k scale are made random and large
+      enough that every part moves the loss. The models are saved in bfloat16 and read back:
+      the reference is transformers' float64 loss of the files, checked against a float64
+      forward written in this script from the architectures' definitions (to 1e-7: transformers
+      computes the routers' softmax in float32).
 
   check OUTDIR WEFT       (here, with the weft binary WEFT)
       for each model: a corpus of 64 copies of D as NullTokenizer text (space-separated ids, no
@@ -23,7 +26,7 @@ tokenizers) here:
       --use-checkpoint-args` iteration in float32 on the CPU, whose first batch
       (--dump-first-batch) must be D labelled D[1:] + [D[0]] in every sample; its iteration-1 lm
       loss (the imported weights') against transformers'. Passes when the relative difference is below
-      1e-5 and the planted difference moves the loss by more than 100x that.
+      TOL (1e-6) and the planted difference moves the loss by more than 100x that.
 
 Prints one JSON line per model; exits 0 when every model passes, 1 when one does not, 2 when
 the input is not as expected.
@@ -36,6 +39,7 @@ import struct
 import subprocess
 import sys
 
+TOL = 1e-6  # weft's float32 loss against the float64 references, relative
 SHAPE = dict(hidden=256, ffn=704, layers=4, heads=8, groups=4, vocab=1024, seq=128)
 MODELS = ("qwen2_tied", "qwen2_untied", "qwen3_moe_norm", "qwen3_moe_prob", "mixtral")
 
@@ -91,6 +95,82 @@ def make_model(name, torch):
     return model, plant
 
 
+def independent_loss(model_dir, cfg, seq, labels, torch):
+    """The float64 loss of the saved files by a forward written here from the architectures'
+    definitions (RMSNorm, RoPE on halves, causal GQA attention, SwiGLU, softmax top-k routing),
+    not by transformers: a third opinion where weft and transformers disagree."""
+    import glob
+    from safetensors.torch import load_file
+    F = torch.nn.functional
+    w = {}
+    for f in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
+        w.update({k: v.to(torch.float64) for k, v in load_file(f).items()})
+    h, nh, ng = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+    hd = getattr(cfg, "head_dim", None) or h // nh
+    eps, S = cfg.rms_norm_eps, len(seq)
+    theta = cfg.rope_parameters["rope_theta"]
+
+    def rms(x, g):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * g
+
+    inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    ang = torch.arange(S, dtype=torch.float64)[:, None] * inv[None, :]
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+
+    def rope(x):  # [heads, S, hd]
+        x1, x2 = x[..., :hd // 2], x[..., hd // 2:]
+        return x * cos + torch.cat([-x2, x1], -1) * sin
+
+    def lin(x, name):
+        y = x @ w[name + ".weight"].T
+        return y + w[name + ".bias"] if name + ".bias" in w else y
+
+    def swiglu(x, g, u, d):
+        return (F.silu(x @ g.T) * (x @ u.T)) @ d.T
+
+    x = w["model.embed_tokens.weight"][torch.tensor(seq)]
+    mask = torch.full((S, S), float("-inf"), dtype=torch.float64).triu(1)
+    for l in range(cfg.num_hidden_layers):
+        p = f"model.layers.{l}."
+        xn = rms(x, w[p + "input_layernorm.weight"])
+        q = lin(xn, p + "self_attn.q_proj").view(S, nh, hd).transpose(0, 1)
+        k = lin(xn, p + "self_attn.k_proj").view(S, ng, hd).transpose(0, 1)
+        v = lin(xn, p + "self_attn.v_proj").view(S, ng, hd).transpose(0, 1)
+        if p + "self_attn.q_norm.weight" in w:
+            q, k = rms(q, w[p + "self_attn.q_norm.weight"]), rms(k, w[p + "self_attn.k_norm.weight"])
+        q, k = rope(q), rope(k)
+        k, v = k.repeat_interleave(nh // ng, 0), v.repeat_interleave(nh // ng, 0)
+        att = torch.softmax(q @ k.transpose(1, 2) / hd ** 0.5 + mask, -1) @ v
+        x = x + lin(att.transpose(0, 1).reshape(S, nh * hd), p + "self_attn.o_proj")
+        xn = rms(x, w[p + "post_attention_layernorm.weight"])
+        blk, names = ((p + "block_sparse_moe.", ("w1", "w3", "w2")) if p + "block_sparse_moe.gate.weight" in w
+                      else (p + "mlp.", ("gate_proj", "up_proj", "down_proj")))
+        if blk + "gate.weight" in w:  # softmax over the experts, top k, renormalised or not
+            probs = torch.softmax(xn @ w[blk + "gate.weight"].T, -1)
+            top, idx = probs.topk(cfg.num_experts_per_tok, -1)
+            if getattr(cfg, "norm_topk_prob", True):  # Mixtral always renormalises
+                top = top / top.sum(-1, keepdim=True)
+            y = torch.zeros_like(xn)
+            for t in range(S):
+                for j in range(idx.shape[1]):
+                    e = f"{blk}experts.{int(idx[t, j])}."
+                    y[t] += top[t, j] * swiglu(xn[t], *(w[e + n + ".weight"] for n in names))
+            x = x + y
+        else:
+            x = x + swiglu(xn, *(w[p + "mlp." + n + "_proj.weight"] for n in ("gate", "up", "down")))
+    x = rms(x, w["model.norm.weight"])
+    out = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    return F.cross_entropy(x @ out.T, labels).item()
+
+
+def eager_experts(model):
+    """transformers 5 runs fused experts through torch._grouped_mm, which has no float64."""
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
+    elif hasattr(model.config, "_experts_implementation"):
+        model.config._experts_implementation = "eager"
+
+
 def cmd_reference(a):
     import torch
     import torch.nn.functional as F
@@ -103,6 +183,7 @@ def cmd_reference(a):
         theta = (getattr(model.config, "rope_parameters", None) or {}).get("rope_theta")
         if theta != 1e6:  # transformers 4 would store rope_parameters but compute with 10000
             fail(f"{name}: transformers built the model with rope_theta {theta}, not 1e6")
+        n_experts = 0
         with torch.no_grad():
             for n, p in model.named_parameters():
                 if n.endswith("norm.weight"):
@@ -112,28 +193,51 @@ def cmd_reference(a):
                 if n.endswith("_proj.bias"):
                     p.uniform_(-1.0, 1.0)
                 if n.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):  # routers
-                    p.normal_(0.0, 0.5)
+                    # logits of std ~1: no expert takes all, so renormalising the top k matters
+                    p.normal_(0.0, 0.06)
+                if ".experts." in n:  # large enough that the experts' output rivals attention's
+                    p.normal_(0.0, 0.06)
+                    n_experts += 1
+        if n_experts == 0 and not name.startswith("qwen2"):
+            fail(f"{name}: no parameter named like '.experts.' to make larger")
+        # Saved in bfloat16 (half the bytes to carry back from the GPU machine), then read back:
+        # the in-memory model cannot be the reference, since .to(bfloat16) also rounds its RoPE
+        # frequencies (a buffer), which a model read from the files recomputes.
+        model = model.to(torch.bfloat16)
         out = os.path.join(a.outdir, name)
+        model_dir = os.path.join(out, "model")
         os.makedirs(out, exist_ok=True)
-        model.save_pretrained(os.path.join(out, "model"), safe_serialization=True)
+        model.save_pretrained(model_dir, safe_serialization=True)
+        cls, config = type(model), model.config
+        del model
         seq = torch.randint(0, SHAPE["vocab"], (SHAPE["seq"],), generator=torch.Generator().manual_seed(5 + i))
         labels = torch.cat([seq[1:], seq[:1]])
+
+        def load(dtype):
+            m = cls.from_pretrained(model_dir, dtype=dtype)
+            eager_experts(m)
+            return m.eval()
 
         def loss_of(m):
             with torch.no_grad():
                 logits = m(input_ids=seq.unsqueeze(0)).logits[0].double()
                 return F.cross_entropy(logits, labels).item()
 
-        m64 = model.to(torch.float64).eval()
+        m64 = load(torch.float64)
         ref = loss_of(m64)
+        ref32 = loss_of(load(torch.float32))  # how far float32 arithmetic alone moves it
+        indep = independent_loss(model_dir, config, seq.tolist(), labels, torch)
+        if abs(indep - ref) > 1e-7 * abs(ref):  # transformers routes in float32
+            fail(f"{name}: transformers' loss {ref} and the forward written here {indep} differ")
         with torch.no_grad():
             plant(m64)
         planted = loss_of(m64)
+        rec = {"loss": ref, "loss_float32": ref32, "loss_independent": indep,
+               "loss_planted": planted}
         with open(os.path.join(out, "reference.json"), "w") as f:
-            json.dump({"seq": seq.tolist(), "loss": ref, "loss_planted": planted,
-                       "model": type(model).__name__,
+            json.dump({"seq": seq.tolist(), **rec, "model": cls.__name__,
                        "transformers_version": transformers.__version__}, f)
-        print(json.dumps({"model": name, "loss": ref, "loss_planted": planted}))
+        print(json.dumps({"model": name, **rec}))
 
 
 def run(cmd, log):
@@ -214,10 +318,13 @@ def cmd_check(a):
             fail(f"{jsonl}: no lm_loss for iteration 1")
         rel = abs(weft - ref["loss"]) / abs(ref["loss"])
         planted_rel = abs(ref["loss_planted"] - ref["loss"]) / abs(ref["loss"])
-        ok = rel < 1e-5 and planted_rel > 100 * 1e-5
+        ok = rel < TOL and planted_rel > 100 * TOL
         ok_all = ok_all and ok
         print(json.dumps({"model": name, "weft": weft, "transformers": ref["loss"],
-                          "rel_diff": rel, "planted_rel_diff": planted_rel, "pass": ok,
+                          "rel_diff": rel, "planted_rel_diff": planted_rel,
+                          "transformers_float32_rel_diff":
+                              abs(ref["loss_float32"] - ref["loss"]) / abs(ref["loss"]),
+                          "pass": ok,
                           "transformers_version": ref["transformers_version"]}))
     sys.exit(0 if ok_all else 1)
 
