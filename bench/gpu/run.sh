@@ -30,6 +30,8 @@
 #                                     transformers (docs/hf-interop.md)
 #   bash bench/gpu/run.sh hfqwen      random Qwen2, Qwen3-MoE and Mixtral models and transformers' losses,
 #                                     for weft's imports (tests/gpu/hf_qwen_check.py; needs no build)
+#   bash bench/gpu/run.sh hfqwenexp   transformers loads weft's exports of those imports (made here by
+#                                     `hf_qwen_check.py check --export-dir .hfexport`, carried along)
 #   bash bench/gpu/run.sh hftok       GPT2BPETokenizer and HuggingFaceTokenizer against transformers'
 #                                     AutoTokenizer (tests/gpu/hf_tokenizer_check.py)
 #   bash bench/gpu/run.sh tiktok      TikTokenizer against the tiktoken library, as Megatron builds
@@ -246,6 +248,12 @@ hfqwen)
   # The device returns at most 8 files of 16 MiB: a tar in 15 MiB parts; here
   # `cat hfqwen.tar.* | tar -xf -` gives back the folder.
   tar -C "$OUT" -cf - hfqwen | split -b 15M - "$OUT/hfqwen.tar." && rm -rf "$OUT/hfqwen"
+  ;;
+hfqwenexp)
+  # Phase 3 of tests/gpu/hf_qwen_check.py: transformers reads weft's exports, made here by
+  # `check --export-dir .hfexport` and carried along (run's carry: [".hfexport"]).
+  python3 tests/gpu/hf_qwen_check.py exported "${WEFT_HF_EXPORT_DIR:-.hfexport}"
+  echo "hf_qwen_check exported rc=$?"
   ;;
 tiktok)
   # TikTokenizer against the tiktoken library, built as Megatron's TikTokenizer builds it

@@ -28,6 +28,12 @@ tokenizers) here:
       loss (the imported weights') against transformers'. Passes when the relative difference is below
       TOL (1e-6) and the planted difference moves the loss by more than 100x that.
 
+  exported EXPORTDIR      (where transformers is)
+      `check --export-dir EXPORTDIR` also exports each imported checkpoint with `weft ckpt
+      export --dtype bf16` (its tensors must equal the original files' byte for byte) beside the
+      reference; this phase loads each export with AutoModelForCausalLM in float64 and requires
+      the reference's class and loss (to 1e-9): weft's config.json read by transformers.
+
 Prints one JSON line per model; exits 0 when every model passes, 1 when one does not, 2 when
 the input is not as expected.
 """
@@ -265,6 +271,47 @@ def read_npy_int64(path):
     return header["shape"], list(struct.unpack(f"<{len(body) // 8}q", body))
 
 
+def safetensors_tensors(model_dir):
+    """{name: (dtype, shape, bytes)} of every .safetensors file in model_dir."""
+    out = {}
+    for fn in sorted(os.listdir(model_dir)):
+        if not fn.endswith(".safetensors"):
+            continue
+        with open(os.path.join(model_dir, fn), "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+            data = f.read()
+        for k, v in header.items():
+            if k != "__metadata__":
+                a, b = v["data_offsets"]
+                out[k] = (v["dtype"], v["shape"], data[a:b])
+    return out
+
+
+def cmd_exported(a):
+    """transformers reads weft's exports (check --export-dir) and gives the reference loss."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM
+    ok_all = True
+    for name in MODELS:
+        d = os.path.join(a.exportdir, name)
+        with open(os.path.join(d, "weft_reference.json")) as f:
+            ref = json.load(f)
+        m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64)
+        eager_experts(m)
+        seq = torch.tensor(ref["seq"])
+        with torch.no_grad():
+            logits = m.eval()(input_ids=seq.unsqueeze(0)).logits[0]
+        loss = F.cross_entropy(logits, torch.cat([seq[1:], seq[:1]])).item()
+        rel = abs(loss - ref["loss"]) / abs(ref["loss"])
+        ok = rel < 1e-9 and type(m).__name__ == ref["model"]
+        ok_all = ok_all and ok
+        print(json.dumps({"model": name, "class": type(m).__name__, "loss": loss,
+                          "reference": ref["loss"], "rel_diff": rel, "pass": ok}))
+    sys.exit(0 if ok_all else 1)
+
+
 def cmd_check(a):
     ok_all = True
     for name in MODELS:
@@ -319,6 +366,17 @@ def cmd_check(a):
         rel = abs(weft - ref["loss"]) / abs(ref["loss"])
         planted_rel = abs(ref["loss_planted"] - ref["loss"]) / abs(ref["loss"])
         ok = rel < TOL and planted_rel > 100 * TOL
+        if a.export_dir:  # weft's export of the import, for the `exported` phase
+            exp = os.path.join(a.export_dir, name)
+            run([a.weft, "ckpt", "export", imported, exp, "--dtype", "bf16"],
+                os.path.join(work, "export.log"))
+            same = safetensors_tensors(exp) == safetensors_tensors(os.path.join(d, "model"))
+            if not same:
+                print(f"{name}: weft's bf16 export does not hold the imported files' tensors "
+                      "byte for byte")
+            ok = ok and same
+            with open(os.path.join(exp, "weft_reference.json"), "w") as f:
+                json.dump(ref, f)
         ok_all = ok_all and ok
         print(json.dumps({"model": name, "weft": weft, "transformers": ref["loss"],
                           "rel_diff": rel, "planted_rel_diff": planted_rel,
@@ -338,11 +396,11 @@ def main():
     c.add_argument("outdir")
     c.add_argument("weft")
     c.add_argument("--workdir", default="/tmp/weft-hf-qwen")
+    c.add_argument("--export-dir", help="also export each import here, for `exported`")
+    e = sub.add_parser("exported")
+    e.add_argument("exportdir")
     a = p.parse_args()
-    if a.cmd == "reference":
-        cmd_reference(a)
-    else:
-        cmd_check(a)
+    {"reference": cmd_reference, "check": cmd_check, "exported": cmd_exported}[a.cmd](a)
 
 
 if __name__ == "__main__":
