@@ -26,7 +26,10 @@ tokenizers) here:
       --use-checkpoint-args` iteration in float32 on the CPU, whose first batch
       (--dump-first-batch) must be D labelled D[1:] + [D[0]] in every sample; its iteration-1 lm
       loss (the imported weights') against transformers'. Passes when the relative difference is below
-      TOL (1e-6) and the planted difference moves the loss by more than 100x that.
+      TOL (1e-6) and the planted difference moves the loss by more than 100x that. Then `weft
+      generate --greedy` from the import continues D[:8] by 24 tokens, which must be
+      transformers' greedy `generate` of the same prompt (recorded with the smallest top-2
+      logit gap along it).
 
   exported EXPORTDIR      (where transformers is)
       `check --export-dir EXPORTDIR` also exports each imported checkpoint with `weft ckpt
@@ -45,6 +48,7 @@ import struct
 import subprocess
 import sys
 
+GEN_PROMPT, GEN_NEW = 8, 24  # greedy decoding: prompt D[:8], 24 new tokens
 TOL = 1e-6  # weft's float32 loss against the float64 references, relative
 SHAPE = dict(hidden=256, ffn=704, layers=4, heads=8, groups=4, vocab=1024, seq=128)
 MODELS = ("qwen2_tied", "qwen2_untied", "qwen3_moe_norm", "qwen3_moe_prob", "mixtral")
@@ -169,6 +173,20 @@ def independent_loss(model_dir, cfg, seq, labels, torch):
     return F.cross_entropy(x @ out.T, labels).item()
 
 
+def greedy_of(m, prompt, torch):
+    """transformers' greedy continuation (GEN_NEW tokens) of `prompt`, and the smallest gap
+    between the two largest logits along it (how far the argmax is from a tie)."""
+    with torch.no_grad():
+        out = m.generate(prompt.unsqueeze(0), max_new_tokens=GEN_NEW, do_sample=False,
+                         min_new_tokens=GEN_NEW, pad_token_id=0)[0]
+        logits = m(input_ids=out.unsqueeze(0)).logits[0, len(prompt) - 1:-1]
+    top2 = logits.topk(2, -1).values
+    new = out[len(prompt):].tolist()
+    if new != logits.argmax(-1).tolist():
+        fail("transformers' generate and the argmax of its forward differ")
+    return new, (top2[:, 0] - top2[:, 1]).min().item()
+
+
 def eager_experts(model):
     """transformers 5 runs fused experts through torch._grouped_mm, which has no float64."""
     if hasattr(model, "set_experts_implementation"):
@@ -235,11 +253,12 @@ def cmd_reference(a):
         indep = independent_loss(model_dir, config, seq.tolist(), labels, torch)
         if abs(indep - ref) > 1e-7 * abs(ref):  # transformers routes in float32
             fail(f"{name}: transformers' loss {ref} and the forward written here {indep} differ")
+        greedy, margin = greedy_of(m64, seq[:GEN_PROMPT], torch)
         with torch.no_grad():
             plant(m64)
         planted = loss_of(m64)
         rec = {"loss": ref, "loss_float32": ref32, "loss_independent": indep,
-               "loss_planted": planted}
+               "loss_planted": planted, "greedy": greedy, "greedy_min_margin": margin}
         with open(os.path.join(out, "reference.json"), "w") as f:
             json.dump({"seq": seq.tolist(), **rec, "model": cls.__name__,
                        "transformers_version": transformers.__version__}, f)
@@ -366,6 +385,19 @@ def cmd_check(a):
         rel = abs(weft - ref["loss"]) / abs(ref["loss"])
         planted_rel = abs(ref["loss_planted"] - ref["loss"]) / abs(ref["loss"])
         ok = rel < TOL and planted_rel > 100 * TOL
+        greedy = None
+        if "greedy" in ref:  # weft generate --greedy on the import against transformers' generate
+            r = subprocess.run([a.weft, "generate", "--load", imported, "--greedy", "--ignore-eos",
+                                "--prompt-ids",
+                                " ".join(str(t) for t in seq[:GEN_PROMPT]), "--max-new-tokens",
+                                str(GEN_NEW)], capture_output=True, text=True)
+            if r.returncode != 0:
+                fail(f"weft generate exited {r.returncode}: {r.stderr[-1000:]}")
+            greedy = [int(t) for t in r.stdout.split()]
+            if greedy != ref["greedy"]:
+                print(f"{name}: weft's greedy tokens {greedy} differ from transformers' "
+                      f"{ref['greedy']} (smallest top-2 logit gap {ref['greedy_min_margin']:.3g})")
+                ok = False
         if a.export_dir:  # weft's export of the import, for the `exported` phase
             exp = os.path.join(a.export_dir, name)
             run([a.weft, "ckpt", "export", imported, exp, "--dtype", "bf16"],
@@ -382,7 +414,8 @@ def cmd_check(a):
                           "rel_diff": rel, "planted_rel_diff": planted_rel,
                           "transformers_float32_rel_diff":
                               abs(ref["loss_float32"] - ref["loss"]) / abs(ref["loss"]),
-                          "pass": ok,
+                          "greedy_equal": None if greedy is None else greedy == ref["greedy"],
+                          "greedy_min_margin": ref.get("greedy_min_margin"), "pass": ok,
                           "transformers_version": ref["transformers_version"]}))
     sys.exit(0 if ok_all else 1)
 
