@@ -203,12 +203,17 @@ void add_ckpt_command(CLI::App* app) {
   im->add_option("OUT", *other, "new checkpoint directory (weft train --load OUT --finetune)")
       ->required();
   im->add_option("--format", *format, "hf")->capture_default_str();
+  auto import_dtype = std::make_shared<std::string>("fp32");
+  im->add_option("--dtype", *import_dtype,
+                 "fp32 | bf16 (float32 tensors rounded) | source (each weight as its files "
+                 "hold it: exact); any loads into the float32 master")
+      ->capture_default_str();
   im->callback([=] {
     check_format();
-    const HfImportStats st = hf_import_checkpoint(*dir, *other);
-    fmt::print("imported {} to {}: {} tensors, {} parameters ({:.2f} GB in float32); peak host "
+    const HfImportStats st = hf_import_checkpoint(*dir, *other, *import_dtype);
+    fmt::print("imported {} to {}: {} tensors, {} parameters ({:.2f} GB stored); peak host "
                "memory {:.2f} GB\n", *dir, *other, st.tensors, st.parameters,
-               st.parameters * 4e-9, peak_host_gb());
+               st.bytes * 1e-9, peak_host_gb());
   });
 }
 

@@ -569,6 +569,53 @@ void expect_refused(Fn fn, const std::string& needle, const std::string& out) {
               std::string::npos) << e.path();
 }
 
+// `weft ckpt import --dtype`: "source" keeps a bf16 model's bytes (half of float32's) and
+// trains exactly as the float32 import, on one rank and on pp2 x dp2 (the loader converts the
+// bf16 chunks, row-sliced, into the float32 master); "bf16" rounds float32 files; export of
+// either gives back the bf16 files byte for byte.
+TEST(HfInterop, ImportDtypeSourceAndBf16) {
+  const std::string ck = trained(tiny(), 1, "hfdt");
+  if (rank0()) [&] {
+    hf_export_checkpoint(ck, ck + "/ex", {});
+    HfExportOptions bf;
+    bf.dtype = "bf16";
+    hf_export_checkpoint(ck, ck + "/exbf", bf);
+    hf_import_checkpoint(ck + "/exbf", ck + "/im32");
+    const HfImportStats src = hf_import_checkpoint(ck + "/exbf", ck + "/imsrc", "source");
+    hf_import_checkpoint(ck + "/ex", ck + "/imbf", "bf16");  // float32 files rounded
+    EXPECT_EQ(src.bytes, 2 * src.parameters);
+    const std::string shard = "/iter_0000000/shard_00000.safetensors";
+    EXPECT_LT(fs::file_size(ck + "/imsrc" + shard), fs::file_size(ck + "/im32" + shard) * 60 / 100);
+    for (const auto& [name, t] : read_json(ck + "/imsrc/iter_0000000/metadata.json")["tensors"].items())
+      EXPECT_EQ(t["dtype"], "BF16") << name;
+    expect_same_weights(weights_of(ck + "/imsrc"), weights_of(ck + "/im32"));
+    EXPECT_TRUE(file_bytes(ck + "/imsrc" + shard) == file_bytes(ck + "/imbf" + shard));
+    hf_export_checkpoint(ck + "/imsrc", ck + "/ex2", bf);
+    expect_same_files(ck + "/exbf", ck + "/ex2");
+    expect_refused([&] { hf_import_checkpoint(ck + "/exbf", ck + "/bad", "fp16"); }, "--dtype",
+                   ck + "/bad");
+  }();
+  barrier();
+  for (int world : {1, 4}) {
+    std::vector<IterationStats> runs[2];
+    for (int k = 0; k < 2; ++k) {
+      TrainConfig ft = world == 1 ? tiny() : pp2dp2(tiny());
+      ft.load = ck + (k == 0 ? "/im32" : "/imsrc");
+      ft.finetune = true;
+      runs[k] = run_job(ft, world);
+    }
+    if (rank0()) [&] {
+      ASSERT_EQ(runs[0].size(), 2u);
+      ASSERT_EQ(runs[1].size(), 2u);
+      for (int i = 0; i < 2; ++i) {
+        EXPECT_EQ(runs[1][i].lm_loss, runs[0][i].lm_loss) << "world " << world << " it " << i + 1;
+        EXPECT_EQ(runs[1][i].grad_norm, runs[0][i].grad_norm) << "world " << world << " it " << i + 1;
+      }
+    }();
+  }
+  barrier();
+}
+
 // Writes `tensors` (name -> tensor) as dir/model.safetensors.
 void write_model(const std::string& dir, const std::map<std::string, at::Tensor>& tensors) {
   std::vector<SafetensorsWriteEntry> entries;

@@ -924,6 +924,29 @@ TEST(ModelOps, ResidualStreamEqualsSummedLayers) {
     }
 }
 
+// The embedding's gradient sums the rows of a repeated token in one fixed order, so a resumed
+// run's gradient norm is bitwise the uninterrupted one's (invariant 3). On the CPU, libtorch's
+// index_put_ with accumulate adds with atomics across threads above 32768 elements: here
+// 1024 tokens of 16 ids x 64 = 65536, two threads, ten backwards must agree bit for bit.
+TEST(ModelOps, EmbeddingGradientIsDeterministicOnTheCpu) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  const torch::Tensor tokens = torch::randint(16, {4, 256}, torch::kLong);
+  const torch::Tensor dy = torch::randn({4, 256, 64});
+  torch::Tensor first;
+  for (int run = 0; run < 10; ++run) {
+    FullParams params;
+    const ParamHandle h =
+        params.add(ParamSpec{"e", {16, 64}, InitKind::kNormal, true}, torch::randn({16, 64}));
+    (ops::embedding(tokens, h) * dy).sum().backward();
+    const torch::Tensor g = params.grad(0).clone();
+    if (run == 0) first = g;
+    EXPECT_TRUE(torch::equal(g, first)) << "run " << run << ": max diff "
+                                        << (g - first).abs().max().item<double>();
+  }
+  at::set_num_threads(threads);
+}
+
 TEST(ModelOps, EmbeddingAccumulatesRepeatedTokens) {
   FullParams params;
   const torch::Tensor w0 = torch::randn({7, 3}, torch::kDouble);

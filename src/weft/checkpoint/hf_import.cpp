@@ -19,6 +19,7 @@
 #include <set>
 #include <sstream>
 
+#include "weft/checkpoint/checkpoint.h"
 #include "weft/checkpoint/crc32c.h"
 #include "weft/checkpoint/format.h"
 #include "weft/checkpoint/hf_config.h"
@@ -206,6 +207,18 @@ at::Tensor HfModelReader::read(size_t i) const {
   return hf_merge(m, parts, model_);
 }
 
+c10::ScalarType HfModelReader::source_dtype(size_t i) const {
+  const HfTensorMap& m = maps_.at(i);
+  c10::ScalarType dtype = at::kFloat;
+  for (size_t j = 0; j < m.hf.size(); ++j) {
+    const std::string& file = where_.at(m.hf[j]);
+    const c10::ScalarType d = hf_dtype(m.hf[j], headers_.at(file).entries.at(m.hf[j]).dtype);
+    if (j > 0 && d != dtype) return at::kFloat;
+    dtype = d;
+  }
+  return dtype;
+}
+
 HfModel hf_read_model(const std::string& dir) {
   const HfModelReader reader(dir);
   HfModel out;
@@ -218,22 +231,27 @@ HfModel hf_read_model(const std::string& dir) {
 
 void ckpt_write_weights_only(const std::string& out, nlohmann::json meta,
                              const WeightShapes& shapes,
-                             const std::function<at::Tensor(size_t)>& weight) {
+                             const std::function<at::Tensor(size_t)>& weight,
+                             const std::vector<c10::ScalarType>& dtypes) {
+  WEFT_CHECK(dtypes.empty() || dtypes.size() == shapes.size(),
+             "ckpt_write_weights_only: {} dtypes for {} weights", dtypes.size(), shapes.size());
+  auto dtype_of = [&](size_t i) { return dtypes.empty() ? at::kFloat : dtypes[i]; };
   const std::string file = ckpt_shard_file_name(0);
   std::vector<SafetensorsWriteEntry> entries;
   std::vector<CkptChunk> chunks;
-  for (const auto& [key, shape] : shapes) {
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto& [key, shape] = shapes[i];
     SafetensorsWriteEntry e;
     e.name = key + "@0";
-    e.dtype = "F32";
+    e.dtype = ckpt_dtype_name(dtype_of(i));
     e.shape = shape;
-    e.nbytes = static_cast<size_t>(hf_numel(shape)) * sizeof(float);
+    e.nbytes = static_cast<size_t>(hf_numel(shape)) * c10::elementSize(dtype_of(i));
     entries.push_back(e);
     CkptChunk c;
     c.key = key;
     c.file = file;
     c.entry = e.name;
-    c.dtype = "F32";
+    c.dtype = e.dtype;
     c.shape = shape;
     c.offsets.assign(shape.size(), 0);
     c.lengths = shape;
@@ -261,7 +279,7 @@ void ckpt_write_weights_only(const std::string& out, nlohmann::json meta,
   auto source = [&](size_t i, size_t off, size_t n, const void** p) -> Status {
     if (!held.defined() || held_index != i) {
       held = at::Tensor();  // the previous weight goes before the next is read
-      at::Tensor w = weight(i).to(at::kCPU).to(at::kFloat).contiguous();
+      at::Tensor w = weight(i).to(at::kCPU).to(dtype_of(i)).contiguous();
       if (w.sizes().vec() != shapes[i].second)
         fail("weights-only checkpoint: weight '{}' has shape [{}], expected [{}]",
              shapes[i].first, fmt::join(w.sizes(), ","), fmt::join(shapes[i].second, ","));
@@ -289,7 +307,8 @@ void ckpt_write_weights_only(const std::string& out, nlohmann::json meta,
     const nlohmann::json cj = chunks_json(crcs);
     nlohmann::json tensors = nlohmann::json::object();
     for (size_t i = 0; i < chunks.size(); ++i)
-      tensors[chunks[i].key] = {{"shape", chunks[i].shape}, {"dtype", "F32"}, {"chunks", {cj[i]}}};
+      tensors[chunks[i].key] = {
+          {"shape", chunks[i].shape}, {"dtype", chunks[i].dtype}, {"chunks", {cj[i]}}};
     meta["format"] = kCheckpointFormat;
     meta["version"] = kCheckpointVersion;
     meta["iteration"] = 0;

@@ -44,6 +44,9 @@ class HfModelReader {
   const std::vector<HfTensorMap>& tensors() const { return maps_; }
   // Weight i of tensors(): read, converted to float32 exactly, merged into weft's layout.
   at::Tensor read(size_t i) const;
+  // The dtype the files hold weight i's parts in (F32, BF16 or F16); float32 where its parts
+  // differ. Converting read(i) to it is exact.
+  c10::ScalarType source_dtype(size_t i) const;
 
  private:
   at::Tensor read_hf(const std::string& name, const std::vector<int64_t>& shape) const;
@@ -68,13 +71,15 @@ HfModel hf_read_model(const std::string& dir);
 // out/iter_0000000/{metadata.json, shard_00000.safetensors}. `meta` supplies config and any
 // extra fields; format, version, iteration, weights_only, layout and tensors are set here.
 // `shapes` names each weight and its global shape, in the order written; weight(i) produces
-// weight i (any float dtype and device; stored as float32) when the file reaches it, and is
-// released before weight i + 1 is asked for. Refuses an existing non-empty `out`
-// (UsageError); throws Error on I/O failure or a weight of another shape.
+// weight i (any float dtype and device) when the file reaches it, and is released before
+// weight i + 1 is asked for. Weight i is stored as dtypes[i] (float32 where `dtypes` is empty;
+// the loader converts any float dtype into the float32 master). Refuses an existing non-empty
+// `out` (UsageError); throws Error on I/O failure or a weight of another shape.
 using WeightShapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 void ckpt_write_weights_only(const std::string& out, nlohmann::json meta,
                              const WeightShapes& shapes,
-                             const std::function<at::Tensor(size_t)>& weight);
+                             const std::function<at::Tensor(size_t)>& weight,
+                             const std::vector<c10::ScalarType>& dtypes = {});
 // The same from weights in memory (written in name order).
 void ckpt_write_weights_only(const std::string& out, nlohmann::json meta,
                              const std::map<std::string, at::Tensor>& weights);

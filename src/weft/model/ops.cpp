@@ -273,11 +273,18 @@ struct EmbeddingFn : Function<EmbeddingFn> {
     const int64_t n = dy.size(-1);
 
     at::Tensor buf = fetch_grad_buffer(h, {rows, n});
-    // index_put_ with accumulate (not index_add_): on CUDA it is the sort-based kernel, so the
-    // sum over repeated tokens is deterministic (invariant 3, bitwise resume).
-    c10::List<c10::optional<at::Tensor>> index;
-    index.push_back(c10::optional<at::Tensor>(tokens.reshape({-1})));
-    buf.index_put_(index, dy.reshape({-1, n}).to(buf.scalar_type()), /*accumulate=*/true);
+    // The sum over repeated tokens in a fixed order (invariant 3, bitwise resume). On CUDA,
+    // index_put_ with accumulate is the sort-based kernel (index_add_ would use atomics); on
+    // the CPU it is the other way round: index_put_ adds with atomics across threads above
+    // 32768 elements, while index_add_ adds the rows one index after another.
+    const at::Tensor rows_dy = dy.reshape({-1, n}).to(buf.scalar_type());
+    if (buf.is_cuda()) {
+      c10::List<c10::optional<at::Tensor>> index;
+      index.push_back(c10::optional<at::Tensor>(tokens.reshape({-1})));
+      buf.index_put_(index, rows_dy, /*accumulate=*/true);
+    } else {
+      buf.index_add_(0, tokens.reshape({-1}), rows_dy);
+    }
     h.source->grad_ready(h.index);
     return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }

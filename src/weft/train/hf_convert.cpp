@@ -48,7 +48,10 @@ void hf_export_checkpoint(const std::string& ckpt, const std::string& out,
   hf_export(cfg, source, ids, out, options);
 }
 
-HfImportStats hf_import_checkpoint(const std::string& hf_dir, const std::string& out) {
+HfImportStats hf_import_checkpoint(const std::string& hf_dir, const std::string& out,
+                                   const std::string& dtype) {
+  if (dtype != "fp32" && dtype != "bf16" && dtype != "source")
+    fail_usage("--dtype '{}': expected fp32, bf16 or source", dtype);
   const HfModelReader reader(hf_dir);
   TrainConfig tc;
   tc.model = reader.model();
@@ -57,13 +60,19 @@ HfImportStats hf_import_checkpoint(const std::string& hf_dir, const std::string&
   meta["hf"] = {{"special_ids", hf_special_ids(reader.config())}, {"config", reader.config()}};
   // One weight at a time from the Hugging Face files into the checkpoint's (hf_import.h).
   WeightShapes shapes;
+  std::vector<c10::ScalarType> dtypes;
   HfImportStats stats;
-  for (const HfTensorMap& m : reader.tensors()) {
+  for (size_t i = 0; i < reader.tensors().size(); ++i) {
+    const HfTensorMap& m = reader.tensors()[i];
     shapes.emplace_back(m.weft, m.shape);
+    dtypes.push_back(dtype == "fp32"   ? at::kFloat
+                     : dtype == "bf16" ? at::kBFloat16
+                                       : reader.source_dtype(i));
     stats.parameters += hf_numel(m.shape);
+    stats.bytes += hf_numel(m.shape) * static_cast<int64_t>(c10::elementSize(dtypes.back()));
   }
   stats.tensors = static_cast<int64_t>(shapes.size());
-  ckpt_write_weights_only(out, meta, shapes, [&](size_t i) { return reader.read(i); });
+  ckpt_write_weights_only(out, meta, shapes, [&](size_t i) { return reader.read(i); }, dtypes);
   return stats;
 }
 

@@ -26,7 +26,13 @@ void hf_export_checkpoint(const std::string& ckpt, const std::string& out,
 struct HfImportStats {
   int64_t tensors = 0;     // weft tensors written
   int64_t parameters = 0;  // their elements
+  int64_t bytes = 0;       // their stored bytes
 };
-HfImportStats hf_import_checkpoint(const std::string& hf_dir, const std::string& out);
+// `dtype` (`weft ckpt import --dtype`): how the weights are stored: "fp32" (the master's
+// dtype), "bf16" (float32 sources rounded to nearest even), or "source" (each weight in the
+// dtype its files hold it in: exact, half the bytes of float32 for a bf16 model). Any of them
+// loads into the float32 master.
+HfImportStats hf_import_checkpoint(const std::string& hf_dir, const std::string& out,
+                                   const std::string& dtype = "fp32");
 
 }  // namespace weft
