@@ -124,8 +124,16 @@ std::vector<std::string> ckpt_differences(const std::string& a, const std::strin
     at::Tensor x, y;
     if (Status s = read_full(la, key, fa, &x); !s) fail("{}", s.message());
     if (Status s = read_full(lb, key, fb, &y); !s) fail("{}", s.message());
-    if (x.sizes() != y.sizes() || x.scalar_type() != y.scalar_type()) {
-      out.push_back(fmt::format("differ: {} (shape or dtype)", key));
+    if (x.sizes() != y.sizes()) {
+      out.push_back(fmt::format("differ: {} (shape [{}] vs [{}])", key, fmt::join(x.sizes(), ","),
+                                fmt::join(y.sizes(), ",")));
+      continue;
+    }
+    if (x.scalar_type() != y.scalar_type()) {  // e.g. `weft ckpt import --dtype source` vs fp32
+      const bool values = at::equal(x.to(at::kDouble), y.to(at::kDouble));
+      out.push_back(fmt::format("differ: {} (dtype {} vs {}; {})", key, ckpt_dtype_name(x.scalar_type()),
+                                ckpt_dtype_name(y.scalar_type()),
+                                values ? "the same values" : "the values differ too"));
       continue;
     }
     // atol < 0: scaled to the key, rtol * its largest magnitude (elements near zero, e.g. Adam

@@ -100,6 +100,16 @@ run 1 "diff A C --atol 1" ckpt diff "$dir/a" "$dir/c" --atol 1 && {
 }
 run 1 "diff A C --atol 1e-9" ckpt diff "$dir/a" "$dir/c" --atol 1e-9 &&
   has "differ: embedding.word_embeddings.weight" "diff A C --atol 1e-9"
+# One model stored in two dtypes (import --dtype source of a bf16 export vs the fp32 default):
+# every key differs by dtype only, and diff says the values are the same.
+run 0 "export A bf16" ckpt export "$dir/a" "$dir/hf" --dtype bf16
+run 0 "import fp32" ckpt import "$dir/hf" "$dir/i32"
+run 0 "import source" ckpt import "$dir/hf" "$dir/isrc" --dtype source
+run 1 "diff import fp32 vs source" ckpt diff "$dir/i32" "$dir/isrc" && {
+  has "differ: embedding.word_embeddings.weight (dtype F32 vs BF16; the same values)" "diff dtypes"
+  hasnt "the values differ too" "diff dtypes"
+}
+run 2 "import --dtype fp16" ckpt import "$dir/hf" "$dir/i16" --dtype fp16 && has "--dtype" "import --dtype fp16"
 run 2 "diff with one DIR" ckpt diff "$dir/a"
 run 2 "diff --rtol not a number" ckpt diff "$dir/a" "$dir/b" --rtol abc
 
