@@ -130,9 +130,11 @@ std::vector<std::string> ckpt_differences(const std::string& a, const std::strin
       continue;
     }
     if (x.scalar_type() != y.scalar_type()) {  // e.g. `weft ckpt import --dtype source` vs fp32
-      const bool values = at::equal(x.to(at::kDouble), y.to(at::kDouble));
-      out.push_back(fmt::format("differ: {} (dtype {} vs {}; {})", key, ckpt_dtype_name(x.scalar_type()),
-                                ckpt_dtype_name(y.scalar_type()),
+      const at::Tensor u = x.to(at::kDouble), v = y.to(at::kDouble);
+      const bool values =
+          at::logical_or(u.eq(v), at::logical_and(u.isnan(), v.isnan())).all().item<bool>();
+      out.push_back(fmt::format("differ: {} (dtype {} vs {}; {})", key,
+                                ckpt_dtype_name(x.scalar_type()), ckpt_dtype_name(y.scalar_type()),
                                 values ? "the same values" : "the values differ too"));
       continue;
     }
@@ -194,7 +196,8 @@ void add_ckpt_command(CLI::App* app) {
   ex->add_option("CKPT", *dir, "save directory or iter_NNNNNNN directory")->required();
   ex->add_option("OUT", *other, "new output directory")->required();
   ex->add_option("--format", *format, "hf")->capture_default_str();
-  ex->add_option("--dtype", *dtype, "fp32 | bf16 (from the fp32 master)")->capture_default_str();
+  ex->add_option("--dtype", *dtype, "fp32 | bf16 (from the fp32 master, else the stored weights)")
+      ->capture_default_str();
   ex->add_option("--max-shard-size", *shard, "largest safetensors file (5GB, 500MB, 2GiB, ...)")
       ->capture_default_str();
   ex->callback([=] {
@@ -213,8 +216,8 @@ void add_ckpt_command(CLI::App* app) {
   im->add_option("--format", *format, "hf")->capture_default_str();
   auto import_dtype = std::make_shared<std::string>("fp32");
   im->add_option("--dtype", *import_dtype,
-                 "fp32 | bf16 (float32 tensors rounded) | source (each weight as its files "
-                 "hold it: exact); any loads into the float32 master")
+                 "fp32 | bf16 (wider tensors rounded; NemotronH's expert bias kept) | source "
+                 "(each weight as its files hold it: exact); any loads into the float32 master")
       ->capture_default_str();
   im->callback([=] {
     check_format();

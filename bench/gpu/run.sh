@@ -206,7 +206,6 @@ hfnemo)
   # CUDA: weft's iteration-3 loss against transformers' NemotronHForCausalLM on the export of
   # the iteration-2 checkpoint. Sequences of 64 stay within one SSD chunk (transformers' PyTorch
   # scan summed the inter-chunk states over the wrong axis in some versions; docs/hf-interop.md).
-  # Written in a session without a GPU machine: not run yet.
   H="$OUT/hfnemo"; rm -rf "$H"; mkdir -p "$H"
   NT=(--hybrid-layer-pattern "M-*EM-E*" --squared-relu --position-embedding-type none
       --hidden-size 256 --num-attention-heads 8 --num-query-groups 4 --ffn-hidden-size 512
@@ -229,20 +228,18 @@ hfnemo)
 hftok)
   # Three byte-level BPE tokenizers trained by the tokenizers library (GPT-2's, Llama 3's and
   # Qwen's pipelines) and weft's encoding of a multilingual text set compared token by token
-  # with AutoTokenizer's. Needs no GPU, only transformers. Written in a session without a GPU
-  # machine: not run yet.
+  # with AutoTokenizer's. Needs no GPU, only transformers (docs/data-format.md has the figures).
   # Phase 1 only where weft was built without ICU (the docstring says how to finish).
   w=./$B/app/weft
   grep -q "^ICU_INCLUDE_DIR:PATH=/" $B/CMakeCache.txt 2>/dev/null || w=-
   python3 tests/gpu/hf_tokenizer_check.py "$w" "$OUT/hftok"
   echo "hf_tokenizer_check rc=$?"
   # The device returns at most 8 files, 2 folders down: one tar ($OUT/hftok.tar) to unpack here.
-  [ "$w" = - ] && tar -C "$OUT" -cf "$OUT/hftok.tar" hftok && rm -rf "$OUT/hftok"
+  if [ "$w" = - ]; then tar -C "$OUT" -cf "$OUT/hftok.tar" hftok && rm -rf "$OUT/hftok"; fi
   ;;
 hfqwen)
   # Phase 1 of tests/gpu/hf_qwen_check.py: the models and transformers' losses under
-  # $OUT/hfqwen; phase 2 (`check`) runs where weft is built. Written in a session without a GPU
-  # machine: not run yet.
+  # $OUT/hfqwen; phase 2 (`check`) runs where weft is built (docs/hf-interop.md has the figures).
   python3 tests/gpu/hf_qwen_check.py reference "$OUT/hfqwen"
   echo "hf_qwen_check reference rc=$?"
   # The device returns at most 8 files of 16 MiB: a tar in 15 MiB parts; here

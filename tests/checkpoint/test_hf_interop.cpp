@@ -850,6 +850,17 @@ TEST(HfInterop, NemotronHRoundTripNamesAndConfig) {
       const nlohmann::json h16 = raw_header(ck + "/ex16/model.safetensors");
       EXPECT_EQ(h16["backbone.layers.3.mixer.gate.e_score_correction_bias"]["dtype"], "F32");
       EXPECT_EQ(h16["backbone.layers.3.mixer.gate.weight"]["dtype"], "BF16");
+      // import --dtype bf16 / source of those files: the expert bias stays float32, and the
+      // re-export gives the same files back.
+      for (const char* dt : {"bf16", "source"}) {
+        const std::string im = ck + "/im16" + dt;
+        hf_import_checkpoint(ck + "/ex16", im, dt);
+        const nlohmann::json t = read_json(im + "/iter_0000000/metadata.json")["tensors"];
+        EXPECT_EQ(t["decoder.layers.3.mlp.router.expert_bias"]["dtype"], "F32") << dt;
+        EXPECT_EQ(t["decoder.layers.3.mlp.router.weight"]["dtype"], "BF16") << dt;
+        hf_export_checkpoint(im, im + "ex", bf16);
+        expect_same_files(ck + "/ex16", im + "ex");
+      }
     }();
     barrier();
   }

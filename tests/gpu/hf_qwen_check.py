@@ -17,7 +17,8 @@ tokenizers) here:
       enough that every part moves the loss. The models are saved in bfloat16 and read back:
       the reference is transformers' float64 loss of the files, checked against a float64
       forward written in this script from the architectures' definitions (to 1e-7: transformers
-      computes the routers' softmax in float32).
+      computes RMSNorm, the RoPE tables and the routers' softmax in float32 even in a float64
+      model).
 
   check OUTDIR WEFT       (here, with the weft binary WEFT)
       for each model: a corpus of 64 copies of D as NullTokenizer text (space-separated ids, no
@@ -112,7 +113,17 @@ def independent_loss(model_dir, cfg, seq, labels, torch):
     import glob
     from safetensors.torch import load_file
     F = torch.nn.functional
-    w = {}
+    class Used(dict):  # records every tensor read, so none of the files goes unchecked
+        seen = set()
+
+        def __getitem__(self, k):
+            self.seen.add(k)
+            return dict.__getitem__(self, k)
+
+        def get(self, k, default=None):
+            return self[k] if k in self else default
+
+    w = Used()
     for f in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
         w.update({k: v.to(torch.float64) for k, v in load_file(f).items()})
     h, nh, ng = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
@@ -170,16 +181,22 @@ def independent_loss(model_dir, cfg, seq, labels, torch):
             x = x + swiglu(xn, *(w[p + "mlp." + n + "_proj.weight"] for n in ("gate", "up", "down")))
     x = rms(x, w["model.norm.weight"])
     out = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    unused = set(w) - Used.seen
+    if unused:
+        fail(f"the forward written here does not read {sorted(unused)[:5]}")
     return F.cross_entropy(x @ out.T, labels).item()
 
 
 def greedy_of(m, prompt, torch):
     """transformers' greedy continuation (GEN_NEW tokens) of `prompt`, and the smallest gap
     between the two largest logits along it (how far the argmax is from a tie)."""
+    m.generation_config.eos_token_id = None  # weft runs with --ignore-eos
     with torch.no_grad():
         out = m.generate(prompt.unsqueeze(0), max_new_tokens=GEN_NEW, do_sample=False,
-                         min_new_tokens=GEN_NEW, pad_token_id=0)[0]
+                         pad_token_id=0)[0]
         logits = m(input_ids=out.unsqueeze(0)).logits[0, len(prompt) - 1:-1]
+    if len(out) != len(prompt) + GEN_NEW:
+        fail(f"transformers generated {len(out) - len(prompt)} tokens, not {GEN_NEW}")
     top2 = logits.topk(2, -1).values
     new = out[len(prompt):].tolist()
     if new != logits.argmax(-1).tolist():
@@ -251,7 +268,7 @@ def cmd_reference(a):
         ref = loss_of(m64)
         ref32 = loss_of(load(torch.float32))  # how far float32 arithmetic alone moves it
         indep = independent_loss(model_dir, config, seq.tolist(), labels, torch)
-        if abs(indep - ref) > 1e-7 * abs(ref):  # transformers routes in float32
+        if abs(indep - ref) > 1e-7 * abs(ref):  # transformers' norms, RoPE, routers in float32
             fail(f"{name}: transformers' loss {ref} and the forward written here {indep} differ")
         greedy, margin = greedy_of(m64, seq[:GEN_PROMPT], torch)
         with torch.no_grad():

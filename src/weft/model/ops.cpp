@@ -275,8 +275,9 @@ struct EmbeddingFn : Function<EmbeddingFn> {
     at::Tensor buf = fetch_grad_buffer(h, {rows, n});
     // The sum over repeated tokens in a fixed order (invariant 3, bitwise resume). On CUDA,
     // index_put_ with accumulate is the sort-based kernel (index_add_ would use atomics); on
-    // the CPU it is the other way round: index_put_ adds with atomics across threads above
-    // 32768 elements, while index_add_ adds the rows one index after another.
+    // the CPU it is the other way round: index_put_ adds float32 with atomics across threads
+    // above 32768 elements, while index_add_ sums each row in index order (libtorch 1.13: one
+    // index after another; 2.x: as scatter_add_, sorted or split over columns).
     const at::Tensor rows_dy = dy.reshape({-1, n}).to(buf.scalar_type());
     if (buf.is_cuda()) {
       c10::List<c10::optional<at::Tensor>> index;

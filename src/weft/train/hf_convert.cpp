@@ -65,8 +65,10 @@ HfImportStats hf_import_checkpoint(const std::string& hf_dir, const std::string&
   for (size_t i = 0; i < reader.tensors().size(); ++i) {
     const HfTensorMap& m = reader.tensors()[i];
     shapes.emplace_back(m.weft, m.shape);
+    // NemotronH's expert bias (HfTensorMap::float32) chooses the experts by small margins and
+    // is updated in small steps: kept in float32 unless its files hold it narrower.
     dtypes.push_back(dtype == "fp32"   ? at::kFloat
-                     : dtype == "bf16" ? at::kBFloat16
+                     : dtype == "bf16" ? (m.float32 ? reader.source_dtype(i) : at::kBFloat16)
                                        : reader.source_dtype(i));
     stats.parameters += hf_numel(m.shape);
     stats.bytes += hf_numel(m.shape) * static_cast<int64_t>(c10::elementSize(dtypes.back()));

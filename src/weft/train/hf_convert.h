@@ -29,9 +29,10 @@ struct HfImportStats {
   int64_t bytes = 0;       // their stored bytes
 };
 // `dtype` (`weft ckpt import --dtype`): how the weights are stored: "fp32" (the master's
-// dtype), "bf16" (float32 sources rounded to nearest even), or "source" (each weight in the
-// dtype its files hold it in: exact, half the bytes of float32 for a bf16 model). Any of them
-// loads into the float32 master.
+// dtype), "bf16" (F32 and F16 sources rounded to nearest even, except NemotronH's expert bias,
+// kept as its files hold it), or "source" (each weight in the dtype its files hold it in:
+// exact, half the bytes of float32 for a bf16 model). Any of them loads into the float32
+// master.
 HfImportStats hf_import_checkpoint(const std::string& hf_dir, const std::string& out,
                                    const std::string& dtype = "fp32");
 
