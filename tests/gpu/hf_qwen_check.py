@@ -114,7 +114,9 @@ def independent_loss(model_dir, cfg, seq, labels, torch):
     from safetensors.torch import load_file
     F = torch.nn.functional
     class Used(dict):  # records every tensor read, so none of the files goes unchecked
-        seen = set()
+        def __init__(self):
+            super().__init__()
+            self.seen = set()
 
         def __getitem__(self, k):
             self.seen.add(k)
@@ -181,10 +183,17 @@ def independent_loss(model_dir, cfg, seq, labels, torch):
             x = x + swiglu(xn, *(w[p + "mlp." + n + "_proj.weight"] for n in ("gate", "up", "down")))
     x = rms(x, w["model.norm.weight"])
     out = w.get("lm_head.weight", w["model.embed_tokens.weight"])
-    unused = set(w) - Used.seen
+    unused = set(w) - w.seen
     if unused:
         fail(f"the forward written here does not read {sorted(unused)[:5]}")
     return F.cross_entropy(x @ out.T, labels).item()
+
+
+def next_token_loss(m, seq, torch):
+    """The float64 cross entropy of model m predicting seq[1:] + [seq[0]] from seq."""
+    with torch.no_grad():
+        logits = m(input_ids=seq.unsqueeze(0)).logits[0].double()
+    return torch.nn.functional.cross_entropy(logits, torch.cat([seq[1:], seq[:1]])).item()
 
 
 def greedy_of(m, prompt, torch):
@@ -214,7 +223,6 @@ def eager_experts(model):
 
 def cmd_reference(a):
     import torch
-    import torch.nn.functional as F
     import transformers
 
     for i, name in enumerate(MODELS):
@@ -260,9 +268,7 @@ def cmd_reference(a):
             return m.eval()
 
         def loss_of(m):
-            with torch.no_grad():
-                logits = m(input_ids=seq.unsqueeze(0)).logits[0].double()
-                return F.cross_entropy(logits, labels).item()
+            return next_token_loss(m, seq, torch)
 
         m64 = load(torch.float64)
         ref = loss_of(m64)
@@ -327,7 +333,6 @@ def safetensors_tensors(model_dir):
 def cmd_exported(a):
     """transformers reads weft's exports (check --export-dir) and gives the reference loss."""
     import torch
-    import torch.nn.functional as F
     from transformers import AutoModelForCausalLM
     ok_all = True
     for name in MODELS:
@@ -336,10 +341,7 @@ def cmd_exported(a):
             ref = json.load(f)
         m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64)
         eager_experts(m)
-        seq = torch.tensor(ref["seq"])
-        with torch.no_grad():
-            logits = m.eval()(input_ids=seq.unsqueeze(0)).logits[0]
-        loss = F.cross_entropy(logits, torch.cat([seq[1:], seq[:1]])).item()
+        loss = next_token_loss(m.eval(), torch.tensor(ref["seq"]), torch)
         rel = abs(loss - ref["loss"]) / abs(ref["loss"])
         ok = rel < 1e-9 and type(m).__name__ == ref["model"]
         ok_all = ok_all and ok

@@ -70,8 +70,9 @@ HfImportStats hf_import_checkpoint(const std::string& hf_dir, const std::string&
     dtypes.push_back(dtype == "fp32"   ? at::kFloat
                      : dtype == "bf16" ? (m.float32 ? reader.source_dtype(i) : at::kBFloat16)
                                        : reader.source_dtype(i));
-    stats.parameters += hf_numel(m.shape);
-    stats.bytes += hf_numel(m.shape) * static_cast<int64_t>(c10::elementSize(dtypes.back()));
+    const int64_t n = hf_numel(m.shape);
+    stats.parameters += n;
+    stats.bytes += n * static_cast<int64_t>(c10::elementSize(dtypes.back()));
   }
   stats.tensors = static_cast<int64_t>(shapes.size());
   ckpt_write_weights_only(out, meta, shapes, [&](size_t i) { return reader.read(i); }, dtypes);
