@@ -69,6 +69,7 @@ struct TrainArgs {
   bool account_for_embedding = false, account_for_loss = false;  // --account-for-*-in-pipeline-split
   CLI::App* app = nullptr;  // the command's flags, to ask which were given
   bool use_checkpoint_args = false;
+  bool group_query_attention = false;  // Megatron's --group-query-attention
   bool vocab_from_checkpoint = false;
   bool global_batch_given = false;  // else micro-batch x dp, once the world size is known
   bool allow_ambiguous_pad_tokens = false;  // Megatron's: keep a pad equal to the eod
@@ -107,9 +108,12 @@ void add_flags(CLI::App* c, TrainArgs* a) {
               "MLPs and experts are fc2(relu(fc1 x)^2), no gate (Megatron's flag, Nemotron-H's "
               "MLP); default SwiGLU");
   opt("--num-attention-heads", m.num_attention_heads, "attention heads");
+  c->add_flag("--group-query-attention", a->group_query_attention,
+              "grouped-query attention: --num-query-groups key/value heads (Megatron's flag; "
+              "without it one key/value head per attention head)");
   c->add_option("--num-query-groups", m.num_query_groups,
-                "key/value heads (grouped-query attention; default: one per attention head, as "
-                "Megatron without --group-query-attention)")
+                "key/value heads with --group-query-attention (Megatron's default 1); without "
+                "that flag it has no effect, as in Megatron")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   opt("--kv-channels", m.kv_channels, "head dim of the attention (-1: hidden / heads)");
   c->add_flag("--qk-layernorm", m.qk_layernorm,
@@ -315,7 +319,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       "and log_all also refuse / warn about checkpoint keys nothing loads; ignore_all; "
       "return_all and return_unexpected log as log_all and log_unexpected");
   opt("--exit-interval", t.exit_interval, "save and exit when iteration % N == 0 (0: off)");
-  opt("--exit-duration-in-mins", t.exit_duration_mins, "save and exit after this many minutes (0: off)");
+  opt("--exit-duration-in-mins", t.exit_duration_mins,
+      "save and exit after the first iteration ending this many minutes after the process "
+      "started (0: off)");
   opt("--distributed-timeout-minutes", t.distributed_timeout_minutes,
       "abort the job when a communication call waits longer than this (fractions allowed)");
   opt("--distributed-backend", a->backend,
@@ -601,12 +607,15 @@ void resolve_train_args(TrainArgs* a) {
       a->hybrid_pattern != a->hybrid_override_pattern)
     fail_usage("--hybrid-layer-pattern and its deprecated name --hybrid-override-pattern "
                "disagree; give one");
-  // Megatron's --num-query-groups applies with --group-query-attention; without either, the
-  // attention has a key/value head per query head. weft applies a given --num-query-groups
-  // without the other flag too (recipe_flags.h); a checkpoint's, under --use-checkpoint-args,
-  // replaces this below.
-  if (a->app->get_option("--num-query-groups")->count() == 0)
-    t.model.num_query_groups = t.model.num_attention_heads;
+  // Megatron's --num-query-groups (default 1) applies only with --group-query-attention;
+  // without it the attention has a key/value head per query head, and a given
+  // --num-query-groups has no effect (a warning below). A checkpoint's groups, under
+  // --use-checkpoint-args, replace these below unless --group-query-attention is given.
+  const bool query_groups_ignored =
+      !a->group_query_attention && a->app->get_option("--num-query-groups")->count() > 0;
+  const int ignored_groups = t.model.num_query_groups;
+  if (!a->group_query_attention) t.model.num_query_groups = t.model.num_attention_heads;
+  else if (a->app->get_option("--num-query-groups")->count() == 0) t.model.num_query_groups = 1;
   t.model.position_embedding_type = a->recipe.position_embedding_type;  // checked below
   // Megatron's older flags: --use-rotary-position-embeddings sets rope; --no-position-embedding
   // is an error beside another type than rope.
@@ -631,6 +640,7 @@ void resolve_train_args(TrainArgs* a) {
         if (std::string(flag) == "--vocab-size")
           return a->padded_vocab_size > 0 ||
                  (a->app->get_option(flag)->count() > 0 && vocab_flag_sizes_model(a->tokenizer));
+        if (std::string(flag) == "--num-query-groups") return a->group_query_attention;
         return a->app->get_option(flag)->count() > 0 ||
                (saved->imported && std::string(flag) == "--seq-length");
       };
@@ -697,6 +707,14 @@ void resolve_train_args(TrainArgs* a) {
   a->global_batch_given = a->app->get_option("--global-batch-size")->count() > 0;
   check_recipe_flags(a->recipe, t.model.seq_length);
   a->megatron_warnings = check_megatron_flags(a->megatron);
+  if (query_groups_ignored)
+    a->megatron_warnings.push_back(fmt::format(
+        "--num-query-groups {} has no effect without --group-query-attention (as in Megatron): "
+        "the attention has {}; add --group-query-attention for {} key/value heads",
+        ignored_groups,
+        model_from_checkpoint ? "the checkpoint's key/value heads"
+                              : "one key/value head per attention head",
+        ignored_groups));
   if (swiglu_ignored)
     a->megatron_warnings.push_back("--swiglu is ignored: --use-checkpoint-args takes the "
                                    "checkpoint's --squared-relu (as Megatron forces its "

@@ -29,7 +29,6 @@ void add_recipe_flags(CLI::App* c, RecipeFlags* r) {
   for (auto [name, help] : {
            std::pair{"--swiglu", "the MLP is SwiGLU (weft's default; not with --squared-relu)"},
            {"--disable-bias-linear", "no linear biases (always; --add-qkv-bias adds the QKV one)"},
-           {"--group-query-attention", "--num-query-groups applies (in weft whenever it is given)"},
            {"--use-rotary-position-embeddings",
             "Megatron's older name of --position-embedding-type rope"},
            {"--use-distributed-optimizer",

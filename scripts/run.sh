@@ -17,7 +17,7 @@ W=./build/app/weft
 R=runs/main
 mkdir -p "$R"
 MODEL=(--pipeline-model-parallel-size 2 --num-layers 4 --hidden-size 64 --ffn-hidden-size 172
-       --num-attention-heads 4 --num-query-groups 2 --seq-length 64 --micro-batch-size 2
+       --num-attention-heads 4 --group-query-attention --num-query-groups 2 --seq-length 64 --micro-batch-size 2
        --global-batch-size 16 --train-iters 400 --lr 3e-3 --min-lr 3e-4 --lr-warmup-iters 10
        --lr-decay-style cosine --adam-beta2 0.95
        --eval-interval 100 --eval-iters 4 --log-interval 50)

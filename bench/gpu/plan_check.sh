@@ -29,16 +29,16 @@ check() {  # name, flags...
     "import json,sys; print(json.load(sys.stdin)['max_peak']/2**20)")
   python3 -c "m=float('${measured:-nan}'); e=float('$est'); print(f'$name: measured {m:.1f} MB, plan {e:.1f} MB, plan/measured {e/m:.3f}')"
 }
-D8=(--num-layers 16 --hidden-size 2048 --num-attention-heads 16 --num-query-groups 8
+D8=(--num-layers 16 --hidden-size 2048 --num-attention-heads 16 --group-query-attention --num-query-groups 8
     --ffn-hidden-size 5632 --vocab-size 32000 --seq-length 4096)
 check 0.8b "${D8[@]}" --micro-batch-size 2 --global-batch-size 2
-check 125m --num-layers 12 --hidden-size 768 --num-attention-heads 12 --num-query-groups 12 \
+check 125m --num-layers 12 --hidden-size 768 --num-attention-heads 12 --group-query-attention --num-query-groups 12 \
   --ffn-hidden-size 2048 --vocab-size 32000 --seq-length 1024 --micro-batch-size 8 --global-batch-size 8
 check 0.8b_mb4 "${D8[@]}" --micro-batch-size 1 --global-batch-size 4
-check moe --num-layers 8 --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8 \
+check moe --num-layers 8 --hidden-size 1024 --num-attention-heads 16 --group-query-attention --num-query-groups 8 \
   --ffn-hidden-size 2816 --num-experts 8 --moe-router-topk 2 --moe-aux-loss-coeff 0.01 \
   --vocab-size 32000 --seq-length 4096 --micro-batch-size 1 --global-batch-size 1
 check mtp "${D8[@]}" --mtp-num-layers 1 --micro-batch-size 1 --global-batch-size 1
 check hybrid --hybrid-layer-pattern "M-M-M*-M-" --hidden-size 2048 --num-attention-heads 16 \
-  --num-query-groups 8 --ffn-hidden-size 5632 --vocab-size 32000 --seq-length 4096 \
+  --group-query-attention --num-query-groups 8 --ffn-hidden-size 5632 --vocab-size 32000 --seq-length 4096 \
   --micro-batch-size 1 --global-batch-size 1

@@ -50,17 +50,17 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 B=build-cuda
-MOE=(--num-layers 14 --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8
+MOE=(--num-layers 14 --hidden-size 1024 --num-attention-heads 16 --group-query-attention --num-query-groups 8
      --ffn-hidden-size 2816 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 2816
      --moe-aux-loss-coeff 0.01 --vocab-size 32000 --seq-length 4096)
 MOE_MFU=(--layers 14 --hidden 1024 --heads 16 --groups 8 --num-experts 8 --topk 2 --moe-ffn 2816
          --vocab 32000 --seq 4096)
 HYB_PATTERN="M-M-M*-M-M-M*-M-M-M*-M-M-M*-M-M-M*-"
 HYB=(--hybrid-layer-pattern "$HYB_PATTERN" --hidden-size 2048 --num-attention-heads 16
-     --num-query-groups 8 --ffn-hidden-size 5632 --vocab-size 32000 --seq-length 4096)
+     --group-query-attention --num-query-groups 8 --ffn-hidden-size 5632 --vocab-size 32000 --seq-length 4096)
 HYB_MFU=(--pattern "$HYB_PATTERN" --hidden 2048 --heads 16 --groups 8 --ffn 5632 --vocab 32000
          --seq 4096 --state 128 --head-dim 64 --mamba-groups 8 --chunk 128)
-MODEL=(--num-layers 16 --hidden-size 2048 --num-attention-heads 16 --num-query-groups 8
+MODEL=(--num-layers 16 --hidden-size 2048 --num-attention-heads 16 --group-query-attention --num-query-groups 8
        --ffn-hidden-size 5632 --vocab-size 32000 --seq-length 4096)
 # The size curve's Llama shapes (docs/performance.md "Size curve"; vocab 32000, seq 4096, tied):
 # TAG -> layers hidden heads groups ffn micro-batch. The micro-batch is the largest power of two
@@ -174,7 +174,7 @@ hfcheck)
   # export of the iteration-2 checkpoint; (2) a random LlamaForCausalLM imported and fine-tuned
   # one iteration on 1 rank and on pp2 x dp2 (4 ranks sharing the GPU over MPI).
   H="$OUT/hf"; rm -rf "$H"; mkdir -p "$H"
-  HFT=(--num-layers 4 --hidden-size 256 --num-attention-heads 8 --num-query-groups 4
+  HFT=(--num-layers 4 --hidden-size 256 --num-attention-heads 8 --group-query-attention --num-query-groups 4
        --ffn-hidden-size 704 --vocab-size 1024 --seq-length 128 --micro-batch-size 2
        --global-batch-size 8 --lr 1e-3 --device cuda --deterministic --mock-data)
   ./$B/app/weft train --log-interval 1 "${HFT[@]}" --train-iters 2 --save "$H/ck" > "$H/train.log" 2>&1
@@ -208,7 +208,7 @@ hfnemo)
   # scan summed the inter-chunk states over the wrong axis in some versions; docs/hf-interop.md).
   H="$OUT/hfnemo"; rm -rf "$H"; mkdir -p "$H"
   NT=(--hybrid-layer-pattern "M-*EM-E*" --squared-relu --position-embedding-type none
-      --hidden-size 256 --num-attention-heads 8 --num-query-groups 4 --ffn-hidden-size 512
+      --hidden-size 256 --num-attention-heads 8 --group-query-attention --num-query-groups 4 --ffn-hidden-size 512
       --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 256
       --moe-shared-expert-intermediate-size 128 --moe-router-score-function sigmoid
       --moe-router-topk-scaling-factor 2.5 --moe-router-enable-expert-bias
@@ -271,7 +271,7 @@ hfrope)
   # resumed iteration-2 loss, with and without the scaling; (3) the import fine-tuned without
   # the scaling flags (refused).
   H="$OUT/hfrope"; rm -rf "$H"; mkdir -p "$H"
-  HFT=(--num-layers 4 --hidden-size 256 --num-attention-heads 8 --num-query-groups 4
+  HFT=(--num-layers 4 --hidden-size 256 --num-attention-heads 8 --group-query-attention --num-query-groups 4
        --ffn-hidden-size 704 --vocab-size 1024 --seq-length 128 --micro-batch-size 2
        --global-batch-size 8 --lr 1e-3 --device cuda --deterministic --mock-data)
   ROPE=(--rotary-base 500000 --use-rope-scaling --rope-scaling-factor 32)
@@ -337,7 +337,7 @@ tbcheck)
   grep -h "TensorBoard (protobuf)" "$OUT/configure.log" 2>/dev/null
   [ -n "${WEFT_PROTOBUF_PREFIX:-}" ] && export LD_LIBRARY_PATH=$WEFT_PROTOBUF_PREFIX/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   T="$OUT/tb"; rm -rf "$T"; mkdir -p "$T"
-  TBM=(--num-layers 4 --hidden-size 256 --num-attention-heads 8 --num-query-groups 4
+  TBM=(--num-layers 4 --hidden-size 256 --num-attention-heads 8 --group-query-attention --num-query-groups 4
        --ffn-hidden-size 704 --vocab-size 1024 --seq-length 128 --micro-batch-size 2
        --global-batch-size 8 --num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 0.01
        --mtp-num-layers 1 --train-iters 20 --eval-interval 10 --eval-iters 2 --lr 1e-3
@@ -381,7 +381,7 @@ env)
   ls -d /usr/local/cuda*/bin/nvcc 2>/dev/null; which nvcc nsys ncu 2>/dev/null; df -h . /tmp | tail -2
   ;;
 profile)
-  S=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --num-query-groups 12
+  S=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --group-query-attention --num-query-groups 12
      --ffn-hidden-size 2048 --vocab-size 32000 --seq-length 1024)
   ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 --global-batch-size 2 \
     --train-iters 7 --profile --use-pytorch-profiler --profile-step-start 4 --profile-step-end 6 --profile-dir "$OUT/prof1b" > "$OUT/prof1b.log" 2>&1
@@ -407,7 +407,7 @@ profcurve)
     elif [ $tag = 0.8b-m2 ]; then read -r L H NH NG F MBS <<< "16 2048 16 8 5632 2"  # bench1b's
     else read -r L H NH NG F MBS <<< "$(curve_shape $tag)"; fi
     timeout 200 ./$B/app/weft train --log-interval 1 --device cuda --bf16 --num-layers $L --hidden-size $H \
-      --num-attention-heads $NH --num-query-groups $NG --ffn-hidden-size $F --vocab-size 32000 \
+      --num-attention-heads $NH --group-query-attention --num-query-groups $NG --ffn-hidden-size $F --vocab-size 32000 \
       --seq-length $SEQ --micro-batch-size $MBS --global-batch-size $MBS --train-iters 7 \
       ${PROF_EXTRA:-} --profile --use-pytorch-profiler --profile-step-start 4 --profile-step-end 6 --profile-dir $P/$tag > $P/$tag.log 2>&1
     rc=$?
@@ -433,11 +433,11 @@ gencheck)
   # CPU from the same checkpoint (the KV cache on both devices; fp32, so they must agree), and a
   # hybrid (Mamba-2 state cache) model the same way.
   G=/tmp/weft-gencheck; rm -rf $G; mkdir -p $G
-  GEN=(--num-layers 4 --hidden-size 64 --ffn-hidden-size 172 --num-attention-heads 4 --num-query-groups 2
+  GEN=(--num-layers 4 --hidden-size 64 --ffn-hidden-size 172 --num-attention-heads 4 --group-query-attention --num-query-groups 2
        --seq-length 64 --vocab-size 128 --micro-batch-size 2 --global-batch-size 8 --train-iters 20 --lr 3e-3)
   ./$B/app/weft train --log-interval 1 --device cuda "${GEN[@]}" --save $G/dense > $G/train_dense.log 2>&1; echo "train dense rc=$?"
   HYBG=(--hybrid-layer-pattern "M*-M" --hidden-size 64 --ffn-hidden-size 172 --num-attention-heads 4
-        --num-query-groups 2 --mamba-state-dim 16 --mamba-head-dim 16 --mamba-num-groups 2 --seq-length 64
+        --group-query-attention --num-query-groups 2 --mamba-state-dim 16 --mamba-head-dim 16 --mamba-num-groups 2 --seq-length 64
         --vocab-size 128 --micro-batch-size 2 --global-batch-size 8 --train-iters 20 --lr 3e-3)
   ./$B/app/weft train --log-interval 1 --device cuda "${HYBG[@]}" --save $G/hybrid > $G/train_hybrid.log 2>&1; echo "train hybrid rc=$?"
   for m in dense hybrid; do
@@ -458,7 +458,7 @@ profhyb)
 ckpt)
   D=${WEFT_CKPT_DIR:-/tmp/weft-ckpt-bench}
   mpirun -np 1 --bind-to none ./$B/bench/bench_checkpoint --device cuda --bf16 --dir "$D" --repeats 2 --no-prewarm \
-    --num-layers 16 --hidden-size 2048 --num-attention-heads 16 --num-query-groups 8 \
+    --num-layers 16 --hidden-size 2048 --num-attention-heads 16 --group-query-attention --num-query-groups 8 \
     --ffn-hidden-size 5632 --vocab-size 32000 --seq-length 4096 > "$OUT/ckpt_weft.log" 2>&1
   echo "bench_checkpoint rc=$?"; cat "$OUT/ckpt_weft.log" | tail -25
   timeout 400 python3 bench/gpu/pytorch_dcp.py --dir "$D-dcp" > "$OUT/ckpt_dcp.json" 2> "$OUT/ckpt_dcp.err"
@@ -467,7 +467,7 @@ ckpt)
 bench125m)
   # weft eager and with --cuda-graph-impl local, then PyTorch eager, torch.compile and
   # torch.compile(mode="reduce-overhead") (CUDA graphs too); one summary line at the end.
-  S=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --num-query-groups 12
+  S=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --group-query-attention --num-query-groups 12
      --ffn-hidden-size 2048 --vocab-size 32000 --seq-length 1024)
   M=(--layers 12 --hidden 768 --heads 12 --groups 12 --ffn 2048 --vocab 32000 --seq 1024)
   R="$OUT/b125m"; rm -rf "$R"; mkdir -p "$R"
@@ -525,7 +525,7 @@ curve)
   for impl in weft eager compile; do
     for tag in $CURVE_SIZES; do
       read -r L H NH NG F MBS <<< "$(curve_shape $tag)"
-      WS=(--num-layers $L --hidden-size $H --num-attention-heads $NH --num-query-groups $NG
+      WS=(--num-layers $L --hidden-size $H --num-attention-heads $NH --group-query-attention --num-query-groups $NG
           --ffn-hidden-size $F --vocab-size 32000 --seq-length 4096 --micro-batch-size $MBS
           --global-batch-size $MBS)
       PS=(--layers $L --hidden $H --heads $NH --groups $NG --ffn $F --vocab 32000 --seq 4096

@@ -72,7 +72,7 @@ put "$tmp/empty.idx" 26 1 8; put "$tmp/empty.idx" 34 0 8
 [ "$(stat -c %s "$tmp/empty.idx")" -eq 42 ] || { echo "empty.idx is not 42 bytes"; exit 1; }
 
 model=(--log-interval 1 --num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
-       --num-query-groups 2 --seq-length 16 --micro-batch-size 2 --global-batch-size 4
+       --group-query-attention --num-query-groups 2 --seq-length 16 --micro-batch-size 2 --global-batch-size 4
        --train-iters 4 --lr 1e-3 --min-lr 1e-4 --threads 1 --split 90,10,0
        --eval-interval 2 --eval-iters 1)
 tokA=(--tokenizer-type SentencePieceTokenizer --tokenizer-model "$tmp/tokA.model")

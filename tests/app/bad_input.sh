@@ -6,7 +6,7 @@ weft=$1
 shift
 mpirun=("$@")
 base=(train --log-interval 1 --num-layers 4 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
-      --num-query-groups 2 --seq-length 16 --vocab-size 64 --micro-batch-size 2
+      --group-query-attention --num-query-groups 2 --seq-length 16 --vocab-size 64 --micro-batch-size 2
       --global-batch-size 8 --train-iters 1 --num-experts 4)
 fails=0
 # expect NP NEEDLE FLAGS...
@@ -62,7 +62,7 @@ expect 1 "--moe-layer-freq and --hybrid-layer-pattern both place MoE layers" \
 expect 1 "2 * --hidden-size 32 is not a multiple of --mamba-head-dim 12" \
   --hybrid-layer-pattern "M*M*" --mamba-head-dim 12
 expect 1 "--hidden-size 32 must be a positive multiple of --num-attention-heads 5" \
-  --hybrid-layer-pattern "M*M*" "${mamba[@]}" --num-attention-heads 5 --num-query-groups 5
+  --hybrid-layer-pattern "M*M*" "${mamba[@]}" --num-attention-heads 5 --group-query-attention --num-query-groups 5
 # CUDA graphs (the CPU build: the device check comes first; TrainConfig.CudaGraphRefusals has
 # the layout and MoE refusals).
 expect 1 "--cuda-graph-impl local needs --device cuda" --num-experts 0 --cuda-graph-impl local

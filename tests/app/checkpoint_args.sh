@@ -21,14 +21,14 @@ trap 'rm -rf "$dir"' EXIT
 fails=0
 batch=(--micro-batch-size 2 --global-batch-size 4 --eval-interval 0 --mock-data)
 dense=(--num-layers 3 --hidden-size 64 --ffn-hidden-size 96 --num-attention-heads 8
-       --num-query-groups 2 --seq-length 32 --vocab-size 96 --untie-embeddings-and-output-weights
+       --group-query-attention --num-query-groups 2 --seq-length 32 --vocab-size 96 --untie-embeddings-and-output-weights
        --rotary-base 500000 --use-rope-scaling --rope-scaling-factor 16 --norm-epsilon 1e-6
        --add-qkv-bias)  # last: the refusal below leaves it out
 moe=(--num-layers 3 --moe-layer-freq "[0,1,1]" --num-experts 4 --moe-router-topk 2
      --moe-ffn-hidden-size 48 --mtp-num-layers 1 --hidden-size 64 --ffn-hidden-size 96
-     --num-attention-heads 4 --num-query-groups 2 --seq-length 32 --vocab-size 96)
+     --num-attention-heads 4 --group-query-attention --num-query-groups 2 --seq-length 32 --vocab-size 96)
 hybrid=(--hybrid-layer-pattern "M*-E" --hidden-size 64 --ffn-hidden-size 96
-        --num-attention-heads 4 --num-query-groups 2 --seq-length 32 --vocab-size 96
+        --num-attention-heads 4 --group-query-attention --num-query-groups 2 --seq-length 32 --vocab-size 96
         --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 --mamba-head-dim 16
         --mamba-num-groups 2 --mamba-state-dim 16)
 

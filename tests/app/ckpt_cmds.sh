@@ -12,7 +12,7 @@ mpirun=("$@")
 dir=$(mktemp -d /tmp/weft-ckpt-cmds-XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 fails=0
-model=(train --log-interval 1 --num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4 --num-query-groups 2
+model=(train --log-interval 1 --num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4 --group-query-attention --num-query-groups 2
        --seq-length 16 --vocab-size 64 --micro-batch-size 2 --global-batch-size 4
        --train-iters 2 --eval-interval 0)
 "${mpirun[@]}" -np 2 "$weft" "${model[@]}" --save "$dir/a" > "$dir/a.log" 2>&1 ||

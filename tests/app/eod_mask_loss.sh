@@ -48,7 +48,7 @@ for c in docs zeros eods pads; do
 done
 
 model=(--num-layers 4 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
-       --num-query-groups 2 --seq-length 16 --micro-batch-size 2 --global-batch-size 8
+       --group-query-attention --num-query-groups 2 --seq-length 16 --micro-batch-size 2 --global-batch-size 8
        --train-iters 3 --lr 1e-2 --min-lr 1e-3 --threads 1 --split 100,0,0 --eval-interval 0
        --log-interval 1 --mtp-num-layers 1 --tokenizer-type NullTokenizer --vocab-size 61 --seed 5)
 run() {  # run NAME NP FLAGS...: (iteration, lm, mtp, grad norm) lines to NAME.txt

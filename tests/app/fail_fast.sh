@@ -15,7 +15,7 @@ mpirun=("$@")
 tmp=$(mktemp -d /tmp/weft-failfast-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 base=(train --log-interval 1 --num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
-      --num-query-groups 2 --seq-length 16 --vocab-size 64 --micro-batch-size 2
+      --group-query-attention --num-query-groups 2 --seq-length 16 --vocab-size 64 --micro-batch-size 2
       --global-batch-size 8 --train-iters 2 --eval-interval 0)
 fails=0 cases=0
 # expect NP CODE NEEDLE FLAGS... : (NP 0: without mpirun) exit CODE, one stderr line containing NEEDLE, no MPI_ABORT,

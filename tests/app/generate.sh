@@ -29,7 +29,7 @@ gen() { "$weft" generate --threads 1 "$@" 2>"$tmp/gen.err"; }
 
 # --- the same continuation from every layout ---------------------------------------------------
 dense=(--num-layers 4 --hidden-size 32 --ffn-hidden-size 64 --num-attention-heads 4
-       --num-query-groups 2 --seq-length 32 --vocab-size 64 --micro-batch-size 2
+       --group-query-attention --num-query-groups 2 --seq-length 32 --vocab-size 64 --micro-batch-size 2
        --global-batch-size 8 --train-iters 40 --save-interval 20 --lr 1e-2 --min-lr 1e-3 --seed 7)
 train 1 dense1 "${dense[@]}"
 train 4 dense4 "${dense[@]}" --pipeline-model-parallel-size 2
@@ -57,7 +57,7 @@ grep -q "prompt 4 tokens | generated 16 tokens" "$tmp/gen.err" ||
   { echo "FAIL: no counts line"; cat "$tmp/gen.err"; fails=$((fails + 1)); }
 
 hybrid=(--hybrid-layer-pattern "M*E-" --hidden-size 32 --ffn-hidden-size 64 --num-attention-heads 4
-        --num-query-groups 2 --mamba-state-dim 8 --mamba-head-dim 8 --mamba-num-groups 2
+        --group-query-attention --num-query-groups 2 --mamba-state-dim 8 --mamba-head-dim 8 --mamba-num-groups 2
         --num-experts 4 --moe-router-topk 2 --seq-length 32 --vocab-size 64 --micro-batch-size 2
         --global-batch-size 8 --train-iters 30 --lr 1e-2 --min-lr 1e-3 --seed 5)
 train 1 hyb1 "${hybrid[@]}"

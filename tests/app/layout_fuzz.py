@@ -37,7 +37,7 @@ def draw_model(rng):
     mbs = rng.choice([1, 2, 4])
     gbs = rng.choice([g for g in (8, 16) if g % (mbs * dp_max) == 0] or [mbs * dp_max])
     a = ["--hidden-size", "64", "--num-attention-heads", str(heads),
-         "--num-query-groups", str(groups), "--seq-length", "32",
+         "--group-query-attention", "--num-query-groups", str(groups), "--seq-length", "32",
          "--vocab-size", str(rng.choice([96, 101, 128])), "--ffn-hidden-size", "96",
          "--micro-batch-size", str(mbs), "--global-batch-size", str(gbs),
          "--eval-interval", "0", "--mock-data", "--train-iters", "4", "--lr", "1e-3",

@@ -10,6 +10,9 @@
 #   --hybrid-mlp-ratio) trains the pattern Megatron's allocation gives, bit for bit;
 # - --account-for-embedding/loss-in-pipeline-split give Megatron's stages, as the equivalent
 #   --decoder-first/last-pipeline-num-layers;
+# - --num-query-groups applies only with --group-query-attention (default 1 there), as Megatron's
+#   core_transformer_config_from_args: without it one key/value head per attention head and a
+#   warning;
 # - a resume whose schedule differs from the checkpoint's warns (Megatron refuses it) and trains
 #   with the flags' schedule, as --override-opt_param-scheduler does without the warning;
 #   --use-checkpoint-opt_param-scheduler continues the checkpoint's (the straight run's bits);
@@ -23,8 +26,8 @@ tmp=$(mktemp -d /tmp/weft-megatron-flags-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
 model=(--num-layers 3 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
-       --num-query-groups 2 --seq-length 16 --vocab-size 64 --micro-batch-size 2
-       --global-batch-size 4 --eval-interval 0 --log-interval 1 --threads 1 --lr 1e-2
+       --group-query-attention --num-query-groups 2 --seq-length 16 --vocab-size 64
+       --micro-batch-size 2 --global-batch-size 4 --eval-interval 0 --log-interval 1 --threads 1 --lr 1e-2
        --min-lr 1e-3 --lr-decay-style cosine --seed 3)
 ok() { echo "ok   $1"; }
 bad() { echo "FAIL $1"; fails=$((fails + 1)); }
@@ -74,6 +77,26 @@ else
   bad "--rotary-percent 0.5 gave the whole-head losses (or none)"
 fi
 [ -s "$tmp/accepted.err" ] && bad "accepted flags printed to stderr: $(head -2 "$tmp/accepted.err")"
+# --group-query-attention: its groups (default 1) apply only with it, as in Megatron.
+params() {  # params FLAGS...: the model's parameter count from weft train's log, stderr to $tmp/p.err
+  timeout 120 "$weft" train --num-layers 2 --hidden-size 32 --ffn-hidden-size 48 \
+    --num-attention-heads 4 --seq-length 16 --vocab-size 64 --micro-batch-size 2 \
+    --global-batch-size 2 --train-iters 1 --eval-interval 0 --threads 1 "$@" 2>"$tmp/p.err" |
+    sed -n 's/.*parameters: \([0-9]*\) in the model.*/\1/p'
+}
+# Each key/value head fewer drops its k and v rows (head dim 8) of 32 columns in each of 2 layers.
+mha=$(params) ignored=$(params --num-query-groups 2) gqa2=$(params --group-query-attention --num-query-groups 2)
+mqa=$(params --group-query-attention) mqa1=$(params --group-query-attention --num-query-groups 1)
+if [ -n "$mha" ] && [ "$ignored" = "$mha" ] && [ "$gqa2" = $((mha - 2 * 2 * 2 * 32 * 8)) ] &&
+   [ "$mqa" = $((mha - 2 * 2 * 3 * 32 * 8)) ] && [ "$mqa" = "$mqa1" ]; then
+  ok "--num-query-groups applies with --group-query-attention only (default 1)"
+else
+  bad "key/value heads: MHA $mha, --num-query-groups 2 alone $ignored, with the flag $gqa2, flag alone $mqa (groups 1: $mqa1)"
+fi
+params --num-query-groups 2 > /dev/null
+grep -q "warning: --num-query-groups 2 has no effect without --group-query-attention" "$tmp/p.err" &&
+  ok "--num-query-groups without --group-query-attention warns" ||
+  bad "no warning for --num-query-groups without --group-query-attention: $(head -2 "$tmp/p.err")"
 # Group-limited routing (DeepSeek-V3's): 8 experts in 4 groups, the top 4 from the best 2 groups;
 # the choices differ from the top 4 over all experts, so the losses do. Group top = groups
 # limits nothing: the same bits as without the flags.

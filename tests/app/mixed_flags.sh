@@ -7,7 +7,7 @@ set -u
 weft=$1
 shift
 mpirun=("$@")
-base=(train --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4 --num-query-groups 2
+base=(train --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4 --group-query-attention --num-query-groups 2
       --seq-length 16 --vocab-size 64 --global-batch-size 8 --train-iters 1 --eval-interval 0)
 fails=0
 # expect NEEDLE "RANK0 FLAGS" "RANK1 FLAGS"

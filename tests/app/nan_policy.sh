@@ -18,7 +18,7 @@ mpirun=("$@")
 tmp=$(mktemp -d /tmp/weft-nan-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 base=(train --log-interval 1 --num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
-      --num-query-groups 2 --seq-length 16 --vocab-size 64 --micro-batch-size 2
+      --group-query-attention --num-query-groups 2 --seq-length 16 --vocab-size 64 --micro-batch-size 2
       --global-batch-size 4 --eval-interval 0 --pipeline-model-parallel-size 2)
 fails=0 cases=0
 fail() { echo "FAIL ($1): $2"; head -5 "$tmp/err"; fails=$((fails + 1)); }

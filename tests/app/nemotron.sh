@@ -25,7 +25,7 @@ fails=0
 ok() { echo "ok   $1"; }
 bad() { echo "FAIL $1"; fails=$((fails + 1)); }
 model=(--hybrid-layer-pattern "M-*EM-E*" --squared-relu --position-embedding-type none
-       --hidden-size 32 --num-attention-heads 4 --num-query-groups 2 --seq-length 16
+       --hidden-size 32 --num-attention-heads 4 --group-query-attention --num-query-groups 2 --seq-length 16
        --vocab-size 64 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 24
        --moe-router-score-function sigmoid --moe-router-topk-scaling-factor 2.5
        --moe-shared-expert-intermediate-size 16 --moe-aux-loss-coeff 0.01

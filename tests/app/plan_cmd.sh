@@ -10,7 +10,7 @@ weft=$1
 fails=0
 failed() { echo "FAIL: $*"; fails=$((fails + 1)); }
 model=(--num-layers 4 --hidden-size 64 --ffn-hidden-size 172 --num-attention-heads 4
-       --num-query-groups 2 --seq-length 32 --vocab-size 128 --micro-batch-size 2
+       --group-query-attention --num-query-groups 2 --seq-length 32 --vocab-size 128 --micro-batch-size 2
        --global-batch-size 16)
 json_field() { printf '%s\n' "$1" | python3 -c "import json,sys; j=json.load(sys.stdin); print($2)"; }
 
@@ -41,7 +41,7 @@ moe=(--num-experts 4 --moe-router-topk 2 --moe-layer-freq "[0,1,1,0]" --mtp-num-
 "$weft" plan --world-size 8 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2 \
   "${model[@]}" "${moe[@]}" > /dev/null && echo "ok   MoE + ep + MTP" || failed "MoE plan"
 "$weft" plan --world-size 4 --pipeline-model-parallel-size 2 --hybrid-layer-pattern "M*|-E/*E" \
-  --hidden-size 64 --num-attention-heads 4 --num-query-groups 2 --mamba-state-dim 16 \
+  --hidden-size 64 --num-attention-heads 4 --group-query-attention --num-query-groups 2 --mamba-state-dim 16 \
   --mamba-head-dim 16 --mamba-num-groups 2 --num-experts 4 --seq-length 32 --vocab-size 128 \
   --micro-batch-size 2 --global-batch-size 8 --device cuda > /dev/null && echo "ok   hybrid" ||
   failed "hybrid plan"

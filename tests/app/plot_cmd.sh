@@ -16,7 +16,7 @@ check() {  # check WHAT GOT WANT
   fi
 }
 model=(--threads 1 --num-layers 2 --hidden-size 32 --ffn-hidden-size 64 --num-attention-heads 4
-       --num-query-groups 2 --seq-length 16 --vocab-size 64 --micro-batch-size 2
+       --group-query-attention --num-query-groups 2 --seq-length 16 --vocab-size 64 --micro-batch-size 2
        --global-batch-size 4 --train-iters 6 --eval-interval 3 --eval-iters 1)
 for lr in 1e-3 3e-3; do
   "$weft" train "${model[@]}" --lr $lr --log-jsonl "$tmp/lr$lr.jsonl" >"$tmp/train.log" 2>&1 ||

@@ -90,7 +90,7 @@ fi
 
 # --- 2. training, checkpoint, generate ------------------------------------------------------------
 model=(--log-interval 1 --num-layers 2 --hidden-size 32 --ffn-hidden-size 48
-       --num-attention-heads 4 --num-query-groups 2 --seq-length 16 --micro-batch-size 2
+       --num-attention-heads 4 --group-query-attention --num-query-groups 2 --seq-length 16 --micro-batch-size 2
        --global-batch-size 4 --train-iters 2 --lr 1e-3 --min-lr 1e-4 --threads 1
        --split 100,0,0 --eval-interval 0)
 train() {  # train NAME FLAGS...

@@ -16,7 +16,7 @@ dir=$(mktemp -d /tmp/weft-verify-resume-test-XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 fails=0
 model=(--num-layers 4 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
-       --num-query-groups 2 --seq-length 16 --vocab-size 64 --micro-batch-size 1
+       --group-query-attention --num-query-groups 2 --seq-length 16 --vocab-size 64 --micro-batch-size 1
        --global-batch-size 8 --num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 0.01
        --mtp-num-layers 1 --eval-interval 0 --lr 0.001 --lr-warmup-iters 1)
 out=""

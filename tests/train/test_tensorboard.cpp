@@ -142,7 +142,8 @@ int run(const std::string& cmd, const fs::path& log) {
 const std::string kTrain = std::string(WEFT_MPIRUN_CMD) + " -np 2 " + WEFT_BIN +
                            " train --threads 1 --pipeline-model-parallel-size 2 "
                            "--num-layers 2 --hidden-size 32 --ffn-hidden-size 64 "
-                           "--num-attention-heads 4 --num-query-groups 2 --seq-length 16 "
+                           "--num-attention-heads 4 --group-query-attention --num-query-groups 2 "
+                           "--seq-length 16 "
                            "--vocab-size 64 --micro-batch-size 2 --global-batch-size 4 ";
 
 class TensorBoardRun : public ::testing::Test {

@@ -111,7 +111,13 @@ std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelCon
   // Heads and groups: 8 heads in 4 groups have the QKV rows of 4 heads in 2 at the same width.
   if (run.hidden_size == saved.hidden_size) {
     cmp("--num-attention-heads", run.num_attention_heads, saved.num_attention_heads);
-    cmp("--num-query-groups", run.num_query_groups, saved.num_query_groups);
+    if (run.num_query_groups != saved.num_query_groups &&
+        run.num_query_groups == run.num_attention_heads)  // likely --group-query-attention missing
+      out.push_back(fmt::format("--num-query-groups {} (checkpoint: {}; without "
+                                "--group-query-attention, one key/value head per attention head)",
+                                run.num_query_groups, saved.num_query_groups));
+    else
+      cmp("--num-query-groups", run.num_query_groups, saved.num_query_groups);
     cmp("--kv-channels", run.head_dim(), saved.head_dim());
   }
   if (rope) to = rope;

@@ -43,6 +43,11 @@ namespace {
 volatile std::sig_atomic_t g_exit_signal = 0;
 void on_exit_signal(int) { g_exit_signal = 1; }
 
+// --exit-duration-in-mins counts from the process's start, as Megatron's (its clock starts when
+// training.py is imported): a scheduler's wall-time limit covers the startup, the model's build,
+// the --load and the dataset's index too. Set at the program's static initialisation.
+const std::chrono::steady_clock::time_point kProcessStart = std::chrono::steady_clock::now();
+
 }  // namespace
 
 bool exit_signal_received() { return g_exit_signal != 0; }
@@ -956,7 +961,6 @@ std::vector<IterationStats> Trainer::train() {
       if (jsonl) std::fclose(jsonl);
     }
   } cleanup{jsonl, old_term, old_int};
-  const auto start = std::chrono::steady_clock::now();
   std::vector<IterationStats> all;
   IterationProfiler profiler(cfg_.profile, groups_.rank());
   bool exiting = false;
@@ -997,7 +1001,8 @@ std::vector<IterationStats> Trainer::train() {
       save();
     // Every rank takes the same exit decision: one all-reduce of the local reasons.
     const double minutes =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 60.0;
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - kProcessStart).count() /
+        60.0;
     at::Tensor why = at::tensor(
         std::vector<double>{exit_signal_received() ? 1.0 : 0.0,
                             cfg_.exit_duration_mins > 0 && minutes >= cfg_.exit_duration_mins ? 1.0 : 0.0,
