@@ -458,7 +458,7 @@ profhyb)
 ckpt)
   D=${WEFT_CKPT_DIR:-/tmp/weft-ckpt-bench}
   mpirun -np 1 --bind-to none ./$B/bench/bench_checkpoint --device cuda --bf16 --dir "$D" --repeats 2 --no-prewarm \
-    --num-layers 16 --hidden-size 2048 --num-attention-heads 16 --group-query-attention --num-query-groups 8 \
+    --num-layers 16 --hidden-size 2048 --num-attention-heads 16 --num-query-groups 8 \
     --ffn-hidden-size 5632 --vocab-size 32000 --seq-length 4096 > "$OUT/ckpt_weft.log" 2>&1
   echo "bench_checkpoint rc=$?"; cat "$OUT/ckpt_weft.log" | tail -25
   timeout 400 python3 bench/gpu/pytorch_dcp.py --dir "$D-dcp" > "$OUT/ckpt_dcp.json" 2> "$OUT/ckpt_dcp.err"
