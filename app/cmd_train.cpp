@@ -658,6 +658,7 @@ void resolve_train_args(TrainArgs* a) {
                  "asserts the same)");
     swiglu_ignored = true;
   }
+  std::string layers_ignored;  // a warning
   std::string pattern = a->hybrid_pattern.empty() ? a->hybrid_override_pattern : a->hybrid_pattern;
   // Megatron's hybrid stack (pretrain_mamba.py, --is-hybrid-model) without a pattern allocates
   // its layers from the ratios, all Mamba-2 when both are 0; given ratios mean that stack too.
@@ -680,10 +681,12 @@ void resolve_train_args(TrainArgs* a) {
     apply_hybrid_layer_pattern(pattern, &t.model);  // checks the symbols first
     if (pattern_given)
       check_pattern_against_ratios(pattern, a->hybrid_attention_ratio, a->hybrid_mlp_ratio);
+    // Megatron warns and takes the pattern's count (a --num-layers beside the pattern is often
+    // an older script's or the checkpoint's under --use-checkpoint-args).
     if (a->num_layers_opt->count() > 0 && given_layers != t.model.num_layers)
-      fail_usage("--num-layers {} disagrees with --hybrid-layer-pattern '{}', which has {} "
-                 "layers; give the pattern alone or the same count", given_layers, pattern,
-                 t.model.num_layers);
+      layers_ignored = fmt::format("--num-layers {} is ignored: --hybrid-layer-pattern '{}' has "
+                                   "{} layers, which the model takes (as Megatron)",
+                                   given_layers, pattern, t.model.num_layers);
     if (t.first_stage_layers >= 0 || t.last_stage_layers >= 0)
       if (!t.model.hybrid_stage_layers.empty())
         fail_usage("--decoder-first/last-pipeline-num-layers and '|' in --hybrid-layer-pattern "
@@ -707,6 +710,7 @@ void resolve_train_args(TrainArgs* a) {
   a->global_batch_given = a->app->get_option("--global-batch-size")->count() > 0;
   check_recipe_flags(a->recipe, t.model.seq_length);
   a->megatron_warnings = check_megatron_flags(a->megatron);
+  if (!layers_ignored.empty()) a->megatron_warnings.push_back(layers_ignored);
   if (query_groups_ignored)
     a->megatron_warnings.push_back(fmt::format(
         "--num-query-groups {} has no effect without --group-query-attention (as in Megatron): "
