@@ -353,7 +353,8 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--threads", a->threads, "intra-op threads per rank (0: cores / ranks on this host)");
   c->add_flag("--mock-data", t.mock_data, "train on mock data (the default without --data-path)");
   c->add_option("--data-path", t.data_path,
-                "dataset prefixes (P.bin/P.idx), optionally weighted: [W1] P1 [W2 P2 ...]")
+                "dataset prefixes (P.bin/P.idx): W1 P1 W2 P2 ... blends by the weights, "
+                "P1 P2 ... by the datasets' sizes (Megatron's)")
       ->expected(1, -1);
   opt("--split", t.split, "train,valid,test weights over each dataset's documents");
   opt("--data-cache-path", t.data_cache_path, "where the sample index caches go (default: beside the data)");

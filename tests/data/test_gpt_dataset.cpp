@@ -523,6 +523,49 @@ TEST(GptBlend, ProportionsAndPartsMatchMegatron) {
             reference_samples(f.b, b0, b1, 6, f.cfg.seed, 0, 1, static_cast<int64_t>(sb.size())));
 }
 
+// "--data-path a b" without weights: Megatron's blend by size, each split weighing each dataset
+// by the samples one epoch of its split holds, (tokens - 1) / seq_length.
+TEST(GptBlend, UnweightedListBlendsBySizePerSplit) {
+  BlendFixture f;
+  bool weighted = true;
+  f.cfg.blend = parse_data_path({f.pa + " " + f.pb}, &weighted);
+  EXPECT_FALSE(weighted);
+  f.cfg.blend_by_size = true;
+  f.cfg.split = parse_split("90,10,0");
+  auto epoch = [&](const Docs& docs, int split) {  // from the test's own documents
+    const auto [d0, d1] =
+        sampling_split_ranges(f.cfg.split, static_cast<int64_t>(docs.size()))[split];
+    int64_t tokens = 0;
+    for (int64_t d = d0; d < d1; ++d)
+      for (const auto& q : docs[static_cast<size_t>(d)]) tokens += static_cast<int64_t>(q.size());
+    return static_cast<double>((tokens - 1) / f.cfg.seq_length);
+  };
+  for (int split : {0, 1}) {
+    const DataSplit which = split == 0 ? DataSplit::kTrain : DataSplit::kValid;
+    const double wa = epoch(f.a, split), wb = epoch(f.b, split);
+    ASSERT_GT(wa, 0);
+    ASSERT_GT(wb, 0);
+    ASSERT_NE(wa, wb) << "equal sizes would not tell a blend by size from equal weights";
+    GptDataConfig explicit_weights = f.cfg;
+    explicit_weights.blend_by_size = false;
+    explicit_weights.blend = {{wa, f.pa}, {wb, f.pb}};
+    const int64_t n = 500;
+    const auto got = all_samples(*make_gpt_dataset(f.cfg, which, n), 6);
+    EXPECT_EQ(got, all_samples(*make_gpt_dataset(explicit_weights, which, n), 6))
+        << "split " << split;
+    int64_t from_a = 0;
+    for (const auto& smp : got) from_a += smp[0] < 1000000;
+    EXPECT_LE(std::abs(static_cast<double>(from_a) - n * wa / (wa + wb)), 1.0) << "split " << split;
+  }
+  EXPECT_EQ(gpt_data_identity(f.cfg).value("blend_weights", ""), "samples of each split");
+  GptDataConfig weighted_cfg = f.cfg;
+  weighted_cfg.blend_by_size = false;
+  EXPECT_FALSE(gpt_data_identity(weighted_cfg).contains("blend_weights"));
+  // A weighted list, even of equal weights, is not blended by size.
+  parse_data_path({"1 " + f.pa + " 1 " + f.pb}, &weighted);
+  EXPECT_TRUE(weighted);
+}
+
 TEST(GptBlend, StableWhenTheSampleCountGrowsAndCached) {
   BlendFixture f;
   auto small = make_gpt_dataset(f.cfg, DataSplit::kTrain, 100);

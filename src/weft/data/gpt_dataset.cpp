@@ -216,6 +216,21 @@ class GptBlendDataset final : public TokenDataset {
   int64_t size_;
 };
 
+// The samples one epoch of the split of `prefix` holds, (tokens - 1) / seq_length: Megatron's
+// GPTDataset length for one epoch, its weight in a blend by size.
+int64_t epoch_samples(int seq_length, const std::array<double, 3>& split_weights, DataSplit split,
+                      const std::string& prefix) {
+  check_prefix_files(prefix);
+  const IndexedDataset data(prefix);
+  const auto [begin, end] =
+      sampling_split_ranges(split_weights, data.num_documents())[static_cast<int>(split)];
+  const int64_t* doc_seqs = data.document_indices();
+  const int32_t* sizes = data.sizes();
+  int64_t tokens = 0;
+  for (int64_t s = doc_seqs[begin]; s < doc_seqs[end]; ++s) tokens += sizes[s];
+  return tokens > 0 ? (tokens - 1) / seq_length : 0;
+}
+
 // Dataset number `dataset` of the blend, split `split`, asked for `num_samples`.
 std::unique_ptr<GptSplitDataset> make_split_dataset(const GptDataConfig& cfg,
                                                     const std::array<double, 3>& split_weights,
@@ -293,7 +308,9 @@ std::unique_ptr<GptSplitDataset> make_split_dataset(const GptDataConfig& cfg,
 
 }  // namespace
 
-std::vector<std::pair<double, std::string>> parse_data_path(const std::vector<std::string>& args) {
+std::vector<std::pair<double, std::string>> parse_data_path(const std::vector<std::string>& args,
+                                                            bool* weighted) {
+  if (weighted) *weighted = false;
   std::vector<std::string> tok;
   std::string joined;
   for (const std::string& a : args) {
@@ -320,6 +337,7 @@ std::vector<std::pair<double, std::string>> parse_data_path(const std::vector<st
       out.emplace_back(w, tok[i + 1]);
     }
     check_weights(weights, "--data-path", joined);
+    if (weighted) *weighted = true;
     return out;
   }
   if (numbers > 0) {
@@ -367,10 +385,20 @@ std::unique_ptr<TokenDataset> make_gpt_dataset(const GptDataConfig& cfg, DataSpl
   if (cfg.seq_length <= 0) fail_usage("--seq-length must be positive (got {})", cfg.seq_length);
   if (cfg.blend.empty()) fail_usage("--data-path: no dataset prefix given");
   if (num_samples < 0) fail("make_gpt_dataset: {} samples asked", num_samples);
-  std::vector<double> weights;
-  for (const auto& [w, p] : cfg.blend) weights.push_back(w);
-  check_weights(weights, "--data-path", cfg.blend.front().second);
   const std::array<double, 3> split_weights = normalized_split(cfg.split);
+  std::vector<double> weights;
+  for (const auto& [w, p] : cfg.blend)
+    weights.push_back(cfg.blend_by_size ? static_cast<double>(epoch_samples(
+                                              cfg.seq_length, split_weights, split, p))
+                                        : w);
+  if (cfg.blend_by_size && num_samples > 0 &&
+      std::all_of(weights.begin(), weights.end(), [](double w) { return w == 0; }))
+    throw EmptySplitError(fmt::format(
+        "--split {},{},{} and --seq-length {}: the {} split of every dataset of --data-path "
+        "holds fewer tokens than one sample, yet {} samples are asked of it",
+        split_weights[0], split_weights[1], split_weights[2], cfg.seq_length, split_name(split),
+        num_samples));
+  if (!cfg.blend_by_size) check_weights(weights, "--data-path", cfg.blend.front().second);
   double sum = 0;
   for (double w : weights) sum += w;
   std::vector<size_t> kept;
@@ -430,6 +458,13 @@ nlohmann::json gpt_data_identity(const GptDataConfig& cfg) {
                      {"idx_hash", data_hash_hex(data_hash64_file(idx))}});
   }
   const std::array<double, 3> split = normalized_split(cfg.split);
+  if (cfg.blend_by_size)  // only then, so that the identities of weighted blends stay as they were
+    return {{"sampling_version", kSamplingVersion},
+            {"blend", blend},
+            {"blend_weights", "samples of each split"},
+            {"split", {split[0], split[1], split[2]}},
+            {"seq_length", cfg.seq_length},
+            {"seed", cfg.seed}};
   return {{"sampling_version", kSamplingVersion},
           {"blend", blend},
           {"split", {split[0], split[1], split[2]}},

@@ -10,7 +10,9 @@
 //     that start in each epoch are shuffled among themselves;
 //   - --data-path "0.3 P1 0.7 P2" blends datasets: weights normalised, each dataset asked for
 //     ceil(ceil(w * N) * 1.005) samples, and sample i taken from the dataset furthest below its
-//     share, w * max(i, 1) - taken (Megatron's BlendedDataset and build_blending_indices).
+//     share, w * max(i, 1) - taken (Megatron's BlendedDataset and build_blending_indices);
+//   - --data-path "P1 P2" (no weights) blends them by size, as Megatron: each split weighs each
+//     dataset by the samples one epoch of its split holds, (tokens - 1) / seq_length.
 // Sample i is a function of (files, weights, split, seq_length, seed, i): never of the layout,
 // and never of the sample count asked for (a resume with another --train-iters reads the same
 // samples; asking for more only appends). Shuffles use weft's own fixed PRNG and Fisher-Yates
@@ -34,11 +36,13 @@
 
 namespace weft {
 
-// --data-path: "P" | "P1 P2 ..." (equal weights) | "W1 P1 W2 P2 ..." (one token per element
-// of `args`, or whitespace-separated inside one element). Throws UsageError naming --data-path
-// for a weight that does not parse, is negative or not finite, or weights that sum to zero.
-// A zero weight is allowed: that dataset's files are checked, but it is never sampled.
-std::vector<std::pair<double, std::string>> parse_data_path(const std::vector<std::string>& args);
+// --data-path: "P" | "P1 P2 ..." (weight 1 each, *weighted false: blended by size) |
+// "W1 P1 W2 P2 ..." (one token per element of `args`, or whitespace-separated inside one
+// element). Throws UsageError naming --data-path for a weight that does not parse, is negative
+// or not finite, or weights that sum to zero. A zero weight is allowed: that dataset's files
+// are checked, but it is never sampled.
+std::vector<std::pair<double, std::string>> parse_data_path(const std::vector<std::string>& args,
+                                                            bool* weighted = nullptr);
 // --split "969,30,1" (also "98,2,0", "1", "99,1"): normalised to three weights; throws
 // UsageError naming --split.
 std::array<double, 3> parse_split(const std::string& value);
@@ -55,6 +59,9 @@ class EmptySplitError : public UsageError {
 
 struct GptDataConfig {
   std::vector<std::pair<double, std::string>> blend;  // --data-path
+  // --data-path without weights, several prefixes: Megatron's blend by size, each split
+  // weighing each dataset by one epoch's samples of its split (the weights above unused).
+  bool blend_by_size = false;
   std::array<double, 3> split = {969, 30, 1};          // --split
   int seq_length = 0;                                  // --seq-length
   uint64_t seed = 1234;                                // --seed

@@ -24,7 +24,9 @@ constexpr uint64_t kMockTestSeedOffset = 0x7E575EEDull;
 
 GptDataConfig gpt_config(const TrainConfig& c) {
   GptDataConfig g;
-  g.blend = parse_data_path(c.data_path);
+  bool weighted = false;
+  g.blend = parse_data_path(c.data_path, &weighted);
+  g.blend_by_size = !weighted && g.blend.size() > 1;
   g.split = parse_split(c.split);
   g.seq_length = c.model.seq_length;
   g.seed = c.seed;
