@@ -611,7 +611,7 @@ void resolve_train_args(TrainArgs* a) {
   // Megatron's --num-query-groups (default 1) applies only with --group-query-attention;
   // without it the attention has a key/value head per query head, and a given
   // --num-query-groups has no effect (a warning below). A checkpoint's groups, under
-  // --use-checkpoint-args, replace these below unless --group-query-attention is given.
+  // --use-checkpoint-args, replace these below unless both flags are given.
   const bool query_groups_ignored =
       !a->group_query_attention && a->app->get_option("--num-query-groups")->count() > 0;
   const int ignored_groups = t.model.num_query_groups;
@@ -641,7 +641,11 @@ void resolve_train_args(TrainArgs* a) {
         if (std::string(flag) == "--vocab-size")
           return a->padded_vocab_size > 0 ||
                  (a->app->get_option(flag)->count() > 0 && vocab_flag_sizes_model(a->tokenizer));
-        if (std::string(flag) == "--num-query-groups") return a->group_query_attention;
+        // The groups count as given only with both flags: Megatron forces the checkpoint's
+        // groups and --group-query-attention under --use-checkpoint-args; weft compares a given
+        // count (a mismatch is refused, naming the flag).
+        if (std::string(flag) == "--num-query-groups")
+          return a->group_query_attention && a->app->get_option(flag)->count() > 0;
         return a->app->get_option(flag)->count() > 0 ||
                (saved->imported && std::string(flag) == "--seq-length");
       };

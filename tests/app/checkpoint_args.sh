@@ -83,6 +83,24 @@ refused "D's flags but the scaling factor" "--rope-scaling-factor 8 (checkpoint:
   --load "$dir/dense" --use-checkpoint-args --rope-scaling-factor 8
 refused "H's flags with --moe-layer-freq" "--moe-layer-freq: the checkpoint's model is hybrid" \
   --load "$dir/hybrid" --use-checkpoint-args --moe-layer-freq 2
+refused "D with --use-checkpoint-args and other given groups" "--num-query-groups 4 (checkpoint: 2)" \
+  --load "$dir/dense" --use-checkpoint-args --group-query-attention --num-query-groups 4
+refused "D without --group-query-attention" \
+  "--num-query-groups 8 (checkpoint: 2; without --group-query-attention, one key/value head per attention head)" \
+  "${dense[@]:0:8}" "${dense[@]:11}" --load "$dir/dense"
+# Megatron takes the checkpoint's groups under --use-checkpoint-args (its --num-query-groups
+# default 1 included): --group-query-attention alone, or --num-query-groups without it, resumes.
+for extra in --group-query-attention "--num-query-groups 4"; do
+  rm -f "$dir/gqa.jsonl"
+  if "${mpirun[@]}" -np 2 "$weft" train "${batch[@]}" --train-iters 3 --load "$dir/dense" \
+       --use-checkpoint-args $extra --log-jsonl "$dir/gqa.jsonl" > "$dir/gqa.log" 2>&1 &&
+     [ "$(losses "$dir/gqa.jsonl")" = "$(losses "$dir/dense.full.jsonl")" ]; then
+    echo "ok   (--use-checkpoint-args with $extra: the checkpoint's groups)"
+  else
+    echo "FAIL (--use-checkpoint-args with $extra):"; tail -3 "$dir/gqa.log"
+    fails=$((fails + 1))
+  fi
+done
 refused "--use-checkpoint-args without --load" "--use-checkpoint-args needs --load DIR" \
   --use-checkpoint-args
 # No checkpoint in --load: refused as any --load without one is.
