@@ -296,6 +296,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   c->add_flag("--finetune", t.finetune,
               "with --load: model weights only (any layout); iteration 0, fresh optimizer, no "
               "data position (e.g. a checkpoint from `weft ckpt import`)");
+  c->add_flag("--exit-on-missing-checkpoint", t.exit_on_missing_checkpoint,
+              "with --load: exit (code 2) when it holds no checkpoint, also where --load is "
+              "--save (which otherwise starts from scratch)");
   c->add_flag("--no-load-optim", t.no_load_optim,
               "with --load: do not load the optimizer state (moments, step count, hence the "
               "learning-rate schedule restarts); the model weights (the float32 masters rebuilt "

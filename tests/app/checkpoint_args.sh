@@ -107,6 +107,9 @@ refused "--use-checkpoint-args without --load" "--use-checkpoint-args needs --lo
 mkdir -p "$dir/empty"
 refused "--use-checkpoint-args, no checkpoint in --load" "holds no checkpoint" \
   --use-checkpoint-args --load "$dir/empty"
+refused "--exit-on-missing-checkpoint with --load as --save, nothing saved yet" \
+  "holds no checkpoint (no latest_checkpointed_iteration.txt) (--exit-on-missing-checkpoint)" \
+  --num-layers 1 --load "$dir/empty" --save "$dir/empty" --exit-on-missing-checkpoint
 refused "D resumed with --ckpt-step 7 and --use-checkpoint-args" "iter_0000007" \
   --use-checkpoint-args --load "$dir/dense" --ckpt-step 7
 # A context extension changes the RoPE on purpose: allowed with --override-checkpoint-rope.

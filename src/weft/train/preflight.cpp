@@ -83,20 +83,22 @@ void check_appendable_file(const std::string& file, const std::string& flag) {
   if (!existed) std::remove(file.c_str());
 }
 
-void check_load_dir(const std::string& dir, int step, const std::string& save) {
+void check_load_dir(const std::string& dir, int step, const std::string& save,
+                    bool exit_on_missing) {
   std::error_code ec;
-  const bool also_save = !save.empty() && fs::path(dir).lexically_normal() ==
-                                              fs::path(save).lexically_normal();
+  const bool also_save = !exit_on_missing && !save.empty() &&
+                         fs::path(dir).lexically_normal() == fs::path(save).lexically_normal();
+  const char* why = exit_on_missing ? " (--exit-on-missing-checkpoint)" : "";
   if (!fs::is_directory(dir, ec)) {
     if (also_save && step < 0) return;  // nothing saved yet: train from scratch
-    fail_usage("--load {}: no such directory", dir);
+    fail_usage("--load {}: no such directory{}", dir, why);
   }
   int iteration = step;
   if (iteration < 0) {
     if (!fs::exists(fs::path(dir) / kTrackerFile, ec)) {
       if (also_save) return;
-      fail_usage("--load {}: holds no checkpoint (no {}); give the --save directory of an earlier "
-                 "run, or drop --load to start from scratch", dir, kTrackerFile);
+      fail_usage("--load {}: holds no checkpoint (no {}){}; give the --save directory of an "
+                 "earlier run, or drop --load to start from scratch", dir, kTrackerFile, why);
     }
     if (Status s = ckpt_read_tracker(dir, &iteration); !s) fail_usage("--load: {}", s.message());
   }
@@ -128,7 +130,8 @@ void check_free_space(const std::string& dir, const std::string& flag, int64_t n
 }
 
 void check_train_paths(const TrainConfig& c, int rank) {
-  if (!c.load.empty()) check_load_dir(c.load, c.ckpt_step, c.save);  // reads only
+  if (!c.load.empty())  // reads only
+    check_load_dir(c.load, c.ckpt_step, c.save, c.exit_on_missing_checkpoint);
   // Outputs are probed by rank 0 alone: the probes of several ranks in one directory would
   // race with the removal of what each created.
   if (rank != 0) return;

@@ -26,8 +26,10 @@ void check_writable_dir(const std::string& dir, const std::string& flag);
 void check_appendable_file(const std::string& file, const std::string& flag);
 // --load DIR [--ckpt-step N]: DIR holds a checkpoint (its tracker file and the iteration it
 // names, or iteration N), and the checkpoint's metadata reads. A DIR that is also --save may
-// be empty or missing (the restart-from-the-latest pattern: the first run has nothing to load).
-void check_load_dir(const std::string& dir, int step, const std::string& save);
+// be empty or missing (the restart-from-the-latest pattern: the first run has nothing to load),
+// unless `exit_on_missing` (--exit-on-missing-checkpoint).
+void check_load_dir(const std::string& dir, int step, const std::string& save,
+                    bool exit_on_missing = false);
 // Bytes that an unprivileged user may still write on the filesystem holding `dir` (statvfs
 // f_bavail * f_frsize; `dir` or its nearest existing ancestor); -1 when that cannot be found out.
 int64_t free_bytes(const std::string& dir);

@@ -71,6 +71,7 @@ struct TrainConfig {
   int ckpt_step = -1;           // --ckpt-step N (-1: the tracker's latest)
   std::string strictness = "assume_ok_unexpected";  // --dist-ckpt-strictness (Megatron's default)
   bool finetune = false;        // --finetune: load model weights only; iteration 0, fresh optimizer
+  bool exit_on_missing_checkpoint = false;  // --exit-on-missing-checkpoint (Megatron's)
   bool no_load_optim = false;   // --no-load-optim: weights, iteration, data; a fresh optimizer
   bool no_load_rng = false;     // --no-load-rng: leave the CPU generator as --seed seeded it
   // A resume's learning-rate schedule (train/schedule_resume.h): by default it must equal the
