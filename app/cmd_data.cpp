@@ -21,6 +21,10 @@ namespace {
 struct PreprocessFlags {
   PreprocessOptions opt;
   TokenizerFiles tokenizer;
+  // tools/preprocess_data.py's flags that change no output byte here (run_preprocess).
+  int partitions = 1;
+  bool keep_sequential_samples = false, split_sentences = false, keep_newlines = false;
+  std::string lang = "english";
 };
 
 struct TrainTokenizerFlags {
@@ -31,6 +35,24 @@ struct TrainTokenizerFlags {
 };
 
 void run_preprocess(const PreprocessFlags& f) {
+  // Megatron's --split-sentences splits each text with nltk's punkt model into sequences;
+  // weft has no sentence splitter (a list of strings is taken as the sentences, as Megatron's).
+  if (f.split_sentences)
+    fail_usage("--split-sentences is not implemented in weft (Megatron splits with nltk's punkt "
+               "model); give each document's sentences as a JSON list of strings instead");
+  // --partitions N processes N parts of the input and merges them: the documents in input order
+  // only with --keep-sequential-samples (else Megatron deals the lines round-robin), which is
+  // what weft writes in one pass.
+  if (f.partitions < 1) fail_usage("--partitions must be >= 1 (got {})", f.partitions);
+  if (f.partitions > 1 && !f.keep_sequential_samples)
+    fail_usage("--partitions {} without --keep-sequential-samples deals the documents "
+               "round-robin over the partitions in Megatron; weft writes them in input order "
+               "(add --keep-sequential-samples, or give --partitions 1)", f.partitions);
+  for (size_t i = 0; i < f.opt.json_keys.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (f.opt.json_keys[i] == f.opt.json_keys[j])
+        fail_usage("--json-keys: \"{}\" is given twice (each key writes one dataset)",
+                   f.opt.json_keys[i]);
   auto tok = make_tokenizer(f.tokenizer);
   PreprocessResult r = preprocess_corpus(f.opt, *tok);
   for (size_t k = 0; k < r.output_prefixes.size(); ++k)
@@ -93,6 +115,18 @@ void add_data_command(CLI::App* app) {
   pre->add_flag("--append-eod", p->opt.append_eod, "append the eod token to each document");
   pre->add_option("--workers", p->opt.workers, "tokenizing threads")->capture_default_str();
   pre->add_option("--log-interval", p->opt.log_interval, "documents between progress lines")
+      ->capture_default_str();
+  pre->add_option("--partitions", p->partitions,
+                  "Megatron's input partitions: 1, or any with --keep-sequential-samples (the "
+                  "same output, written in one pass)")
+      ->capture_default_str();
+  pre->add_flag("--keep-sequential-samples", p->keep_sequential_samples,
+                "the documents in input order (always in weft)");
+  pre->add_flag("--split-sentences", p->split_sentences,
+                "refused: weft has no sentence splitter (give JSON lists of sentences)");
+  pre->add_flag("--keep-newlines", p->keep_newlines,
+                "read only with --split-sentences, as in Megatron: no effect");
+  pre->add_option("--lang", p->lang, "read only with --split-sentences, as in Megatron: no effect")
       ->capture_default_str();
   pre->callback([p] { run_preprocess(*p); });
 

@@ -157,5 +157,35 @@ else
   bad "other data on --load: no warning, or one for the same data:"
   grep -h "warning\|error" "$tmp/other.log" "$tmp/same.log" | head -4
 fi
+# preprocess_data.py's flags: --partitions with --keep-sequential-samples, --lang and
+# --keep-newlines change no output byte; the refused ones exit 2 naming the flag.
+pre=(data preprocess --input "$tmp/corpus.txt" --tokenizer-type SentencePieceTokenizer
+     --tokenizer-model "$tmp/tokA.model" --append-eod)
+if "$weft" "${pre[@]}" --output-prefix "$tmp/parts" --partitions 4 --keep-sequential-samples \
+     --lang english --keep-newlines > /dev/null 2>&1 &&
+   cmp -s "$tmp/parts_text_document.bin" "$P.bin" && cmp -s "$tmp/parts_text_document.idx" "$P.idx"; then
+  echo "ok   preprocess --partitions 4 --keep-sequential-samples --lang --keep-newlines: the same files"
+else
+  bad "preprocess with Megatron's partition flags wrote other files (or failed)"
+fi
+for case in "--partitions 2|--partitions 2 without --keep-sequential-samples" \
+            "--split-sentences|--split-sentences is not implemented" \
+            "--json-keys text text|--json-keys: \"text\" is given twice"; do
+  flags=${case%%|*} needle=${case#*|}
+  n=$((n + 1))
+  # shellcheck disable=SC2086
+  err=$("$weft" "${pre[@]}" --output-prefix "$tmp/refused" $flags 2>&1 >/dev/null)
+  rc=$?
+  if [ "$rc" -eq 2 ] && printf '%s' "$err" | grep -qF -- "$needle" && ! ls "$tmp"/refused* >/dev/null 2>&1; then
+    echo "ok   preprocess $flags: $err"
+  else
+    bad "preprocess $flags: exit $rc, wanted 2 and '$needle', nothing written: $err"
+  fi
+done
+printf '{"text": "a b", "n": 1e309}\n' > "$tmp/big.jsonl"
+err=$("$weft" data preprocess --input "$tmp/big.jsonl" --output-prefix "$tmp/big" \
+      --tokenizer-type NullTokenizer --vocab-size 64 2>&1 >/dev/null)
+[ $? -eq 2 ] && printf '%s' "$err" | grep -qF "$tmp/big.jsonl:1: not valid JSON" &&
+  echo "ok   a number JSON cannot hold: $err" || bad "1e309 in a JSON line: $err"
 [ "$fails" -eq 0 ] || { echo "$fails case(s) failed"; exit 1; }
 echo "all $n refusals and the good runs behave"

@@ -58,7 +58,7 @@ void encode_batch(const PreprocessOptions& o, bool text_mode, const Tokenizer& t
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank: no document
       try {
         doc = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::parse_error& e) {
+      } catch (const nlohmann::json::exception& e) {  // parse_error; out_of_range (1e309)
         fail_usage("{}:{}: not valid JSON ({})", o.input, line_no, e.what());
       }
       if (!doc.is_object()) fail_usage("{}:{}: a JSON line must be an object", o.input, line_no);
