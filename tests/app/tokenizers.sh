@@ -195,7 +195,7 @@ else
 fi
 
 # --- 3. bad input ---------------------------------------------------------------------------------
-mkdir -p "$tmp/bad_unigram" "$tmp/bad_fallback" "$tmp/bad_meta" "$tmp/bad_eos" "$tmp/empty_dir" \
+mkdir -p "$tmp/bad_unigram" "$tmp/bad_fallback" "$tmp/bad_meta" "$tmp/bad_eos" "$tmp/empty_dir" "$tmp/sep_eos" \
   "$tmp/bad_order" "$tmp/bad_type" "$tmp/bad_llama"
 python3 - "$tmp" <<'EOF'
 import json, sys
@@ -208,6 +208,10 @@ write("bad_unigram", dict(tj, model={"type": "Unigram", "vocab": []}))
 write("bad_fallback", dict(tj, model=dict(tj["model"], byte_fallback=True)))
 write("bad_meta", dict(tj, pre_tokenizer={"type": "Metaspace", "replacement": "\u2581"}))
 write("bad_eos", tj, {"bos_token": "<|endoftext|>"})
+# Megatron's HuggingFaceTokenizer takes a sep_token as the eos where none is named (BERT-style).
+qcfg = json.load(open(f"{t}/hf_qwen/tokenizer_config.json"))
+qcfg["sep_token"] = qcfg.pop("eos_token")
+write("sep_eos", tj, qcfg)
 write("bad_order", dict(tj, pre_tokenizer={"type": "Sequence", "pretokenizers": [
     {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False},
     {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": False}]}))
@@ -216,6 +220,12 @@ llama = json.load(open(f"{t}/hf_llama3/tokenizer.json"))
 write("bad_llama", llama, {"tokenizer_class": "LlamaTokenizerFast", "add_bos_token": False,
                            "eos_token": "<|end_of_text|>", "bos_token": "<|begin_of_text|>"})
 EOF
+if pre sep_eos --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/sep_eos" \
+     --tokenizer-hf-include-special-tokens; then
+  cmp -s "$tmp/sep_eos_text_document.bin" "$tmp/hf_qwen_text_document.bin" &&
+    ok "HuggingFaceTokenizer without an eos_token appends its sep_token, as Megatron's" ||
+    bad "HuggingFaceTokenizer with a sep_token and no eos_token: not the eos tokenizer's files"
+fi
 printf '#version: 0.2\nthis line has three\n' >"$tmp/bad_merges.txt"
 printf '{"text": "1 2 x"}\n' >"$tmp/bad_ids.jsonl"
 expect() {  # expect NEEDLE ARGS...: exit 2, one error line holding NEEDLE

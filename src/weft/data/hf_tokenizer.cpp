@@ -324,12 +324,16 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& path, bool inclu
                  "rebuild from them; weft reads tokenizer.json as it is", path, bos, eos, cls);
   }
   p.eod = special("eos_token");
+  // Megatron's HuggingFaceTokenizer takes the sep_token as the eos_token where the tokenizer
+  // names no eos_token (BERT-style tokenizers).
+  if (p.eod < 0) p.eod = special("sep_token");
   p.bos = special("bos_token");
   p.pad = special("pad_token");
   if (p.eod < 0)
     fail_usage("--tokenizer-model {}: neither tokenizer_config.json nor special_tokens_map.json "
-               "names an eos_token (nor does the tokenizer class '{}' default one), which "
-               "Megatron's HuggingFaceTokenizer takes as the end-of-document id", path, cls);
+               "names an eos_token or a sep_token (nor does the tokenizer class '{}' default "
+               "one), which Megatron's HuggingFaceTokenizer takes as the end-of-document id",
+               path, cls);
   const std::string tj_hash = sha256_file_hex(file.string());
   p.identity = {{"type", "HuggingFaceTokenizer"},
                 {"model_file", fs::path(path).filename().string()},
