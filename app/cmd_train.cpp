@@ -135,6 +135,10 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--rope-scaling-factor", m.rope_scaling_factor,
       "the factor of --use-rope-scaling (Llama 3.1: 8, Llama 3.2: 32)");
   a->rope_scaling_factor_opt = c->get_option("--rope-scaling-factor");
+  c->add_option("--rotary-seq-len-interpolation-factor", m.rotary_seq_len_interpolation_factor,
+                "linear position interpolation: position t rotates as t / factor (Megatron's "
+                "flag; default none)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   opt("--norm-epsilon", m.norm_epsilon, "RMSNorm epsilon");
   c->add_flag("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights,
               "separate output layer instead of the tied embedding");
@@ -704,6 +708,10 @@ void resolve_train_args(TrainArgs* a) {
     if (t.model.num_layers < 1) fail_usage("--num-layers must be >= 1 (got {})", t.model.num_layers);
     t.model.moe_layer_pattern = parse_moe_layer_freq(a->moe_layer_freq, t.model.num_layers);
   }
+  if (a->app->get_option("--rotary-seq-len-interpolation-factor")->count() > 0 &&
+      t.model.rotary_seq_len_interpolation_factor < 1)
+    fail_usage("--rotary-seq-len-interpolation-factor must be >= 1 (got {})",
+               t.model.rotary_seq_len_interpolation_factor);
   if (a->rope_scaling_factor_opt->count() > 0 && !t.model.use_rope_scaling)
     fail_usage("--rope-scaling-factor {} is given without --use-rope-scaling, which it belongs "
                "to; add --use-rope-scaling or drop the factor", t.model.rope_scaling_factor);

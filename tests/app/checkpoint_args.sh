@@ -81,6 +81,8 @@ refused "D's flags but the RoPE base" "--rotary-base 10000 (checkpoint: 500000);
   --load "$dir/dense" --use-checkpoint-args --rotary-base 10000
 refused "D's flags but the scaling factor" "--rope-scaling-factor 8 (checkpoint: 16)" \
   --load "$dir/dense" --use-checkpoint-args --rope-scaling-factor 8
+refused "D with position interpolation" "--rotary-seq-len-interpolation-factor 2 (checkpoint: 0)" \
+  --load "$dir/dense" --use-checkpoint-args --rotary-seq-len-interpolation-factor 2
 refused "H's flags with --moe-layer-freq" "--moe-layer-freq: the checkpoint's model is hybrid" \
   --load "$dir/hybrid" --use-checkpoint-args --moe-layer-freq 2
 refused "D with --use-checkpoint-args and other given groups" "--num-query-groups 4 (checkpoint: 2)" \

@@ -417,6 +417,32 @@ TEST(ModelReference, Float64PartialRotary) {
   expect_config_refused(odd, "--rotary-percent");
 }
 
+// --rotary-seq-len-interpolation-factor F (Megatron's linear position interpolation): position
+// t rotates as t / F, so the tables hold cos/sin(t / F * base^(-2i / hd)), row F t is the plain
+// model's row t, and the loss differs from the plain model's. A negative factor is refused.
+TEST(ModelReference, RotaryPositionInterpolation) {
+  ModelConfig cfg = small_config(false, 2, 1);
+  cfg.rotary_seq_len_interpolation_factor = 4;
+  const RotaryTables t = make_rotary_tables(cfg, torch::kCPU, torch::kDouble);
+  ModelConfig plain = cfg;
+  plain.rotary_seq_len_interpolation_factor = 0;
+  const RotaryTables p = make_rotary_tables(plain, torch::kCPU, torch::kDouble);
+  const int hd = cfg.head_dim();
+  for (int pos = 0; pos < cfg.seq_length; ++pos)
+    for (int i = 0; i < hd / 2; ++i) {
+      const double angle = pos / 4.0 * std::pow(cfg.rotary_base, -2.0 * i / hd);
+      EXPECT_NEAR(t.cos[pos][i].item<double>(), std::cos(angle), 1e-14) << pos << " " << i;
+      EXPECT_NEAR(t.sin[pos][i + hd / 2].item<double>(), std::sin(angle), 1e-14) << pos;
+    }
+  ASSERT_GE(cfg.seq_length, 8);
+  EXPECT_TRUE(torch::equal(t.cos[4], p.cos[1]));
+  EXPECT_TRUE(torch::equal(t.sin[4], p.sin[1]));
+  expect_losses_differ(cfg, plain);
+  ModelConfig bad = cfg;
+  bad.rotary_seq_len_interpolation_factor = -2;
+  expect_config_refused(bad, "--rotary-seq-len-interpolation-factor");
+}
+
 // --position-embedding-type none (the attention of Megatron's hybrid Mamba models): q and k
 // as projected, with and without --qk-layernorm; the loss differs from the rotary model's.
 TEST(ModelReference, Float64NoPositionEmbedding) {

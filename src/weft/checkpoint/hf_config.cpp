@@ -41,6 +41,9 @@ std::string hf_model_type(const ModelConfig& c) {
                c.position_embedding_type);
   if (c.squared_relu)
     fail_usage("hf export: --squared-relu: the MLPs of Llama, Qwen3 and Mixtral are SwiGLU");
+  if (c.rotary_seq_len_interpolation_factor > 0)
+    fail_usage("hf export: --rotary-seq-len-interpolation-factor {}: weft's Llama, Qwen3 and "
+               "Mixtral exports write no linear RoPE scaling", c.rotary_seq_len_interpolation_factor);
   if (c.rotary_percent != 1.0)
     fail_usage("hf export: --rotary-percent {}: Llama, Qwen3 and Mixtral rotate every channel of "
                "the head", c.rotary_percent);

@@ -45,6 +45,9 @@ struct ModelConfig {
   // are kept, and the band between is interpolated (make_rotary_tables).
   bool use_rope_scaling = false;
   double rope_scaling_factor = 8.0;
+  // --rotary-seq-len-interpolation-factor (Megatron's; 0: not given): linear position
+  // interpolation, position t rotates as t / factor (make_rotary_tables).
+  int rotary_seq_len_interpolation_factor = 0;
   static constexpr double kRopeLowFreqFactor = 1.0;
   static constexpr double kRopeHighFreqFactor = 4.0;
   static constexpr double kRopeOriginalContext = 8192.0;

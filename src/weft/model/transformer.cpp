@@ -97,6 +97,9 @@ void check_model_config(const ModelConfig& cfg) {
   }
   if (!(cfg.init_method_std > 0)) fail_usage("--init-method-std must be positive");
   if (!(cfg.rotary_base > 0)) fail_usage("--rotary-base must be positive");
+  if (cfg.rotary_seq_len_interpolation_factor < 0)
+    fail_usage("--rotary-seq-len-interpolation-factor must be >= 1 (got {})",
+               cfg.rotary_seq_len_interpolation_factor);
   if (!(cfg.rotary_percent > 0 && cfg.rotary_percent <= 1))
     fail_usage("--rotary-percent must be in (0, 1] (got {})", cfg.rotary_percent);
   if (cfg.rotary_dim() < 2 || cfg.rotary_dim() % 2 != 0)
@@ -491,7 +494,10 @@ RotaryTables make_rotary_tables(const ModelConfig& cfg, c10::Device device, c10:
   const at::Tensor exponent = at::arange(0, rd / 2, f64) * (-2.0 / static_cast<double>(rd));
   at::Tensor inv_freq = at::pow(cfg.rotary_base, exponent);                        // base^(-2i/rd)
   if (cfg.use_rope_scaling) inv_freq = llama3_scaled_frequencies(inv_freq, cfg.rope_scaling_factor);
-  const at::Tensor angles = at::outer(at::arange(cfg.seq_length, f64), inv_freq);  // [s, rd/2]
+  at::Tensor positions = at::arange(cfg.seq_length, f64);
+  if (cfg.rotary_seq_len_interpolation_factor > 0)  // Megatron's seq *= 1 / factor
+    positions = positions * (1.0 / cfg.rotary_seq_len_interpolation_factor);
+  const at::Tensor angles = at::outer(positions, inv_freq);  // [s, rd/2]
   const at::Tensor full = at::cat({angles, angles}, -1);                           // [s, rd]
   RotaryTables t;
   t.cos = full.cos().to(device, dtype);

@@ -58,6 +58,8 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   get(j, "rotary_percent", &m.rotary_percent, false);  // absent before: the whole head
   get(j, "use_rope_scaling", &m.use_rope_scaling, false);  // absent before: no scaling
   get(j, "rope_scaling_factor", &m.rope_scaling_factor, false);
+  get(j, "rotary_seq_len_interpolation_factor", &m.rotary_seq_len_interpolation_factor,
+      false);  // absent before: none
   get(j, "norm_epsilon", &m.norm_epsilon, true);
   get(j, "position_embedding_type", &m.position_embedding_type, false);  // absent before: rope
   get(j, "untie_embeddings_and_output_weights", &m.untie_embeddings_and_output_weights, true);
@@ -127,6 +129,8 @@ std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelCon
   cmp("--use-rope-scaling", run.use_rope_scaling, saved.use_rope_scaling);
   if (run.use_rope_scaling && saved.use_rope_scaling)
     cmp("--rope-scaling-factor", run.rope_scaling_factor, saved.rope_scaling_factor);
+  cmp("--rotary-seq-len-interpolation-factor", run.rotary_seq_len_interpolation_factor,
+      saved.rotary_seq_len_interpolation_factor);
   to = &out;
   cmp("--norm-epsilon", run.norm_epsilon, saved.norm_epsilon);
   cmp("--squared-relu", run.squared_relu, saved.squared_relu);
@@ -190,6 +194,8 @@ bool take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,
   take("--rotary-percent", m.rotary_percent, saved.rotary_percent);
   take("--use-rope-scaling", m.use_rope_scaling, saved.use_rope_scaling);
   take("--rope-scaling-factor", m.rope_scaling_factor, saved.rope_scaling_factor);
+  take("--rotary-seq-len-interpolation-factor", m.rotary_seq_len_interpolation_factor,
+       saved.rotary_seq_len_interpolation_factor);
   take("--norm-epsilon", m.norm_epsilon, saved.norm_epsilon);
   take("--position-embedding-type", m.position_embedding_type, saved.position_embedding_type);
   take("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights,

@@ -49,6 +49,9 @@ void validate_numeric_flags(const TrainConfig& c) {
   check_real("--rotary-base", m.rotary_base, 0, kInf, true);
   check_real("--rotary-percent", m.rotary_percent, 0, 1, true);
   if (m.use_rope_scaling) check_real("--rope-scaling-factor", m.rope_scaling_factor, 1, kInf);
+  if (m.rotary_seq_len_interpolation_factor != 0)
+    check_int("--rotary-seq-len-interpolation-factor", m.rotary_seq_len_interpolation_factor, 1,
+              "or not given");
   check_real("--norm-epsilon", m.norm_epsilon, 0, kInf, true);
   check_int("--num-experts", m.num_experts, 0);
   check_int("--moe-router-topk", m.moe_router_topk, 1);
