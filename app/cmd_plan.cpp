@@ -4,6 +4,7 @@
 #include "cmd_plan.h"
 
 #include <cmath>
+#include <cstdio>
 #include <iostream>
 #include <memory>
 
@@ -34,6 +35,7 @@ void add_plan_command(CLI::App* app) {
   ParsedTrainFlags train = add_train_flags(c);
   c->callback([a, train] {
     TrainFlags f = train();
+    for (const std::string& w : f.warnings) std::fprintf(stderr, "weft plan: warning: %s\n", w.c_str());
     if (!f.global_batch_given) default_global_batch_size(&f.cfg, a->world_size);
     resolve_train_samples(&f.cfg);
     // --peak-tflops is the train flag (MFU in the log line); unset, plan assumes an H200's

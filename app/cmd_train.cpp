@@ -682,8 +682,9 @@ void resolve_train_args(TrainArgs* a) {
                                      a->hybrid_mlp_ratio);
   }
   if (!pattern.empty()) {
-    // The pattern defines the layers (and its 'E' symbols the MoE layers): a --num-layers or
-    // --moe-layer-freq beside it is refused rather than ignored, as Megatron asserts.
+    // The pattern defines the layers (and its 'E' symbols the MoE layers): a --moe-layer-freq
+    // beside it is refused rather than ignored, as Megatron asserts; a --num-layers of another
+    // count is ignored with a warning, as Megatron does.
     if (a->moe_layer_freq_opt->count() > 0)
       fail_usage("--moe-layer-freq and {} both place MoE layers; give the MoE layers as 'E' in "
                  "--hybrid-layer-pattern", pattern_given ? "--hybrid-layer-pattern"
@@ -712,6 +713,8 @@ void resolve_train_args(TrainArgs* a) {
       t.model.rotary_seq_len_interpolation_factor < 1)
     fail_usage("--rotary-seq-len-interpolation-factor must be >= 1 (got {})",
                t.model.rotary_seq_len_interpolation_factor);
+  // A factor of 1 rotates as without one (Megatron's seq *= 1): the same model, recorded so.
+  if (t.model.rotary_seq_len_interpolation_factor == 1) t.model.rotary_seq_len_interpolation_factor = 0;
   if (a->rope_scaling_factor_opt->count() > 0 && !t.model.use_rope_scaling)
     fail_usage("--rope-scaling-factor {} is given without --use-rope-scaling, which it belongs "
                "to; add --use-rope-scaling or drop the factor", t.model.rope_scaling_factor);
@@ -727,14 +730,16 @@ void resolve_train_args(TrainArgs* a) {
   check_recipe_flags(a->recipe, t.model.seq_length);
   a->megatron_warnings = check_megatron_flags(a->megatron);
   if (!layers_ignored.empty()) a->megatron_warnings.push_back(layers_ignored);
-  if (query_groups_ignored)
-    a->megatron_warnings.push_back(fmt::format(
-        "--num-query-groups {} has no effect without --group-query-attention (as in Megatron): "
-        "the attention has {}; add --group-query-attention for {} key/value heads",
-        ignored_groups,
-        model_from_checkpoint ? "the checkpoint's key/value heads"
-                              : "one key/value head per attention head",
-        ignored_groups));
+  if (query_groups_ignored && ignored_groups != a->cfg.model.num_query_groups)
+    a->megatron_warnings.push_back(
+        model_from_checkpoint
+            ? fmt::format("--num-query-groups {} has no effect without --group-query-attention "
+                          "(as in Megatron): the attention has the checkpoint's {} key/value "
+                          "heads", ignored_groups, a->cfg.model.num_query_groups)
+            : fmt::format("--num-query-groups {} has no effect without --group-query-attention "
+                          "(as in Megatron): the attention has one key/value head per attention "
+                          "head; add --group-query-attention for {} key/value heads",
+                          ignored_groups, ignored_groups));
   if (swiglu_ignored)
     a->megatron_warnings.push_back("--swiglu is ignored: --use-checkpoint-args takes the "
                                    "checkpoint's --squared-relu (as Megatron forces its "
@@ -790,6 +795,11 @@ std::vector<std::string> ignored_flag_warnings(const TrainConfig& t) {
                               t.no_load_optim ? "--no-load-optim" : "--no-load-rng"));
   if (!m.rotary() && m.use_rope_scaling)
     out.push_back("--use-rope-scaling has no effect with --position-embedding-type none");
+  if (!m.rotary() && m.rotary_seq_len_interpolation_factor > 0)
+    out.push_back("--rotary-seq-len-interpolation-factor has no effect with "
+                  "--position-embedding-type none");
+  if (t.load.empty() && t.exit_on_missing_checkpoint)
+    out.push_back("--exit-on-missing-checkpoint has no effect without --load");
   if (any_moe && m.moe_router_pre_softmax && m.moe_router_score_function != "softmax")
     out.push_back(fmt::format("--moe-router-pre-softmax has no effect with "
                               "--moe-router-score-function {} (as in Megatron)",
@@ -980,8 +990,10 @@ ParsedTrainFlags add_train_flags(CLI::App* c) {
   add_flags(c, a.get());
   return [a] {
     resolve_train_args(a.get());
-    return TrainFlags{a->cfg, a->threads, a->backend, a->deterministic, !a->no_fused,
-                      a->global_batch_given};
+    TrainFlags f{a->cfg, a->threads, a->backend, a->deterministic, !a->no_fused,
+                 a->global_batch_given, a->megatron_warnings};
+    for (std::string& w : ignored_flag_warnings(a->cfg)) f.warnings.push_back(std::move(w));
+    return f;
   };
 }
 

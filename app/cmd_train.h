@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "weft/comm/mpi_runtime.h"
 #include "weft/comm/process_groups.h"
@@ -23,6 +24,9 @@ struct TrainFlags {
   bool deterministic = false;  // --deterministic
   bool fused_kernels = true;   // not --no-fused-kernels
   bool global_batch_given = false;  // else default_global_batch_size once the world is known
+  // What `weft train` prints as warnings (flags with no effect, Megatron's ignored ones): the
+  // other commands print them too, on stderr from one rank.
+  std::vector<std::string> warnings;
 };
 // The data-parallel size of layout l on world_size ranks, world / (tp x cp x pp); 0 where that
 // does not divide (validation then names the flags).

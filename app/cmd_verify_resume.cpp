@@ -288,6 +288,9 @@ void add_verify_resume_command(CLI::App* app, int* argc, char*** argv) {
     TrainFlags f = train();
     MpiRuntime mpi(argc, argv);
     set_error_rank(mpi.world_rank());
+    if (mpi.world_rank() == 0)
+      for (const std::string& w : f.warnings)
+        std::fprintf(stderr, "weft verify-resume: warning: %s\n", w.c_str());
     // Phase 1, local: every flag and both layouts before any collective (an MPI_Abort here
     // could kill rank 0 before it printed the error: seen in CI).
     Runs runs;

@@ -38,6 +38,12 @@ g2=$(json_field "$j2" "j['rank_groups'][1]['grads']")
   failed "shards dp 1 $g2 vs dp 2 $g4"
 
 moe=(--num-experts 4 --moe-router-topk 2 --moe-layer-freq "[0,1,1,0]" --mtp-num-layers 1 --bf16)
+# The train command's warnings, here too: --num-query-groups alone builds one key/value head
+# per attention head, as Megatron.
+err=$("$weft" plan --world-size 1 --num-layers 2 --hidden-size 64 --num-attention-heads 4 \
+      --num-query-groups 2 --seq-length 32 --vocab-size 128 2>&1 >/dev/null)
+printf '%s' "$err" | grep -q "^weft plan: warning: --num-query-groups 2 has no effect without --group-query-attention" &&
+  echo "ok   plan warns as train does" || failed "plan's warning: $err"
 "$weft" plan --world-size 8 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2 \
   "${model[@]}" "${moe[@]}" > /dev/null && echo "ok   MoE + ep + MTP" || failed "MoE plan"
 "$weft" plan --world-size 4 --pipeline-model-parallel-size 2 --hybrid-layer-pattern "M*|-E/*E" \

@@ -564,6 +564,17 @@ TEST(GptBlend, UnweightedListBlendsBySizePerSplit) {
   // A weighted list, even of equal weights, is not blended by size.
   parse_data_path({"1 " + f.pa + " 1 " + f.pb}, &weighted);
   EXPECT_TRUE(weighted);
+  // A dataset whose split holds no sample cannot be weighed: refused naming it.
+  const std::string pc = f.dir / "tiny";
+  write_docs(pc, Docs{{{7, 8}}});
+  GptDataConfig with_tiny = f.cfg;
+  with_tiny.blend.emplace_back(1.0, pc);
+  try {
+    make_gpt_dataset(with_tiny, DataSplit::kTrain, 10);
+    ADD_FAILURE() << "a dataset of one token-pair blended by size";
+  } catch (const EmptySplitError& e) {
+    EXPECT_NE(std::string(e.what()).find(pc), std::string::npos) << e.what();
+  }
 }
 
 TEST(GptBlend, StableWhenTheSampleCountGrowsAndCached) {

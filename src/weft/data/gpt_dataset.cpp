@@ -391,13 +391,16 @@ std::unique_ptr<TokenDataset> make_gpt_dataset(const GptDataConfig& cfg, DataSpl
     weights.push_back(cfg.blend_by_size ? static_cast<double>(epoch_samples(
                                               cfg.seq_length, split_weights, split, p))
                                         : w);
-  if (cfg.blend_by_size && num_samples > 0 &&
-      std::all_of(weights.begin(), weights.end(), [](double w) { return w == 0; }))
-    throw EmptySplitError(fmt::format(
-        "--split {},{},{} and --seq-length {}: the {} split of every dataset of --data-path "
-        "holds fewer tokens than one sample, yet {} samples are asked of it",
-        split_weights[0], split_weights[1], split_weights[2], cfg.seq_length, split_name(split),
-        num_samples));
+  // A dataset whose split holds no sample cannot be weighed by its size: refused as in a
+  // weighted blend (the trainer skips a test split on this error alone).
+  for (size_t j = 0; cfg.blend_by_size && num_samples > 0 && j < weights.size(); ++j)
+    if (weights[j] == 0)
+      throw EmptySplitError(fmt::format(
+          "--split {},{},{} and --seq-length {}: the {} split of {} holds fewer tokens than one "
+          "sample, yet {} samples of the blend by size are asked of it; give the split a larger "
+          "share, a shorter --seq-length, or leave the dataset out of --data-path",
+          split_weights[0], split_weights[1], split_weights[2], cfg.seq_length, split_name(split),
+          cfg.blend[j].second, num_samples));
   if (!cfg.blend_by_size) check_weights(weights, "--data-path", cfg.blend.front().second);
   double sum = 0;
   for (double w : weights) sum += w;

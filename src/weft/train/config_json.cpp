@@ -114,6 +114,7 @@ std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelCon
   if (run.hidden_size == saved.hidden_size) {
     cmp("--num-attention-heads", run.num_attention_heads, saved.num_attention_heads);
     if (run.num_query_groups != saved.num_query_groups &&
+        run.num_attention_heads == saved.num_attention_heads &&
         run.num_query_groups == run.num_attention_heads)  // likely --group-query-attention missing
       out.push_back(fmt::format("--num-query-groups {} (checkpoint: {}; without "
                                 "--group-query-attention, one key/value head per attention head)",

@@ -86,9 +86,10 @@ void check_appendable_file(const std::string& file, const std::string& flag) {
 void check_load_dir(const std::string& dir, int step, const std::string& save,
                     bool exit_on_missing) {
   std::error_code ec;
-  const bool also_save = !exit_on_missing && !save.empty() &&
-                         fs::path(dir).lexically_normal() == fs::path(save).lexically_normal();
-  const char* why = exit_on_missing ? " (--exit-on-missing-checkpoint)" : "";
+  const bool same_as_save =
+      !save.empty() && fs::path(dir).lexically_normal() == fs::path(save).lexically_normal();
+  const bool also_save = !exit_on_missing && same_as_save;
+  const char* why = exit_on_missing && same_as_save ? " (--exit-on-missing-checkpoint)" : "";
   if (!fs::is_directory(dir, ec)) {
     if (also_save && step < 0) return;  // nothing saved yet: train from scratch
     fail_usage("--load {}: no such directory{}", dir, why);
