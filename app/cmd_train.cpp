@@ -619,11 +619,11 @@ void resolve_train_args(TrainArgs* a) {
   // without it the attention has a key/value head per query head, and a given
   // --num-query-groups has no effect (a warning below). A checkpoint's groups, under
   // --use-checkpoint-args, replace these below unless both flags are given.
-  const bool query_groups_ignored =
-      !a->group_query_attention && a->app->get_option("--num-query-groups")->count() > 0;
+  const bool groups_given = a->app->get_option("--num-query-groups")->count() > 0;
+  const bool query_groups_ignored = !a->group_query_attention && groups_given;
   const int ignored_groups = t.model.num_query_groups;
   if (!a->group_query_attention) t.model.num_query_groups = t.model.num_attention_heads;
-  else if (a->app->get_option("--num-query-groups")->count() == 0) t.model.num_query_groups = 1;
+  else if (!groups_given) t.model.num_query_groups = 1;
   t.model.position_embedding_type = a->recipe.position_embedding_type;  // checked below
   // Megatron's older flags: --use-rotary-position-embeddings sets rope; --no-position-embedding
   // is an error beside another type than rope.
@@ -652,7 +652,7 @@ void resolve_train_args(TrainArgs* a) {
         // groups and --group-query-attention under --use-checkpoint-args; weft compares a given
         // count (a mismatch is refused, naming the flag).
         if (std::string(flag) == "--num-query-groups")
-          return a->group_query_attention && a->app->get_option(flag)->count() > 0;
+          return a->group_query_attention && groups_given;
         return a->app->get_option(flag)->count() > 0 ||
                (saved->imported && std::string(flag) == "--seq-length");
       };
@@ -714,7 +714,8 @@ void resolve_train_args(TrainArgs* a) {
     fail_usage("--rotary-seq-len-interpolation-factor must be >= 1 (got {})",
                t.model.rotary_seq_len_interpolation_factor);
   // A factor of 1 rotates as without one (Megatron's seq *= 1): the same model, recorded so.
-  if (t.model.rotary_seq_len_interpolation_factor == 1) t.model.rotary_seq_len_interpolation_factor = 0;
+  if (t.model.rotary_seq_len_interpolation_factor == 1)
+    t.model.rotary_seq_len_interpolation_factor = 0;
   if (a->rope_scaling_factor_opt->count() > 0 && !t.model.use_rope_scaling)
     fail_usage("--rope-scaling-factor {} is given without --use-rope-scaling, which it belongs "
                "to; add --use-rope-scaling or drop the factor", t.model.rope_scaling_factor);

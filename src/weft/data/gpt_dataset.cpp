@@ -216,18 +216,30 @@ class GptBlendDataset final : public TokenDataset {
   int64_t size_;
 };
 
+// The documents [begin, end) of `split` in `data`.
+std::pair<int64_t, int64_t> split_documents(const IndexedDataset& data,
+                                            const std::array<double, 3>& split_weights,
+                                            DataSplit split) {
+  return sampling_split_ranges(split_weights, data.num_documents())[static_cast<int>(split)];
+}
+
+// The tokens of document d (all its sequences).
+int64_t document_tokens(const IndexedDataset& data, int64_t d) {
+  const int64_t* doc_seqs = data.document_indices();
+  int64_t n = 0;
+  for (int64_t s = doc_seqs[d]; s < doc_seqs[d + 1]; ++s) n += data.sizes()[s];
+  return n;
+}
+
 // The samples one epoch of the split of `prefix` holds, (tokens - 1) / seq_length: Megatron's
 // GPTDataset length for one epoch, its weight in a blend by size.
 int64_t epoch_samples(int seq_length, const std::array<double, 3>& split_weights, DataSplit split,
                       const std::string& prefix) {
   check_prefix_files(prefix);
   const IndexedDataset data(prefix);
-  const auto [begin, end] =
-      sampling_split_ranges(split_weights, data.num_documents())[static_cast<int>(split)];
-  const int64_t* doc_seqs = data.document_indices();
-  const int32_t* sizes = data.sizes();
+  const auto [begin, end] = split_documents(data, split_weights, split);
   int64_t tokens = 0;
-  for (int64_t s = doc_seqs[begin]; s < doc_seqs[end]; ++s) tokens += sizes[s];
+  for (int64_t d = begin; d < end; ++d) tokens += document_tokens(data, d);
   return tokens > 0 ? (tokens - 1) / seq_length : 0;
 }
 
@@ -240,12 +252,10 @@ std::unique_ptr<GptSplitDataset> make_split_dataset(const GptDataConfig& cfg,
   check_prefix_files(prefix);
   auto data = std::make_shared<const IndexedDataset>(prefix);
   const int64_t all_docs = data->num_documents();
-  const int64_t* doc_seqs = data->document_indices();
-  const int32_t* sizes = data->sizes();
   if (all_docs == 0 || data->num_sequences() == 0) {
     fail_usage("--data-path: {} holds no documents (an empty dataset)", idx_path(prefix));
   }
-  const auto [begin, end] = sampling_split_ranges(split_weights, all_docs)[static_cast<int>(split)];
+  const auto [begin, end] = split_documents(*data, split_weights, split);
   const int seq = cfg.seq_length;
   if (num_samples == 0) return std::make_unique<GptSplitDataset>(data, nullptr, seq, 0, 0, 0);
   if (begin == end) {
@@ -258,10 +268,8 @@ std::unique_ptr<GptSplitDataset> make_split_dataset(const GptDataConfig& cfg,
   std::vector<int64_t> doc_lengths(static_cast<size_t>(end - begin));
   int64_t tokens = 0;
   for (int64_t d = begin; d < end; ++d) {
-    int64_t n = 0;
-    for (int64_t s = doc_seqs[d]; s < doc_seqs[d + 1]; ++s) n += sizes[s];
-    doc_lengths[d - begin] = n;
-    tokens += n;
+    doc_lengths[d - begin] = document_tokens(*data, d);
+    tokens += doc_lengths[d - begin];
   }
   if (tokens < seq + 1) {
     throw EmptySplitError(fmt::format(
