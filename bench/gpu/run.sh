@@ -296,6 +296,26 @@ hfrope)
     echo "hf_llama_check export $drop rc=$? (pass 0; with the scaling dropped 1)"
   done
   ./$B/app/weft train --log-interval 1 "${HFT[@]}" --train-iters 1 --load "$H/imported" --finetune 2>&1 | tail -1 | cut -c1-300
+  # (3b) linear position interpolation (rope_type linear, --rotary-seq-len-interpolation-factor
+  # 4) the same way: import + fine-tune against transformers, export of the resumed checkpoint.
+  LIN=(--rotary-base 10000 --rotary-seq-len-interpolation-factor 4)
+  python3 tests/gpu/hf_llama_check.py make "$H/lin" --hidden 256 --ffn 704 --layers 4 \
+    --heads 8 --groups 4 --vocab 1024 --seq 128 --rope-linear-factor 4 --qk-gain 8 2>/dev/null
+  echo "make linear rc=$?"
+  ./$B/app/weft ckpt import --format hf "$H/lin" "$H/linim"; echo "import linear rc=$?"
+  ./$B/app/weft train --log-interval 1 "${HFT[@]}" "${LIN[@]}" --train-iters 1 --load "$H/linim" --finetune \
+    --save "$H/linft" --dump-first-batch "$H/l1.npy" --log-jsonl "$H/lin1.jsonl" > "$H/lin1.log" 2>&1
+  echo "finetune linear rc=$?"
+  for drop in "" --drop-rope-scaling; do
+    python3 tests/gpu/hf_llama_check.py loss "$H/lin" "$H/l1.npy" "$H/lin1.jsonl" 1 $drop 2>/dev/null
+    echo "hf_llama_check linear import $drop rc=$? (pass 0; with the scaling dropped 1)"
+  done
+  ./$B/app/weft train --log-interval 1 "${HFT[@]}" "${LIN[@]}" --train-iters 2 --load "$H/linft" \
+    --dump-first-batch "$H/l2.npy" --log-jsonl "$H/lin2.jsonl" > "$H/lin2.log" 2>&1
+  echo "resume linear rc=$?"
+  ./$B/app/weft ckpt export --format hf "$H/linft" "$H/linex"; echo "export linear rc=$?"
+  python3 tests/gpu/hf_llama_check.py loss "$H/linex" "$H/l2.npy" "$H/lin2.jsonl" 2 2>/dev/null
+  echo "hf_llama_check linear export rc=$? (pass 0)"
   # (4) --kv-channels: a random LlamaForCausalLM with head_dim 64 (not 256 / 8 = 32), imported,
   # fine-tuned with --use-checkpoint-args (the head dim and the rest from the import), compared.
   python3 tests/gpu/hf_llama_check.py make "$H/kv" --hidden 256 --ffn 704 --layers 4 \
@@ -543,12 +563,13 @@ curve)
   echo "size curve (weft, PyTorch eager, PyTorch ${CMODE#--}; MFU over 781 TFLOP/s):"
   cat "$C/table.md"
   ;;
-weft1b)  # weft alone, with and without the fused kernels (ratio in the same run)
-  for v in fused unfused; do
-    X=(); [ $v = unfused ] && X=(--no-fused-kernels)
+weft1b)  # weft alone in variants (ratio in the same run); WEFT1B_VARIANTS, default "fused unfused":
+  # fused (bench1b's weft), unfused (--no-fused-kernels), graph (--cuda-graph-impl local)
+  for v in ${WEFT1B_VARIANTS:-fused unfused}; do
+    X=(); [ $v = unfused ] && X=(--no-fused-kernels); [ $v = graph ] && X=(--cuda-graph-impl local)
     rm -f "$OUT/weft_1b_$v.jsonl"
     ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 --global-batch-size 2 \
-      --train-iters 12 --lr 3e-4 --lr-warmup-iters 2 "${X[@]}" --log-jsonl "$OUT/weft_1b_$v.jsonl" > "$OUT/weft_1b_$v.log" 2>&1
+      --train-iters ${WEFT1B_ITERS:-12} --lr 3e-4 --lr-warmup-iters 2 "${X[@]}" --log-jsonl "$OUT/weft_1b_$v.jsonl" > "$OUT/weft_1b_$v.log" 2>&1
     echo "weft $v rc=$?"; tail -1 "$OUT/weft_1b_$v.log" | cut -c1-400
     python3 bench/gpu/mfu.py --weft-jsonl "$OUT/weft_1b_$v.jsonl"
   done

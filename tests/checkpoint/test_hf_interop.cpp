@@ -281,6 +281,57 @@ TEST(HfInterop, Llama3RopeScalingBothWays) {
   barrier();
 }
 
+// Linear position interpolation (--rotary-seq-len-interpolation-factor) goes out as rope_type
+// linear in both of transformers' keys and comes back from either; a fractional factor, one
+// together with llama3 scaling and a disagreement between the keys are refused.
+TEST(HfInterop, LinearRopeInterpolationBothWays) {
+  TrainConfig cfg = tiny();
+  cfg.model.rotary_seq_len_interpolation_factor = 4;
+  const std::string ck = trained(cfg, 1, "hflinear");
+  if (rank0()) [&] {
+    hf_export_checkpoint(ck, ck + "/ex", {});
+    const nlohmann::json c = read_json(ck + "/ex/config.json");
+    const nlohmann::json scaling = {{"rope_type", "linear"}, {"factor", 4.0}};
+    EXPECT_EQ(c["rope_scaling"], scaling);
+    nlohmann::json params = scaling;
+    params["rope_theta"] = 10000.0;
+    EXPECT_EQ(c["rope_parameters"], params);
+
+    hf_import_checkpoint(ck + "/ex", ck + "/im");
+    const ModelConfig m = model_of(ck + "/im");
+    EXPECT_EQ(m.rotary_seq_len_interpolation_factor, 4);
+    EXPECT_FALSE(m.use_rope_scaling);
+    expect_same_weights(weights_of(ck), weights_of(ck + "/im"));
+
+    auto refuses = [](auto fn, const std::string& needle) {
+      try {
+        fn();
+        ADD_FAILURE() << "not refused; expected a message naming " << needle;
+      } catch (const UsageError& e) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      }
+    };
+    nlohmann::json v4 = c;  // transformers 4's form, the older "type" key
+    v4.erase("rope_parameters");
+    v4["rope_scaling"] = {{"type", "linear"}, {"factor", 2}};
+    EXPECT_EQ(hf_model_config_from_json(v4).rotary_seq_len_interpolation_factor, 2);
+    v4["rope_scaling"]["factor"] = 1.0;  // no interpolation
+    EXPECT_EQ(hf_model_config_from_json(v4).rotary_seq_len_interpolation_factor, 0);
+    v4["rope_scaling"]["factor"] = 2.5;
+    refuses([&] { hf_model_config_from_json(v4); }, "rope_scaling.factor is 2.5");
+    v4["rope_scaling"] = {{"type", "linear"}};
+    refuses([&] { hf_model_config_from_json(v4); }, "rope_scaling.factor is missing");
+    nlohmann::json both = c;
+    both["rope_scaling"]["factor"] = 2.0;  // rope_parameters says 4
+    refuses([&] { hf_model_config_from_json(both); }, "describe different RoPE scalings");
+
+    ModelConfig with_llama3 = m;
+    with_llama3.use_rope_scaling = true;
+    refuses([&] { hf_model_type(with_llama3); }, "one rope_type");
+  }();
+  barrier();
+}
+
 // A head dim other than hidden / heads (--kv-channels; transformers' head_dim): 4 heads of 16 at
 // hidden 32, so q_proj is [64, 32] and o_proj [32, 64]; out and back bitwise, on pp2 x dp2.
 TEST(HfInterop, KvChannelsRoundTrip) {
@@ -654,7 +705,7 @@ TEST(HfInterop, BadInputNamesTheKey) {
     const nlohmann::json erase = nlohmann::json::value_t::discarded;
     refused_config("hidden_size", erase, "'hidden_size'");
     refused_config("rms_norm_eps", erase, "'rms_norm_eps'");
-    refused_config("rope_scaling", {{"type", "linear"}, {"factor", 2.0}}, "rope_scaling");
+    refused_config("rope_scaling", {{"type", "dynamic"}, {"factor", 2.0}}, "rope_scaling");
     refused_config("rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 5e5}}, "rope_type");
     const nlohmann::json llama3 = {{"rope_type", "llama3"}, {"factor", 8.0},
                                    {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},

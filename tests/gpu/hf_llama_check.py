@@ -5,7 +5,8 @@ Two subcommands, run by `bash bench/gpu/run.sh hfcheck` on the GPU machine (torc
 transformers 5.x, safetensors):
 
   make OUTDIR --hidden H --ffn F --layers L --heads NH --groups NG --vocab V --seq S
-       [--arch llama|qwen3] [--head-dim D] [--rotary-base B] [--rope-scaling-factor F] [--qk-gain G]
+       [--arch llama|qwen3] [--head-dim D] [--rotary-base B] [--rope-scaling-factor F]
+       [--rope-linear-factor F] [--qk-gain G]
        [--norm-epsilon E] [--untied] [--seed N]
       saves a randomly initialised LlamaForCausalLM with exactly weft's shapes (the config a
       `weft train` flag set describes) with save_pretrained (safetensors), for `weft ckpt import`.
@@ -13,6 +14,8 @@ transformers 5.x, safetensors):
       --arch qwen3: a Qwen3ForCausalLM instead (q_norm and k_norm, weft's --qk-layernorm).
       --rope-scaling-factor F: Llama 3's RoPE scaling (rope_type llama3, low/high frequency
       factors 1 and 4, original context 8192), weft's --use-rope-scaling --rope-scaling-factor F.
+      --rope-linear-factor F: linear position interpolation (rope_type linear), weft's
+      --rotary-seq-len-interpolation-factor F.
       --qk-gain G multiplies the q_proj and k_proj weights by G: at the default initialisation
       the attention is nearly uniform and the positions barely matter to the loss, so a RoPE
       error would hide under the tolerance.
@@ -24,7 +27,7 @@ transformers 5.x, safetensors):
       int64 [2, G, S]: tokens, then labels = tokens shifted by one inside each sample), and
       compares it with weft's lm_loss of iteration ITERATION in LOG_JSONL (the loss of the batch
       that run started with). weft's loss is the mean over all G*S label positions, so is this.
-      --drop-rope-scaling loads the model with the default RoPE instead of its llama3 scaling:
+      --drop-rope-scaling loads the model with the default RoPE instead of its llama3 or linear scaling:
       the planted bug that the scaling check must catch (it must then fail).
 
 Prints one JSON line {"weft": ..., "transformers": ..., "rel_diff": ..., "pass": ...}; exits 0
@@ -50,6 +53,8 @@ def cmd_make(a):
         rope = {"rope_type": "llama3", "rope_theta": a.rotary_base,
                 "factor": a.rope_scaling_factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
+    if a.rope_linear_factor:
+        rope = {"rope_type": "linear", "rope_theta": a.rotary_base, "factor": a.rope_linear_factor}
     Config, Model = (Qwen3Config, Qwen3ForCausalLM) if a.arch == "qwen3" else (LlamaConfig, LlamaForCausalLM)
     extra = {"use_sliding_window": False} if a.arch == "qwen3" else {"mlp_bias": False}
     cfg = Config(
@@ -100,8 +105,8 @@ def cmd_loss(a):
     if a.drop_rope_scaling:
         cfg = AutoConfig.from_pretrained(a.hfdir)
         theta = cfg.rope_parameters["rope_theta"]
-        if cfg.rope_parameters.get("rope_type") != "llama3":
-            fail(f"{a.hfdir}: --drop-rope-scaling on a model without llama3 RoPE scaling")
+        if cfg.rope_parameters.get("rope_type") not in ("llama3", "linear"):
+            fail(f"{a.hfdir}: --drop-rope-scaling on a model without llama3 or linear RoPE scaling")
         cfg.rope_parameters = {"rope_type": "default", "rope_theta": theta}
         kwargs["config"] = cfg
     model = AutoModelForCausalLM.from_pretrained(a.hfdir, dtype=torch.float32, **kwargs).to(dev).eval()
@@ -132,6 +137,7 @@ def main():
     m.add_argument("--arch", choices=["llama", "qwen3"], default="llama")
     m.add_argument("--rotary-base", type=float, default=10000.0)
     m.add_argument("--rope-scaling-factor", type=float, default=0.0)
+    m.add_argument("--rope-linear-factor", type=float, default=0.0)
     m.add_argument("--qk-gain", type=float, default=1.0)
     m.add_argument("--norm-epsilon", type=float, default=1e-5)
     m.add_argument("--untied", action="store_true")

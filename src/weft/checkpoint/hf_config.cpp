@@ -41,9 +41,10 @@ std::string hf_model_type(const ModelConfig& c) {
                c.position_embedding_type);
   if (c.squared_relu)
     fail_usage("hf export: --squared-relu: the MLPs of Llama, Qwen3 and Mixtral are SwiGLU");
-  if (c.rotary_seq_len_interpolation_factor > 0)
-    fail_usage("hf export: --rotary-seq-len-interpolation-factor {}: weft's Llama, Qwen3 and "
-               "Mixtral exports write no linear RoPE scaling", c.rotary_seq_len_interpolation_factor);
+  if (c.rotary_seq_len_interpolation_factor > 0 && c.use_rope_scaling)
+    fail_usage("hf export: --rotary-seq-len-interpolation-factor {} with --use-rope-scaling: a "
+               "Hugging Face config has one rope_type (linear or llama3), not both",
+               c.rotary_seq_len_interpolation_factor);
   if (c.rotary_percent != 1.0)
     fail_usage("hf export: --rotary-percent {}: Llama, Qwen3 and Mixtral rotate every channel of "
                "the head", c.rotary_percent);
@@ -235,6 +236,15 @@ nlohmann::json hf_config_from_model(const ModelConfig& c, const std::string& tor
     j["rope_scaling"] = scaling;
     j["rope_parameters"] = scaling;
     j["rope_parameters"]["rope_theta"] = c.rotary_base;
+  } else if (c.rotary_seq_len_interpolation_factor > 0) {
+    // Linear position interpolation: transformers' rope_type linear divides the inverse
+    // frequencies by the factor, i.e. the positions, as --rotary-seq-len-interpolation-factor.
+    const nlohmann::json scaling = {
+        {"rope_type", "linear"},
+        {"factor", static_cast<double>(c.rotary_seq_len_interpolation_factor)}};
+    j["rope_scaling"] = scaling;
+    j["rope_parameters"] = scaling;
+    j["rope_parameters"]["rope_theta"] = c.rotary_base;
   }
   if (type == "llama") {
     j["attention_bias"] = false;
@@ -265,14 +275,19 @@ nlohmann::json hf_config_from_model(const ModelConfig& c, const std::string& tor
 namespace {
 
 // One of config.json's RoPE descriptions: rope_scaling (transformers 4; null: none) or
-// rope_parameters (transformers 5, with rope_theta inside). weft has the default RoPE and
-// Llama 3's scaling with its fixed low/high-frequency factors and original context; anything
-// else is refused naming the key.
+// rope_parameters (transformers 5, with rope_theta inside). weft has the default RoPE, Llama 3's
+// scaling with its fixed low/high-frequency factors and original context, and linear position
+// interpolation by a whole factor (--rotary-seq-len-interpolation-factor, an integer as
+// Megatron's); anything else is refused naming the key.
 struct HfRope {
   bool given = false;
   bool llama3 = false;
+  bool linear = false;
   double factor = 1.0;
   std::optional<double> theta;
+  bool same_scaling(const HfRope& o) const {
+    return llama3 == o.llama3 && linear == o.linear && factor == o.factor;
+  }
 };
 
 HfRope hf_rope(const nlohmann::json& j, const char* key) {
@@ -300,20 +315,32 @@ HfRope hf_rope(const nlohmann::json& j, const char* key) {
       type = v->get<std::string>();
     }
   if (type.empty()) type = "default";
-  if (type != "default" && type != "llama3")
-    fail_usage("hf import: config.json {} has rope_type '{}'; weft has the default RoPE and "
-               "Llama 3's scaling (llama3)", key, type);
+  if (type != "default" && type != "llama3" && type != "linear")
+    fail_usage("hf import: config.json {} has rope_type '{}'; weft has the default RoPE, Llama "
+               "3's scaling (llama3) and linear position interpolation (linear)", key, type);
   r.llama3 = type == "llama3";
+  r.linear = type == "linear";
   r.theta = number("rope_theta");
   const std::vector<std::string> allowed =
-      r.llama3 ? std::vector<std::string>{"type", "rope_type", "rope_theta", "factor",
-                                          "low_freq_factor", "high_freq_factor",
-                                          "original_max_position_embeddings"}
-               : std::vector<std::string>{"type", "rope_type", "rope_theta"};
+      r.llama3   ? std::vector<std::string>{"type", "rope_type", "rope_theta", "factor",
+                                            "low_freq_factor", "high_freq_factor",
+                                            "original_max_position_embeddings"}
+      : r.linear ? std::vector<std::string>{"type", "rope_type", "rope_theta", "factor"}
+                 : std::vector<std::string>{"type", "rope_type", "rope_theta"};
   for (const auto& [k, v] : it->items())
     if (std::find(allowed.begin(), allowed.end(), k) == allowed.end() && !v.is_null())
       fail_usage("hf import: config.json {}.{} is {}; weft's {} RoPE has no such setting", key, k,
                  v.dump(), type);
+  if (r.linear) {
+    const std::optional<double> factor = number("factor");
+    if (!factor) fail_usage("hf import: config.json {}.factor is missing (rope_type linear)", key);
+    if (!(*factor >= 1 && *factor <= (1 << 30) && *factor == std::floor(*factor)))
+      fail_usage("hf import: config.json {}.factor is {}; weft's linear position interpolation "
+                 "(--rotary-seq-len-interpolation-factor, an integer as Megatron's) needs a whole "
+                 "factor >= 1", key, (*it)["factor"].dump());
+    r.factor = *factor;
+    return r;
+  }
   if (!r.llama3) return r;
   const std::optional<double> factor = number("factor");
   if (!factor) fail_usage("hf import: config.json {}.factor is missing (rope_type llama3)", key);
@@ -396,13 +423,14 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
   // are given they must describe the same scaling.
   const HfRope from_scaling = hf_rope(j, "rope_scaling");
   const HfRope from_params = hf_rope(j, "rope_parameters");
-  if (from_scaling.given && from_params.given &&
-      (from_scaling.llama3 != from_params.llama3 || from_scaling.factor != from_params.factor))
+  if (from_scaling.given && from_params.given && !from_scaling.same_scaling(from_params))
     fail_usage("hf import: config.json rope_scaling ({}) and rope_parameters ({}) describe "
                "different RoPE scalings", j["rope_scaling"].dump(), j["rope_parameters"].dump());
   const HfRope& rope = from_params.given ? from_params : from_scaling;
   m.use_rope_scaling = rope.llama3;
   if (rope.llama3) m.rope_scaling_factor = rope.factor;
+  if (rope.linear && rope.factor > 1)  // factor 1 is no interpolation (weft's 0)
+    m.rotary_seq_len_interpolation_factor = static_cast<int>(rope.factor);
   if (from_params.theta) m.rotary_base = *from_params.theta;
   std::string act = "silu";
   hf_get(j, "hidden_act", &act, false);
