@@ -2,8 +2,9 @@
 rather than listed).
 
 Each trial draws a model (dense, MoE or hybrid Mamba; GQA/MQA/MHA, tied or not, q/k norms,
-q/k/v biases, a head dim of its own, MoE layer patterns, top 1 or 2, softmax or sigmoid
-routing, expert bias, shared experts, MTP) and a batch (micro-batch 1, 2 or 4, global 8 or
+q/k/v biases, a head dim of its own, partial/interpolated/Llama-3-scaled/no RoPE, squared ReLU,
+MoE layer patterns, top 1 or 2, softmax or sigmoid routing, expert bias, shared experts, MTP;
+per-token loss, clipping) and a batch (micro-batch 1, 2 or 4, global 8 or
 16), then one of two checks against the same model trained 4 iterations on one rank, in
 float32 on the CPU:
 - parity: 4 iterations on a drawn layout (2 or 4 ranks; pp 1 or 2 with an uneven split or a
@@ -50,6 +51,23 @@ def draw_model(rng):
         a.append("--add-qkv-bias")
     if rng.random() < 0.3:
         a += ["--kv-channels", "32"]
+    # Position encodings (Megatron's flags): part of each head rotated, linear position
+    # interpolation, Llama 3's scaling, or none; all are per position, so no layout changes them.
+    rope = rng.random()
+    if rope < 0.1:
+        a += ["--rotary-percent", "0.5"]
+    elif rope < 0.2:
+        a += ["--rotary-seq-len-interpolation-factor", str(rng.choice([2, 4]))]
+    elif rope < 0.3:
+        a += ["--use-rope-scaling", "--rope-scaling-factor", "8", "--rotary-base", "500000"]
+    elif rope < 0.35:
+        a += ["--position-embedding-type", "none"]
+    if rng.random() < 0.15:
+        a.append("--squared-relu")
+    if rng.random() < 0.2:
+        a.append("--calculate-per-token-loss")
+    if rng.random() < 0.2:  # clipping that acts (the grad norms here are above 0.5)
+        a += ["--clip-grad", "0.5"]
     layers = rng.choice([2, 3, 4])
     moe = []
     if kind != "dense":
