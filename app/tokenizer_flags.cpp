@@ -55,7 +55,9 @@ void add_tokenizer_flags(CLI::App* cmd, TokenizerFiles* f) {
   for (const char* name : {"--tokenizer-special-tokens", "--tiktoken-special-tokens"})
     cmd->add_option(name, f->special_tokens,
                     "TikTokenizer's special tokens, ids 0, 1, ... (default: <unk> <s> </s> <mask> "
-                    "<pad> <cls> <sep>; with --legacy-tokenizer <unk> <s> </s>)")
+                    "<pad> <cls> <sep>; with --legacy-tokenizer <unk> <s> </s>); "
+                    "HuggingFaceTokenizer: additional special tokens (new ones take ids after the "
+                    "vocabulary)")
         ->expected(1, -1)
         ->trigger_on_parse()  // a repeated flag: its last occurrence's tokens
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);

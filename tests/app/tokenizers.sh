@@ -226,6 +226,49 @@ if pre sep_eos --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/sep
     ok "HuggingFaceTokenizer without an eos_token appends its sep_token, as Megatron's" ||
     bad "HuggingFaceTokenizer with a sep_token and no eos_token: not the eos tokenizer's files"
 fi
+# --tokenizer-special-tokens (Megatron's additional_special_tokens): the same ids as the
+# tokenizer.json with those tokens written into added_tokens, as the tokenizers library assigns
+# them (a new token: the model's vocabulary size, or the largest added id + 1 where larger; an
+# added or vocabulary token: its id, now split out of the raw text), read by the reference.
+# hf_qwen's added tokens lie after its vocabulary, hf_gpt2's inside it: both rules are used.
+for base in hf_qwen hf_gpt2; do
+python3 - "$tmp" "$base" <<'EOF2'
+import json, os, sys
+t, base = sys.argv[1], sys.argv[2]
+tj = json.load(open(f"{t}/{base}/tokenizer.json"))
+vocab = tj["model"]["vocab"]
+word = next(w for w in ("ka", "lo", "the", "mi") if w in vocab)  # a vocabulary token
+extra = ["<|tool|>", word, "<|endoftext|>", "<|tool|>", "<|end_tool|>"]
+added = list(tj["added_tokens"])
+for text in extra:
+    if any(a["content"] == text for a in added):
+        continue
+    tid = vocab.get(text)
+    if tid is None:
+        big = [a["id"] for a in added if a["id"] >= len(vocab)]
+        tid = max(big) + 1 if big else len(vocab)
+    added.append({"id": tid, "content": text, "single_word": False, "lstrip": False,
+                  "rstrip": False, "normalized": False, "special": True})
+os.makedirs(f"{t}/extra_{base}", exist_ok=True)
+json.dump(dict(tj, added_tokens=added), open(f"{t}/extra_{base}/tokenizer.json", "w"))
+os.system(f"cp {t}/{base}/tokenizer_config.json {t}/extra_{base}/")
+with open(f"{t}/extra.jsonl", "w") as f:
+    for doc in (f"a <|tool|>{word}x {word} y<|end_tool|>z", "<|endoftext|> ka<|tool|> lo",
+                f"{word}{word} <|end_tool|><|tool|>", "no special here", "<|tool|"):
+        f.write(json.dumps({"text": doc}) + "\n")
+open(f"{t}/extra_args", "w").write("\n".join(extra))
+EOF2
+mapfile -t extra_tokens <"$tmp/extra_args"
+if "$weft" data preprocess --input "$tmp/extra.jsonl" --output-prefix "$tmp/extra" --append-eod \
+     --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/$base" \
+     --tokenizer-special-tokens "${extra_tokens[@]}" >"$tmp/pre.log" 2>&1; then
+  "$py" "$ref" check hf "$tmp/extra_$base" "$tmp/extra.jsonl" "$tmp/extra_text_document.bin" &&
+    ok "--tokenizer-special-tokens ($base): the ids of the tokenizer with those tokens added" ||
+    bad "--tokenizer-special-tokens ($base) differs from the tokenizer with those tokens added"
+else
+  bad "preprocess with --tokenizer-special-tokens ($base): $(tail -1 "$tmp/pre.log")"
+fi
+done
 printf '#version: 0.2\nthis line has three\n' >"$tmp/bad_merges.txt"
 printf '{"text": "1 2 x"}\n' >"$tmp/bad_ids.jsonl"
 expect() {  # expect NEEDLE ARGS...: exit 2, one error line holding NEEDLE
@@ -256,6 +299,10 @@ expect "no tokenizer.json there" "${P[@]}" --tokenizer-type HuggingFaceTokenizer
   --tokenizer-model "$tmp/empty_dir"
 expect "tokenizer.json model.type: \"Unigram\"" "${P[@]}" --tokenizer-type HuggingFaceTokenizer \
   --tokenizer-model "$tmp/bad_unigram"
+expect "--tokenizer-special-tokens is read by --tokenizer-type TikTokenizer and HuggingFaceTokenizer only" \
+  "${P[@]}" "${gpt2[@]}" --tokenizer-special-tokens "<x>"
+expect "--tokenizer-special-tokens: a token is empty" "${P[@]}" --tokenizer-type HuggingFaceTokenizer \
+  --tokenizer-model "$tmp/hf_qwen" --tokenizer-special-tokens "<x>" ""
 expect "model.byte_fallback" "${P[@]}" --tokenizer-type HuggingFaceTokenizer \
   --tokenizer-model "$tmp/bad_fallback"
 expect "pre-tokenizer \"Metaspace\" is not supported" "${P[@]}" \

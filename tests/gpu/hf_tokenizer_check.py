@@ -15,7 +15,8 @@ trains three byte-level BPE tokenizers with `tokenizers` on a generated multilin
 (GPT-2's ByteLevel pipeline, also saved as vocab.json + merges.txt; Llama 3's Split +
 ByteLevel + ignore_merges + BOS template; Qwen's NFC + Split with single digits), saves each as
 transformers' save_pretrained does, runs `weft data preprocess --append-eod` on a text set, and
-compares every token of the .bin with AutoTokenizer(text).input_ids + [eos_token_id] (and, for
+compares every token of the .bin with AutoTokenizer(text).input_ids + [eos_token_id] (also with
+--tokenizer-special-tokens against add_special_tokens({"additional_special_tokens": ...}); and, for
 the vocab.json + merges.txt pair, with GPT2BPETokenizer's encoding, where <|endoftext|> in a text
 is text). Exit 1 naming the first document that differs.
 """
@@ -144,7 +145,8 @@ def references(out):
         "e\u0301 vs \u00e9, \u212b", "\U0001F600\U0001F600 emoji\u200dzwj", "x" * 3000,
         "!!!???" * 200, "mixed\u00a0nbsp", "trailing newline\n", "\u00ad soft hyphen",
         "vertical\u000btab and\u0085next \u000b\u000b x\u0085", "\u0085\u000b", "a\u2028b\u2029 c\u000b",
-        "a\u000b\u000b\u000bb and \u0085\u0085\u0085c"]
+        "a\u000b\u000b\u000bb and \u0085\u0085\u0085c",
+        "tool <|tool|>the<|end_tool|> done the", "<|tool|><|tool|>x<|end_tool|", "the<|tool|"]
     with open(os.path.join(out, "texts.jsonl"), "w", encoding="utf-8") as f:
         for t in tests:
             f.write(json.dumps({"text": t}) + "\n")
@@ -164,6 +166,16 @@ def references(out):
                       "flags": hf_flags + ["--tokenizer-hf-no-include-special-tokens"],
                       "want": [tokens_to_ids(hf, t) for t in tests],
                       "eod": eos})
+        # --tokenizer-special-tokens: Megatron's HuggingFaceTokenizer passes them to
+        # add_special_tokens({"additional_special_tokens": ...}): two new tokens, a vocabulary
+        # token (now split out of the text), an added one and a repeat.
+        word = next(w for w in ("the", "ka", "lo") if w in hf.get_vocab())
+        extra = ["<|tool|>", word, hf.eos_token, "<|tool|>", "<|end_tool|>"]
+        hx = AutoTokenizer.from_pretrained(d)
+        hx.add_special_tokens({"additional_special_tokens": extra})
+        cases.append({"name": f"HuggingFaceTokenizer {kind} --tokenizer-special-tokens {extra}",
+                      "flags": hf_flags + ["--tokenizer-special-tokens"] + extra,
+                      "want": [hx(t).input_ids for t in tests], "eod": [hx.eos_token_id]})
         if kind == "gpt2":  # Megatron's GPT2BPETokenizer: transformers' GPT-2 tokenizer on the
             # files; with --legacy-tokenizer its own GPT2Tokenizer, where <|endoftext|> is text
             files = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",

@@ -69,8 +69,13 @@ std::unique_ptr<Tokenizer> load_gpt2_bpe_tokenizer(const std::string& vocab_file
 // tokenizer_config.json's eos_token (else special_tokens_map.json's), bos and pad likewise.
 // include_special_tokens: the post-processor's special tokens around each text (Megatron's
 // --tokenizer-hf-include-special-tokens: transformers' tokenizer(text).input_ids); else the
-// text's tokens alone (its tokenize + convert_tokens_to_ids). Throws UsageError naming
-// --tokenizer-model, the file and the key it cannot use.
-std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, bool include_special_tokens);
+// text's tokens alone (its tokenize + convert_tokens_to_ids). extra_special_tokens
+// (--tokenizer-special-tokens): Megatron's additional_special_tokens, added in order as
+// transformers' add_special_tokens adds them: a token already added keeps its id, one of the
+// vocabulary keeps its id and is matched in the raw text from then on, a new one takes the next
+// id after the vocabulary and the added tokens. Throws UsageError naming --tokenizer-model, the
+// file and the key it cannot use.
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, bool include_special_tokens,
+                                             const std::vector<std::string>& extra_special_tokens = {});
 
 }  // namespace weft

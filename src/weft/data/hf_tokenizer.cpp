@@ -10,13 +10,15 @@
 //   post_processor null, ByteLevel, TemplateProcessing (its "single" template),
 //                  RobertaProcessing / BertProcessing (cls ... sep), Sequence of those
 //   added_tokens   matched in the raw text, leftmost then longest, with lstrip/rstrip;
-//                  single_word: refused
+//                  single_word: refused; --tokenizer-special-tokens adds more (Megatron's
+//                  additional_special_tokens, see load_hf_tokenizer)
 //   specials       eos_token (Megatron's eod), bos_token, pad_token from tokenizer_config.json,
 //                  else special_tokens_map.json, else the default of transformers' class
 //                  (GPT-2's, Qwen 2's, GPT-NeoX's "<|endoftext|>"); an explicit null is none
 // A SentencePiece-converted tokenizer.json (Llama 2, Mistral 7B: Metaspace, byte_fallback) is
 // refused with the advice to give its tokenizer.model to Llama2Tokenizer or
 // GPTSentencePieceTokenizer.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -172,7 +174,8 @@ std::string token_text(const json& j) {
 
 namespace {
 
-std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& path, bool include_special_tokens) {
+std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& path, bool include_special_tokens,
+                                             const std::vector<std::string>& extra) {
   if (path.empty()) fail_usage("--tokenizer-model is required for --tokenizer-type HuggingFaceTokenizer "
                                "(a local directory holding tokenizer.json)");
   fs::path dir = path, file = fs::path(path) / "tokenizer.json";
@@ -249,6 +252,23 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& path, bool inclu
       r.refuse(fmt::format("added_tokens[{}].single_word", i), "is not supported");
     p.added.push_back({a.at("content").get<std::string>(), a.at("id").get<int32_t>(),
                        a.value("lstrip", false), a.value("rstrip", false)});
+  }
+  // --tokenizer-special-tokens, as the tokenizers library's AddedVocabulary adds them: an added
+  // token keeps its id; a vocabulary token keeps its id (and is now split out of the raw text);
+  // a new token takes the model's vocabulary size, or the largest added id + 1 where that is
+  // larger.
+  for (const std::string& text : extra) {
+    if (text.empty()) fail_usage("--tokenizer-special-tokens: a token is empty");
+    bool known = false;
+    for (const AddedToken& t : p.added) known |= t.content == text;
+    if (known) continue;
+    int32_t id = bpe->token_id(text);
+    if (id < 0) {
+      id = static_cast<int32_t>(vocab.size());
+      for (const AddedToken& t : p.added)
+        if (t.id >= static_cast<int32_t>(vocab.size())) id = std::max(id, t.id + 1);
+    }
+    p.added.push_back({text, id, false, false});
   }
   r.read_post(tj.value("post_processor", json()), "post_processor", &p);
   const std::vector<int32_t> template_prefix = p.prefix, template_suffix = p.suffix;
@@ -340,14 +360,16 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& path, bool inclu
                 {"sha256", sha256_hex(tj_hash + sha256_hex(config_text) +
                                       sha256_hex(special_map.dump()))},
                 {"include_special_tokens", include_special_tokens}};
+  if (!extra.empty()) p.identity["additional_special_tokens"] = extra;
   return make_bpe_tokenizer(std::move(p));
 }
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, bool include_special_tokens) {
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, bool include_special_tokens,
+                                             const std::vector<std::string>& extra_special_tokens) {
   try {
-    return read_hf_tokenizer(path, include_special_tokens);
+    return read_hf_tokenizer(path, include_special_tokens, extra_special_tokens);
   } catch (const json::exception& e) {  // a value of another type or a missing key
     fail_usage("--tokenizer-model {}: a tokenizer file holds a value weft cannot read as the "
                "format says ({})", path, e.what());

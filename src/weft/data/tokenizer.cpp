@@ -296,12 +296,14 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& f) {
   const std::string& type = f.type;
   if (type != "TikTokenizer") {
     const char* tik = !f.tiktoken_pattern.empty()            ? "--tiktoken-pattern"
-                      : !f.special_tokens.empty()            ? "--tokenizer-special-tokens"
+                      : !f.special_tokens.empty() && type != "HuggingFaceTokenizer"
+                          ? "--tokenizer-special-tokens"
                       : f.tiktoken_num_special_tokens != 1000 ? "--tiktoken-num-special-tokens"
                                                               : nullptr;
     if (tik != nullptr)
-      fail_usage("{} is read by --tokenizer-type TikTokenizer only (got --tokenizer-type '{}')",
-                 tik, type);
+      fail_usage("{} is read by --tokenizer-type TikTokenizer{} only (got --tokenizer-type '{}')",
+                 tik, tik == std::string("--tokenizer-special-tokens") ? " and HuggingFaceTokenizer" : "",
+                 type);
   }
   if (type != "NullTokenizer" && (f.null_eod_id != -1 || f.null_pad_id != -1))
     fail_usage("{} is read by --tokenizer-type NullTokenizer only (got --tokenizer-type '{}')",
@@ -310,7 +312,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& f) {
     return load_gpt2_bpe_tokenizer(f.vocab_file, f.merge_file, f.legacy);
   if (type == "TikTokenizer") return load_tiktoken_tokenizer(f);
   if (type == "HuggingFaceTokenizer")
-    return load_hf_tokenizer(f.model, f.hf_include_special_tokens || f.legacy);
+    return load_hf_tokenizer(f.model, f.hf_include_special_tokens || f.legacy, f.special_tokens);
   if (type == "NullTokenizer") {
     if (f.vocab_size < 1 || f.vocab_size >= (int64_t{1} << 31) - 1)
       fail_usage("--tokenizer-type NullTokenizer needs --vocab-size V >= 1 (its ids are 0..V-1, "
