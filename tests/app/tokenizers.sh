@@ -230,8 +230,9 @@ fi
 # tokenizer.json with those tokens written into added_tokens, as the tokenizers library assigns
 # them (a new token: the model's vocabulary size, or the largest added id + 1 where larger; an
 # added or vocabulary token: its id, now split out of the raw text), read by the reference.
-# hf_qwen's added tokens lie after its vocabulary, hf_gpt2's inside it: both rules are used.
-for base in hf_qwen hf_gpt2; do
+# hf_qwen's added tokens lie after its vocabulary, hf_gpt2's inside it: both rules are used;
+# hf_llama3's <|user|> (lstrip, rstrip) given again loses those flags, as in transformers.
+for base in hf_qwen hf_gpt2 hf_llama3; do
 python3 - "$tmp" "$base" <<'EOF2'
 import json, os, sys
 t, base = sys.argv[1], sys.argv[2]
@@ -239,9 +240,14 @@ tj = json.load(open(f"{t}/{base}/tokenizer.json"))
 vocab = tj["model"]["vocab"]
 word = next(w for w in ("ka", "lo", "the", "mi") if w in vocab)  # a vocabulary token
 extra = ["<|tool|>", word, "<|endoftext|>", "<|tool|>", "<|end_tool|>"]
-added = list(tj["added_tokens"])
+if base == "hf_llama3":
+    extra.append("<|user|>")
+added = [dict(a) for a in tj["added_tokens"]]
 for text in extra:
-    if any(a["content"] == text for a in added):
+    known = [a for a in added if a["content"] == text]
+    for a in known:
+        a["lstrip"] = a["rstrip"] = False
+    if known:
         continue
     tid = vocab.get(text)
     if tid is None:
@@ -254,7 +260,8 @@ json.dump(dict(tj, added_tokens=added), open(f"{t}/extra_{base}/tokenizer.json",
 os.system(f"cp {t}/{base}/tokenizer_config.json {t}/extra_{base}/")
 with open(f"{t}/extra.jsonl", "w") as f:
     for doc in (f"a <|tool|>{word}x {word} y<|end_tool|>z", "<|endoftext|> ka<|tool|> lo",
-                f"{word}{word} <|end_tool|><|tool|>", "no special here", "<|tool|"):
+                f"{word}{word} <|end_tool|><|tool|>", "no special here", "<|tool|",
+                "hi <|user|>  there <|user|>x"):
         f.write(json.dumps({"text": doc}) + "\n")
 open(f"{t}/extra_args", "w").write("\n".join(extra))
 EOF2

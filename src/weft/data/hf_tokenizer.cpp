@@ -253,14 +253,19 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& path, bool inclu
     p.added.push_back({a.at("content").get<std::string>(), a.at("id").get<int32_t>(),
                        a.value("lstrip", false), a.value("rstrip", false)});
   }
-  // --tokenizer-special-tokens, as the tokenizers library's AddedVocabulary adds them: an added
-  // token keeps its id; a vocabulary token keeps its id (and is now split out of the raw text);
-  // a new token takes the model's vocabulary size, or the largest added id + 1 where that is
-  // larger.
+  // --tokenizer-special-tokens, as transformers' add_special_tokens hands them to the tokenizers
+  // library's AddedVocabulary (each text a special token without lstrip/rstrip): an added token
+  // keeps its id and takes those flags; a vocabulary token keeps its id (and is now split out of
+  // the raw text); a new token takes the model's vocabulary size, or the largest added id + 1
+  // where that is larger.
   for (const std::string& text : extra) {
     if (text.empty()) fail_usage("--tokenizer-special-tokens: a token is empty");
     bool known = false;
-    for (const AddedToken& t : p.added) known |= t.content == text;
+    for (AddedToken& t : p.added)
+      if (t.content == text) {
+        known = true;
+        t.lstrip = t.rstrip = false;
+      }
     if (known) continue;
     int32_t id = bpe->token_id(text);
     if (id < 0) {
