@@ -123,6 +123,11 @@ void run(const GenerateArgs& a) {
         files.tiktoken_num_special_tokens =
             recorded.value("num_special_tokens", files.tiktoken_num_special_tokens);
     }
+    if (files.type == "HuggingFaceTokenizer" && files.special_tokens.empty() &&
+        recorded.is_object() && recorded.value("type", std::string()) == "HuggingFaceTokenizer")
+      // --tokenizer-special-tokens as the checkpoint's run gave it.
+      files.special_tokens =
+          recorded.value("additional_special_tokens", std::vector<std::string>());
     if (files.type == "NullTokenizer") {
       // The checkpoint's recorded tokenizer gives V (its vocab_size, V + 1 for the legacy
       // class), the end of document and the pad.

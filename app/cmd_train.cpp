@@ -430,9 +430,10 @@ void resolve_tokenizer(TrainArgs* a) {
       fail_usage("{} is read by --tokenizer-type NullTokenizer, which is not given",
                  f.null_eod_id != -1 ? "--null-tokenizer-eod-id" : "--null-tokenizer-pad-id");
     if (!f.tiktoken_pattern.empty() || !f.special_tokens.empty())
-      fail_usage("{} is read by --tokenizer-type TikTokenizer with --tokenizer-model, which is "
-                 "not given", f.tiktoken_pattern.empty() ? "--tokenizer-special-tokens"
-                                                         : "--tiktoken-pattern");
+      fail_usage("{} is read by --tokenizer-type {} with --tokenizer-model, which is not given",
+                 f.tiktoken_pattern.empty() ? "--tokenizer-special-tokens" : "--tiktoken-pattern",
+                 f.tiktoken_pattern.empty() ? "TikTokenizer or HuggingFaceTokenizer"
+                                            : "TikTokenizer");
     if (!f.type.empty())
       fail_usage("--tokenizer-type {} needs {}", f.type,
                  f.type == "GPT2BPETokenizer" ? "--vocab-file and --merge-file"

@@ -359,6 +359,11 @@ expect "the checkpoint's run added the template's special tokens: drop --tokeniz
   train "${model[@]}" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/hf_llama3" \
   --data-path "$tmp/hf_llama3_text_document" --make-vocab-size-divisible-by 64 \
   --load "$tmp/ck_llama3" --train-iters 9 --tokenizer-hf-no-include-special-tokens
+# The same files with other special tokens (here only <|user|>'s lstrip/rstrip change): refused
+expect "differs from the tokenizer the checkpoint" \
+  train "${model[@]}" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/hf_llama3" \
+  --data-path "$tmp/hf_llama3_text_document" --make-vocab-size-divisible-by 64 \
+  --load "$tmp/ck_llama3" --train-iters 9 --tokenizer-special-tokens "<|user|>"
 expect "has $V tokens, more than --padded-vocab-size 100" train "${model[@]}" "${gpt2[@]}" \
   --data-path "$tmp/g2_text_document" --padded-vocab-size 100
 expect "--padded-vocab-size must be >= 1 (got 0)" train "${model[@]}" --mock-data \

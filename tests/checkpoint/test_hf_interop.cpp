@@ -317,6 +317,9 @@ TEST(HfInterop, LinearRopeInterpolationBothWays) {
     EXPECT_EQ(hf_model_config_from_json(v4).rotary_seq_len_interpolation_factor, 2);
     v4["rope_scaling"]["factor"] = 1.0;  // no interpolation
     EXPECT_EQ(hf_model_config_from_json(v4).rotary_seq_len_interpolation_factor, 0);
+    nlohmann::json one = v4;  // ... so the default RoPE in the other key agrees with it
+    one["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+    EXPECT_EQ(hf_model_config_from_json(one).rotary_seq_len_interpolation_factor, 0);
     v4["rope_scaling"]["factor"] = 2.5;
     refuses([&] { hf_model_config_from_json(v4); }, "rope_scaling.factor is 2.5");
     v4["rope_scaling"] = {{"type", "linear"}};

@@ -339,6 +339,9 @@ HfRope hf_rope(const nlohmann::json& j, const char* key) {
                  "(--rotary-seq-len-interpolation-factor, an integer as Megatron's) needs a whole "
                  "factor >= 1", key, (*it)["factor"].dump());
     r.factor = *factor;
+    if (r.factor == 1) {  // no interpolation: the default RoPE
+      r.linear = false;
+    }
     return r;
   }
   if (!r.llama3) return r;
@@ -419,8 +422,8 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
   // RoPE: transformers 5 writes rope_parameters, earlier versions rope_theta + rope_scaling.
   m.rotary_base = type == "mixtral" ? 1e6 : 10000.0;
   hf_get(j, "rope_theta", &m.rotary_base, false);
-  // Scaling: the default RoPE or Llama 3's (rope_type llama3), from either key; where both
-  // are given they must describe the same scaling.
+  // Scaling: the default RoPE, Llama 3's (rope_type llama3) or linear interpolation (linear),
+  // from either key; where both are given they must describe the same scaling.
   const HfRope from_scaling = hf_rope(j, "rope_scaling");
   const HfRope from_params = hf_rope(j, "rope_parameters");
   if (from_scaling.given && from_params.given && !from_scaling.same_scaling(from_params))

@@ -3,8 +3,9 @@
 // dispatch to the BPE tokenizers (bpe_tokenizer.h), and the trainer that builds a SentencePiece
 // model.
 //
-// Invariant: a tokenizer's identity() depends only on the model file's bytes (sha256) and the
-// special ids read from it, so two runs agree on "same tokenizer" whatever the path. Without
+// Invariant: a tokenizer's identity() depends only on the model file's bytes (sha256), the
+// special ids read from it and the flags that change how it reads a text (e.g.
+// --tokenizer-special-tokens), so two runs agree on "same tokenizer" whatever the path. Without
 // SentencePiece at build time every entry point throws one UsageError saying so.
 #include "weft/data/tokenizer.h"
 
@@ -417,7 +418,8 @@ bool same_tokenizer(const nlohmann::json& a, const nlohmann::json& b) {
   // How a text is read: absent (older identities, the default) is false.
   for (const char* k : {"legacy", "include_special_tokens"})
     if (a.value(k, false) != b.value(k, false)) return false;
-  for (const char* k : {"tiktoken_pattern", "special_tokens", "num_special_tokens"})
+  for (const char* k : {"tiktoken_pattern", "special_tokens", "num_special_tokens",
+                        "additional_special_tokens"})
     if (a.value(k, nlohmann::json()) != b.value(k, nlohmann::json())) return false;
   return true;
 }
