@@ -53,6 +53,8 @@ def cmd_make(a):
         rope = {"rope_type": "llama3", "rope_theta": a.rotary_base,
                 "factor": a.rope_scaling_factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
+    if a.rope_linear_factor and a.rope_scaling_factor:
+        fail("--rope-linear-factor and --rope-scaling-factor: a config has one rope_type")
     if a.rope_linear_factor:
         rope = {"rope_type": "linear", "rope_theta": a.rotary_base, "factor": a.rope_linear_factor}
     Config, Model = (Qwen3Config, Qwen3ForCausalLM) if a.arch == "qwen3" else (LlamaConfig, LlamaForCausalLM)
