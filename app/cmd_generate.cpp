@@ -123,8 +123,9 @@ void run(const GenerateArgs& a) {
         files.tiktoken_num_special_tokens =
             recorded.value("num_special_tokens", files.tiktoken_num_special_tokens);
     }
-    if (files.type == "HuggingFaceTokenizer" && files.special_tokens.empty() &&
-        recorded.is_object() && recorded.value("type", std::string()) == "HuggingFaceTokenizer")
+    if ((files.type == "HuggingFaceTokenizer" || files.type == "GPT2BPETokenizer") &&
+        files.special_tokens.empty() && recorded.is_object() &&
+        recorded.value("type", std::string()) == files.type)
       // --tokenizer-special-tokens as the checkpoint's run gave it.
       files.special_tokens =
           recorded.value("additional_special_tokens", std::vector<std::string>());

@@ -432,7 +432,7 @@ void resolve_tokenizer(TrainArgs* a) {
     if (!f.tiktoken_pattern.empty() || !f.special_tokens.empty())
       fail_usage("{} is read by --tokenizer-type {} with --tokenizer-model, which is not given",
                  f.tiktoken_pattern.empty() ? "--tokenizer-special-tokens" : "--tiktoken-pattern",
-                 f.tiktoken_pattern.empty() ? "TikTokenizer or HuggingFaceTokenizer"
+                 f.tiktoken_pattern.empty() ? "TikTokenizer, HuggingFaceTokenizer or GPT2BPETokenizer"
                                             : "TikTokenizer");
     if (!f.type.empty())
       fail_usage("--tokenizer-type {} needs {}", f.type,

@@ -275,6 +275,19 @@ if "$weft" data preprocess --input "$tmp/extra.jsonl" --output-prefix "$tmp/extr
 else
   bad "preprocess with --tokenizer-special-tokens ($base): $(tail -1 "$tmp/pre.log")"
 fi
+if [ $base = hf_gpt2 ]; then
+  # Megatron's GPT2BPETokenizer is its HuggingFaceTokenizer on vocab.json + merges.txt: the same
+  # additional special tokens give the same ids as the tokenizer.json of the same files.
+  cp "$tmp/extra_text_document.bin" "$tmp/extra_hf_gpt2.bin"
+  if "$weft" data preprocess --input "$tmp/extra.jsonl" --output-prefix "$tmp/extra_g2" --append-eod \
+       "${gpt2[@]}" --tokenizer-special-tokens "${extra_tokens[@]}" >"$tmp/pre.log" 2>&1; then
+    cmp -s "$tmp/extra_g2_text_document.bin" "$tmp/extra_hf_gpt2.bin" &&
+      ok "GPT2BPETokenizer --tokenizer-special-tokens: the ids of HuggingFaceTokenizer gpt2's" ||
+      bad "GPT2BPETokenizer --tokenizer-special-tokens differs from HuggingFaceTokenizer gpt2's"
+  else
+    bad "GPT2BPETokenizer preprocess with --tokenizer-special-tokens: $(tail -1 "$tmp/pre.log")"
+  fi
+fi
 done
 printf '#version: 0.2\nthis line has three\n' >"$tmp/bad_merges.txt"
 printf '{"text": "1 2 x"}\n' >"$tmp/bad_ids.jsonl"
@@ -306,8 +319,10 @@ expect "no tokenizer.json there" "${P[@]}" --tokenizer-type HuggingFaceTokenizer
   --tokenizer-model "$tmp/empty_dir"
 expect "tokenizer.json model.type: \"Unigram\"" "${P[@]}" --tokenizer-type HuggingFaceTokenizer \
   --tokenizer-model "$tmp/bad_unigram"
-expect "--tokenizer-special-tokens is read by --tokenizer-type TikTokenizer and HuggingFaceTokenizer only" \
-  "${P[@]}" "${gpt2[@]}" --tokenizer-special-tokens "<x>"
+expect "--tokenizer-special-tokens is read by --tokenizer-type TikTokenizer, HuggingFaceTokenizer and GPT2BPETokenizer only" \
+  "${P[@]}" --tokenizer-type NullTokenizer --vocab-size 100 --tokenizer-special-tokens "<x>"
+expect "--tokenizer-special-tokens with --legacy-tokenizer" "${P[@]}" "${gpt2[@]}" --legacy-tokenizer \
+  --tokenizer-special-tokens "<x>"
 expect "--tokenizer-special-tokens: a token is empty" "${P[@]}" --tokenizer-type HuggingFaceTokenizer \
   --tokenizer-model "$tmp/hf_qwen" --tokenizer-special-tokens "<x>" ""
 expect "model.byte_fallback" "${P[@]}" --tokenizer-type HuggingFaceTokenizer \

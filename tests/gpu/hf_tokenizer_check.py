@@ -183,6 +183,9 @@ def references(out):
             files = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
                      os.path.join(kind, "vocab.json"), "--merge-file",
                      os.path.join(kind, "merges.txt")]
+            cases.append({"name": f"GPT2BPETokenizer --tokenizer-special-tokens {extra}",
+                          "flags": files + ["--tokenizer-special-tokens"] + extra,
+                          "want": [hx(t).input_ids for t in tests], "eod": [hx.eos_token_id]})
             for legacy in (False, True):
                 cases.append({"name": f"GPT2BPETokenizer legacy={legacy}",
                               "flags": files + (["--legacy-tokenizer"] if legacy else []),

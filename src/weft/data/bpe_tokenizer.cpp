@@ -5,6 +5,7 @@
 // is immutable after construction and the regular expressions match on per-call clones.
 #include "weft/data/bpe_tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -191,8 +192,31 @@ std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpePipeline pipeline) {
   return std::make_unique<BpeTokenizer>(std::move(pipeline));
 }
 
+void add_special_tokens(BpePipeline* p, int64_t model_vocab_size,
+                        const std::vector<std::string>& extra) {
+  for (const std::string& text : extra) {
+    if (text.empty()) fail_usage("--tokenizer-special-tokens: a token is empty");
+    bool known = false;
+    for (AddedToken& t : p->added)
+      if (t.content == text) {
+        known = true;
+        t.lstrip = t.rstrip = false;
+      }
+    if (known) continue;
+    int64_t id = p->model->token_id(text);
+    if (id < 0) {
+      id = model_vocab_size;
+      for (const AddedToken& t : p->added)
+        if (t.id >= model_vocab_size) id = std::max<int64_t>(id, int64_t{t.id} + 1);
+    }
+    p->added.push_back({text, static_cast<int32_t>(id), false, false});
+  }
+  if (!extra.empty()) p->identity["additional_special_tokens"] = extra;
+}
+
 std::unique_ptr<Tokenizer> load_gpt2_bpe_tokenizer(const std::string& vocab_file,
-                                                   const std::string& merge_file, bool legacy) {
+                                                   const std::string& merge_file, bool legacy,
+                                                   const std::vector<std::string>& extra) {
   const std::string vocab_text = read_file_or_fail(vocab_file, "--vocab-file");
   const std::string merge_text = read_file_or_fail(merge_file, "--merge-file");
   nlohmann::json vocab_json;
@@ -234,12 +258,17 @@ std::unique_ptr<Tokenizer> load_gpt2_bpe_tokenizer(const std::string& vocab_file
     fail_usage("--vocab-file {}: has no \"<|endoftext|>\", GPT2BPETokenizer's end-of-document "
                "token", vocab_file);
   if (!legacy) p.added.push_back({"<|endoftext|>", p.eod});
+  if (legacy && !extra.empty())
+    fail_usage("--tokenizer-special-tokens with --legacy-tokenizer: Megatron's legacy "
+               "GPT2Tokenizer has no special tokens");
   namespace fs = std::filesystem;
   p.identity = {{"type", "GPT2BPETokenizer"},
                 {"model_file", fs::path(vocab_file).filename().string() + "+" +
                                    fs::path(merge_file).filename().string()},
                 {"sha256", sha256_hex(sha256_hex(vocab_text) + sha256_hex(merge_text))}};
   if (legacy) p.identity["legacy"] = true;
+  // Megatron's GPT2BPETokenizer is its HuggingFaceTokenizer on these files: the same rule.
+  add_special_tokens(&p, static_cast<int64_t>(vocab.size()), extra);
   return make_bpe_tokenizer(std::move(p));
 }
 

@@ -63,7 +63,17 @@ std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpePipeline pipeline);
 // is text, as Megatron's legacy GPT2Tokenizer (special_tokens=[]) reads it. Throws UsageError
 // naming --vocab-file or --merge-file.
 std::unique_ptr<Tokenizer> load_gpt2_bpe_tokenizer(const std::string& vocab_file,
-                                                   const std::string& merge_file, bool legacy);
+                                                   const std::string& merge_file, bool legacy,
+                                                   const std::vector<std::string>& extra_special_tokens = {});
+
+// Megatron's additional_special_tokens (--tokenizer-special-tokens) added to `p` as transformers'
+// add_special_tokens hands them to the tokenizers library's AddedVocabulary, in order, each a
+// special token without lstrip/rstrip: an added token keeps its id and takes those flags; a token
+// of the model's vocabulary keeps its id and is split out of the raw text from then on; a new one
+// takes `model_vocab_size` (the number of vocabulary entries), or the largest added id + 1 where
+// that is larger. An empty token is refused naming the flag. Records the list in p->identity.
+void add_special_tokens(BpePipeline* p, int64_t model_vocab_size,
+                        const std::vector<std::string>& extra);
 
 // Megatron's HuggingFaceTokenizer from a local directory (or its tokenizer.json): eod is
 // tokenizer_config.json's eos_token (else special_tokens_map.json's), bos and pad likewise.

@@ -253,28 +253,7 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& path, bool inclu
     p.added.push_back({a.at("content").get<std::string>(), a.at("id").get<int32_t>(),
                        a.value("lstrip", false), a.value("rstrip", false)});
   }
-  // --tokenizer-special-tokens, as transformers' add_special_tokens hands them to the tokenizers
-  // library's AddedVocabulary (each text a special token without lstrip/rstrip): an added token
-  // keeps its id and takes those flags; a vocabulary token keeps its id (and is now split out of
-  // the raw text); a new token takes the model's vocabulary size, or the largest added id + 1
-  // where that is larger.
-  for (const std::string& text : extra) {
-    if (text.empty()) fail_usage("--tokenizer-special-tokens: a token is empty");
-    bool known = false;
-    for (AddedToken& t : p.added)
-      if (t.content == text) {
-        known = true;
-        t.lstrip = t.rstrip = false;
-      }
-    if (known) continue;
-    int32_t id = bpe->token_id(text);
-    if (id < 0) {
-      id = static_cast<int32_t>(vocab.size());
-      for (const AddedToken& t : p.added)
-        if (t.id >= static_cast<int32_t>(vocab.size())) id = std::max(id, t.id + 1);
-    }
-    p.added.push_back({text, id, false, false});
-  }
+  add_special_tokens(&p, static_cast<int64_t>(vocab.size()), extra);
   r.read_post(tj.value("post_processor", json()), "post_processor", &p);
   const std::vector<int32_t> template_prefix = p.prefix, template_suffix = p.suffix;
   if (!include_special_tokens) {
@@ -365,7 +344,7 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& path, bool inclu
                 {"sha256", sha256_hex(tj_hash + sha256_hex(config_text) +
                                       sha256_hex(special_map.dump()))},
                 {"include_special_tokens", include_special_tokens}};
-  if (!extra.empty()) p.identity["additional_special_tokens"] = extra;
+  if (!extra.empty()) p.identity["additional_special_tokens"] = extra;  // after the reset above
   return make_bpe_tokenizer(std::move(p));
 }
 

@@ -297,20 +297,21 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& f) {
   const std::string& type = f.type;
   if (type != "TikTokenizer") {
     const char* tik = !f.tiktoken_pattern.empty()            ? "--tiktoken-pattern"
-                      : !f.special_tokens.empty() && type != "HuggingFaceTokenizer"
+                      : !f.special_tokens.empty() && type != "HuggingFaceTokenizer" &&
+                              type != "GPT2BPETokenizer"
                           ? "--tokenizer-special-tokens"
                       : f.tiktoken_num_special_tokens != 1000 ? "--tiktoken-num-special-tokens"
                                                               : nullptr;
     if (tik != nullptr)
       fail_usage("{} is read by --tokenizer-type TikTokenizer{} only (got --tokenizer-type '{}')",
-                 tik, tik == std::string("--tokenizer-special-tokens") ? " and HuggingFaceTokenizer" : "",
+                 tik, tik == std::string("--tokenizer-special-tokens") ? ", HuggingFaceTokenizer and GPT2BPETokenizer" : "",
                  type);
   }
   if (type != "NullTokenizer" && (f.null_eod_id != -1 || f.null_pad_id != -1))
     fail_usage("{} is read by --tokenizer-type NullTokenizer only (got --tokenizer-type '{}')",
                f.null_eod_id != -1 ? "--null-tokenizer-eod-id" : "--null-tokenizer-pad-id", type);
   if (type == "GPT2BPETokenizer")
-    return load_gpt2_bpe_tokenizer(f.vocab_file, f.merge_file, f.legacy);
+    return load_gpt2_bpe_tokenizer(f.vocab_file, f.merge_file, f.legacy, f.special_tokens);
   if (type == "TikTokenizer") return load_tiktoken_tokenizer(f);
   if (type == "HuggingFaceTokenizer")
     return load_hf_tokenizer(f.model, f.hf_include_special_tokens || f.legacy, f.special_tokens);

@@ -39,6 +39,8 @@ struct TokenizerFiles {
   int64_t null_pad_id = -1;
   // TikTokenizer (tiktoken_tokenizer.h): --tiktoken-pattern (v1 or v2; "" is v2),
   // --tiktoken-num-special-tokens, --tokenizer-special-tokens (empty: Megatron's defaults).
+  // HuggingFaceTokenizer and GPT2BPETokenizer: --tokenizer-special-tokens are additional special
+  // tokens (add_special_tokens in bpe_tokenizer.h).
   std::string tiktoken_pattern;
   int64_t tiktoken_num_special_tokens = 1000;
   std::vector<std::string> special_tokens;
