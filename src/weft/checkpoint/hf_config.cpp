@@ -339,9 +339,7 @@ HfRope hf_rope(const nlohmann::json& j, const char* key) {
                  "(--rotary-seq-len-interpolation-factor, an integer as Megatron's) needs a whole "
                  "factor >= 1", key, (*it)["factor"].dump());
     r.factor = *factor;
-    if (r.factor == 1) {  // no interpolation: the default RoPE
-      r.linear = false;
-    }
+    r.linear = r.factor > 1;  // factor 1 is no interpolation: the default RoPE
     return r;
   }
   if (!r.llama3) return r;
@@ -432,8 +430,7 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
   const HfRope& rope = from_params.given ? from_params : from_scaling;
   m.use_rope_scaling = rope.llama3;
   if (rope.llama3) m.rope_scaling_factor = rope.factor;
-  if (rope.linear && rope.factor > 1)  // factor 1 is no interpolation (weft's 0)
-    m.rotary_seq_len_interpolation_factor = static_cast<int>(rope.factor);
+  if (rope.linear) m.rotary_seq_len_interpolation_factor = static_cast<int>(rope.factor);
   if (from_params.theta) m.rotary_base = *from_params.theta;
   std::string act = "silu";
   hf_get(j, "hidden_act", &act, false);

@@ -211,7 +211,6 @@ void add_special_tokens(BpePipeline* p, int64_t model_vocab_size,
     }
     p->added.push_back({text, static_cast<int32_t>(id), false, false});
   }
-  if (!extra.empty()) p->identity["additional_special_tokens"] = extra;
 }
 
 std::unique_ptr<Tokenizer> load_gpt2_bpe_tokenizer(const std::string& vocab_file,
@@ -269,6 +268,7 @@ std::unique_ptr<Tokenizer> load_gpt2_bpe_tokenizer(const std::string& vocab_file
   if (legacy) p.identity["legacy"] = true;
   // Megatron's GPT2BPETokenizer is its HuggingFaceTokenizer on these files: the same rule.
   add_special_tokens(&p, static_cast<int64_t>(vocab.size()), extra);
+  if (!extra.empty()) p.identity["additional_special_tokens"] = extra;
   return make_bpe_tokenizer(std::move(p));
 }
 

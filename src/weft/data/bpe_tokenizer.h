@@ -71,7 +71,8 @@ std::unique_ptr<Tokenizer> load_gpt2_bpe_tokenizer(const std::string& vocab_file
 // special token without lstrip/rstrip: an added token keeps its id and takes those flags; a token
 // of the model's vocabulary keeps its id and is split out of the raw text from then on; a new one
 // takes `model_vocab_size` (the number of vocabulary entries), or the largest added id + 1 where
-// that is larger. An empty token is refused naming the flag. Records the list in p->identity.
+// that is larger. An empty token is refused naming the flag. The caller records the list in the
+// tokenizer's identity.
 void add_special_tokens(BpePipeline* p, int64_t model_vocab_size,
                         const std::vector<std::string>& extra);
 

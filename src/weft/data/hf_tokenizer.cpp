@@ -18,7 +18,6 @@
 // A SentencePiece-converted tokenizer.json (Llama 2, Mistral 7B: Metaspace, byte_fallback) is
 // refused with the advice to give its tokenizer.model to Llama2Tokenizer or
 // GPTSentencePieceTokenizer.
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -344,7 +343,7 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& path, bool inclu
                 {"sha256", sha256_hex(tj_hash + sha256_hex(config_text) +
                                       sha256_hex(special_map.dump()))},
                 {"include_special_tokens", include_special_tokens}};
-  if (!extra.empty()) p.identity["additional_special_tokens"] = extra;  // after the reset above
+  if (!extra.empty()) p.identity["additional_special_tokens"] = extra;
   return make_bpe_tokenizer(std::move(p));
 }
 

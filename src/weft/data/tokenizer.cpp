@@ -296,15 +296,16 @@ class NullTokenizer final : public Tokenizer {
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerFiles& f) {
   const std::string& type = f.type;
   if (type != "TikTokenizer") {
-    const char* tik = !f.tiktoken_pattern.empty()            ? "--tiktoken-pattern"
-                      : !f.special_tokens.empty() && type != "HuggingFaceTokenizer" &&
-                              type != "GPT2BPETokenizer"
-                          ? "--tokenizer-special-tokens"
+    // In this order: the first of these flags given names the error.
+    const bool specials_read = type == "HuggingFaceTokenizer" || type == "GPT2BPETokenizer";
+    const char* tik = !f.tiktoken_pattern.empty()                   ? "--tiktoken-pattern"
+                      : !f.special_tokens.empty() && !specials_read ? "--tokenizer-special-tokens"
                       : f.tiktoken_num_special_tokens != 1000 ? "--tiktoken-num-special-tokens"
                                                               : nullptr;
     if (tik != nullptr)
       fail_usage("{} is read by --tokenizer-type TikTokenizer{} only (got --tokenizer-type '{}')",
-                 tik, tik == std::string("--tokenizer-special-tokens") ? ", HuggingFaceTokenizer and GPT2BPETokenizer" : "",
+                 tik, std::string(tik) == "--tokenizer-special-tokens"
+                          ? ", HuggingFaceTokenizer and GPT2BPETokenizer" : "",
                  type);
   }
   if (type != "NullTokenizer" && (f.null_eod_id != -1 || f.null_pad_id != -1))
