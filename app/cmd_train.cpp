@@ -33,6 +33,7 @@
 #include "weft/model/fused.h"
 #include "weft/model/hybrid.h"
 #include "weft/model/moe.h"
+#include "weft/model/recompute.h"
 #include "weft/train/config_json.h"
 #include "weft/train/preflight.h"
 #include "weft/train/trainer.h"
@@ -54,6 +55,11 @@ struct TrainArgs {
   bool deterministic = false;
   bool no_fused = false;
   bool enable_cuda_graph = false;  // --enable-cuda-graph (Megatron's older name)
+  // Megatron's activation recomputation flags (model/recompute.h).
+  bool recompute_activations = false, moe_layer_recompute = false;
+  std::string recompute_granularity, recompute_method;
+  int recompute_num_layers = 0;
+  std::vector<std::string> recompute_modules;
   CLI::Option* cuda_graph_impl_opt = nullptr;
   std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32", backend = "auto";
   std::string moe_layer_freq = "1";
@@ -185,6 +191,22 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       "all-to-all for both");
   c->add_flag("--moe-grouped-gemm", m.moe_grouped_gemm,
               "run all experts of a layer through grouped GEMMs (CUDA, bf16, torch >= 2.8)");
+  c->add_flag("--recompute-activations", a->recompute_activations,
+              "recompute the --recompute-modules in the backward (= --recompute-granularity "
+              "selective)");
+  opt("--recompute-granularity", a->recompute_granularity,
+      "full: recompute whole layers (chunks per --recompute-method) and the MTP depths in the "
+      "backward, keeping only their inputs; selective: only the --recompute-modules");
+  opt("--recompute-method", a->recompute_method,
+      "full: uniform (every --recompute-num-layers layers of a stage one chunk) | block (the "
+      "first --recompute-num-layers layers of each stage)");
+  opt("--recompute-num-layers", a->recompute_num_layers,
+      "full: layers per chunk (uniform) or per stage (block)");
+  c->add_option("--recompute-modules", a->recompute_modules,
+                "selective: core_attn (default), mlp, moe, shared_experts")
+      ->expected(1, CLI::detail::expected_max_vector_size);
+  c->add_flag("--moe-layer-recompute", a->moe_layer_recompute,
+              "deprecated (Megatron's): --recompute-granularity selective with moe");
   opt("--hybrid-layer-pattern", a->hybrid_pattern,
       "hybrid model, one symbol per layer: M Mamba-2, * attention, - MLP, E MoE; | between "
       "pipeline stages, / before each MTP depth (defines --num-layers)");
@@ -503,6 +525,29 @@ void resolve_pad_token(TrainArgs* a) {
                "loss mask; drop the graph, or use a tokenizer without a pad", t.cuda_graph_impl, pad);
 }
 
+// Megatron's activation recomputation flags (model/recompute.h), checked as Megatron does. A
+// method, layer count or module list that the granularity does not read does nothing in Megatron
+// either: accepted, with a warning.
+void resolve_recompute(TrainArgs* a) {
+  TrainConfig& t = a->cfg;
+  parse_recompute_flags(a->recompute_activations, a->recompute_granularity, a->recompute_method,
+                        a->recompute_num_layers, a->recompute_modules, a->moe_layer_recompute,
+                        &t.model.recompute);
+  const RecomputeConfig& r = t.model.recompute;
+  const auto given = [&](const char* flag) { return a->app->get_option(flag)->count() > 0; };
+  for (const char* flag : {"--recompute-method", "--recompute-num-layers", "--recompute-modules"})
+    if (given(flag) && r.granularity.empty())
+      a->megatron_warnings.push_back(fmt::format(
+          "{} has no effect without --recompute-granularity (as in Megatron)", flag));
+  if (given("--recompute-modules") && r.full())
+    a->megatron_warnings.push_back("--recompute-modules has no effect with "
+                                   "--recompute-granularity full: whole layers are recomputed");
+  if (!r.granularity.empty() && t.cuda_graph_impl != "none")
+    fail_usage("--recompute-granularity {} with --cuda-graph-impl {}: weft's graph captures one "
+               "microbatch's forward and backward without recomputation; drop one of the two",
+               r.granularity, t.cuda_graph_impl);
+}
+
 // Megatron's --ffn-hidden-size default: with --swiglu (weft's default MLP) 8/3 of the hidden
 // size, rounded down to a multiple of 64; otherwise (--squared-relu) 4 * hidden. Below
 // --hidden-size 96 the SwiGLU default is 0: a model with a layer that uses it (a dense MLP, or
@@ -768,6 +813,7 @@ void resolve_train_args(TrainArgs* a) {
     fail_usage("--moe-router-topk 1 with the softmax router needs --moe-router-pre-softmax: the "
                "softmax over the one chosen expert is 1 and gives the router no gradient "
                "(Megatron refuses it too)");
+  resolve_recompute(a);
   fused::set_enabled(!a->no_fused);
 }
 

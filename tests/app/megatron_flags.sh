@@ -69,6 +69,13 @@ run accepted --train-iters 4 --log-throughput --exit-signal-handler \
   --rerun-mode validate_results --initial-loss-scale 4096 --hysteresis 2 --fp8-recipe delayed \
   --disable-log-loss-scale-to-tensorboard
 same "accepted Megatron flags change no bit" plain accepted
+# Activation recomputation keeps less for the backward and computes the same bits: full (chunks
+# of 2 of the 3 layers, the last of 1) and selective (--recompute-activations, the modules given).
+run recompute_full --train-iters 4 --recompute-granularity full --recompute-method uniform \
+  --recompute-num-layers 2
+same "--recompute-granularity full changes no bit" plain recompute_full
+run recompute_sel --train-iters 4 --recompute-activations --recompute-modules core_attn mlp
+same "--recompute-activations --recompute-modules core_attn mlp changes no bit" plain recompute_sel
 # --rotary-percent 0.5 (Nemotron-H 8B's): half of each head rotates, so the losses change.
 run partial --train-iters 4 --rotary-percent 0.5
 if [ -s "$tmp/partial.txt" ] && ! cmp -s "$tmp/plain.txt" "$tmp/partial.txt"; then
@@ -141,10 +148,12 @@ refuse() {  # refuse NEEDLE FLAGS...
   fi
 }
 refuse "--fp16 is not implemented" --fp16
-refuse "--recompute-granularity is not implemented" --recompute-granularity full
-refuse "--recompute-activations is not implemented" --recompute-activations
+refuse "--recompute-granularity full needs --recompute-method uniform or block" \
+  --recompute-granularity full
+refuse "--recompute-num-layers >= 1" --recompute-granularity full --recompute-method block
+refuse "--recompute-modules layernorm is not implemented" --recompute-activations \
+  --recompute-modules layernorm
 refuse "--rampup-batch-size is not implemented" --rampup-batch-size 2 2 8
-refuse "--recompute-modules is not implemented" --recompute-modules core_attn mlp
 refuse "--eod-mask-loss needs the tokenizer's end-of-document id" --eod-mask-loss
 refuse "--num-layers-per-virtual-pipeline-stage is not implemented" \
   --num-layers-per-virtual-pipeline-stage 1

@@ -95,5 +95,45 @@ TEST(Plan, ActivationEstimateMatchesMeasuredCpuForward) {
   expect_activations_close(hybrid32, "hybrid Mamba-2 fp32");
 }
 
+// Activation recomputation: what the recomputed pieces keep instead of their activations.
+TEST(Plan, RecomputedActivationEstimateMatchesMeasuredCpuForward) {
+  at::set_num_threads(1);
+  TrainConfig b = base_config();
+  b.model.bf16 = true;
+  b.model.mtp_num_layers = 1;
+  const auto with = [](TrainConfig c, const char* granularity, const char* method, int layers) {
+    c.model.recompute.granularity = granularity;
+    c.model.recompute.method = method;
+    c.model.recompute.num_layers = layers;
+    return c;
+  };
+  expect_activations_close(with(b, "full", "uniform", 1), "full uniform 1, MTP bf16");
+  expect_activations_close(with(b, "full", "uniform", 3), "full uniform 3, MTP bf16");
+  expect_activations_close(with(b, "full", "block", 2), "full block 2, MTP bf16");
+  TrainConfig sel = with(b, "selective", "", 0);
+  sel.model.recompute.core_attn = true;
+  expect_activations_close(sel, "selective core_attn bf16");
+  sel.model.recompute.mlp = true;
+  expect_activations_close(sel, "selective core_attn mlp bf16");
+  TrainConfig moe = sel;
+  moe.model.num_experts = 4;
+  moe.model.moe_router_topk = 2;
+  moe.model.moe_ffn_hidden_size = 256;
+  moe.model.moe_shared_expert_intermediate_size = 128;
+  moe.model.moe_layer_pattern = {0, 1, 0, 1};
+  moe.model.recompute.core_attn = false;
+  moe.model.recompute.shared_experts = true;
+  expect_activations_close(moe, "selective mlp shared_experts, MoE bf16");
+  moe.model.recompute.moe = true;
+  expect_activations_close(moe, "selective mlp moe, MoE bf16");
+  TrainConfig hybrid = with(b, "full", "uniform", 2);
+  hybrid.model.mtp_num_layers = 0;
+  hybrid.model.mamba_state_dim = 16;
+  hybrid.model.mamba_head_dim = 32;
+  hybrid.model.mamba_num_groups = 2;
+  apply_hybrid_layer_pattern("M*M-", &hybrid.model);
+  expect_activations_close(hybrid, "full uniform 2, hybrid Mamba-2 bf16");
+}
+
 }  // namespace
 }  // namespace weft

@@ -16,6 +16,24 @@ struct MlpSpec {
   int64_t fc1_rows() const { return squared_relu ? ffn : 2 * ffn; }
 };
 
+// What is recomputed. granularity "full": the decoder's layers of each pipeline stage, in chunks
+// (method "uniform": every recompute_num_layers consecutive layers of the stage are one chunk,
+// the last one possibly shorter; "block": the stage's first recompute_num_layers layers, each on
+// its own, and no other), and every MTP depth; "selective": the modules named, in every layer.
+// Not part of the model: checkpoints neither store nor compare it (model/recompute.h runs it).
+struct RecomputeConfig {
+  std::string granularity;  // "", "full" or "selective"
+  std::string method;       // full: "uniform" | "block"
+  int num_layers = 0;       // full: layers per chunk (uniform) or per stage (block)
+  // selective (Megatron's --recompute-modules; default core_attn):
+  bool core_attn = false;       // the attention between the rotary q, k, v and its output
+  bool mlp = false;             // the dense MLP (fc1, activation, fc2)
+  bool moe = false;             // the MoE layer (router, experts, shared experts)
+  bool shared_experts = false;  // the MoE layer's shared experts
+  bool full() const { return granularity == "full"; }
+  bool selective() const { return granularity == "selective"; }
+};
+
 struct ModelConfig {
   int num_layers = 4;            // --num-layers
   int hidden_size = 64;          // --hidden-size
@@ -110,6 +128,9 @@ struct ModelConfig {
   // Multi-token prediction (model/mtp.h), DeepSeek-V3 style, on the last pipeline stage.
   int mtp_num_layers = 0;                  // --mtp-num-layers
   double mtp_loss_scaling_factor = 0.1;    // --mtp-loss-scaling-factor
+
+  // Activation recomputation: changes what the backward keeps, never a value.
+  RecomputeConfig recompute;
 
   int head_dim() const {
     return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads;

@@ -11,6 +11,7 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Reduction.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
@@ -34,6 +35,7 @@
 #include "weft/model/mamba.h"
 #include "weft/model/moe.h"
 #include "weft/model/ops.h"
+#include "weft/model/recompute.h"
 
 namespace weft {
 namespace {
@@ -578,13 +580,44 @@ at::Tensor attention_projection(const at::Tensor& attn, const LayerHandles& w,
                      w.linear_proj);
 }
 
-// mlp(xn), xn = pre_mlp_layernorm(x): the dense MLP (SwiGLU or squared ReLU, MlpSpec) or MoE.
+// mlp(xn), xn = pre_mlp_layernorm(x): the dense MLP (SwiGLU or squared ReLU, MlpSpec) or MoE,
+// recomputed in the backward where --recompute-modules names mlp or moe.
 at::Tensor mlp_output(const at::Tensor& xn, const LayerHandles& w, const ModelConfig& cfg,
                       at::Tensor* aux_loss) {
+  if (w.experts && cfg.recompute.moe && at::GradMode::is_enabled()) {
+    // The running aux loss goes through the piece, so that it sums in the same order.
+    auto out = recomputed(
+        [w, cfg, with_aux = aux_loss != nullptr](const std::vector<at::Tensor>& in, bool) {
+          at::Tensor aux = in[1];
+          at::Tensor y = moe_mlp(in[0], w.router, w.shared_fc1, w.shared_fc2, *w.experts, cfg,
+                                 with_aux ? &aux : nullptr, w.router_bias);
+          return std::vector<at::Tensor>{y, aux};
+        },
+        {xn, aux_loss ? *aux_loss : at::Tensor()});
+    if (aux_loss) *aux_loss = out[1];
+    return out[0];
+  }
   if (w.experts)
     return moe_mlp(xn, w.router, w.shared_fc1, w.shared_fc2, *w.experts, cfg, aux_loss,
                    w.router_bias);
+  if (cfg.recompute.mlp && at::GradMode::is_enabled())
+    return recomputed([fc1 = w.linear_fc1, fc2 = w.linear_fc2, spec = cfg.dense_mlp()](
+                          const std::vector<at::Tensor>& in,
+                          bool) { return std::vector<at::Tensor>{mlp(in[0], fc1, fc2, spec)}; },
+                      {xn})[0];
   return mlp(xn, w.linear_fc1, w.linear_fc2, cfg.dense_mlp());
+}
+
+// The attention of q, k, v (grouped-query, causal), recomputed in the backward where
+// --recompute-modules names core_attn.
+at::Tensor core_attention(const AttentionQkv& a, const ModelConfig& cfg) {
+  if (!cfg.recompute.core_attn || !at::GradMode::is_enabled())
+    return compat::causal_attention_gqa(a.q, a.k, a.v);
+  return recomputed(
+      [](const std::vector<at::Tensor>& in, bool) {
+        return std::vector<at::Tensor>{compat::causal_attention_gqa(in[0], in[1], in[2])};
+      },
+      {a.q, a.k, a.v})[0];
 }
 
 }  // namespace
@@ -623,7 +656,7 @@ Residual decoder_layer(Residual in, const LayerHandles& w, const RotaryTables& r
     at::Tensor hidden = in.hidden();
     if (w.linear_qkv.source) {  // x + attention(input_layernorm(x))
       const AttentionQkv a = attention_qkv(hidden, w, rope, cfg, 0);
-      hidden = attention_residual(hidden, compat::causal_attention_gqa(a.q, a.k, a.v), w, cfg);
+      hidden = attention_residual(hidden, core_attention(a, cfg), w, cfg);
     }
     if (w.mamba.in_proj.source) hidden = hidden + mamba_mixer(hidden, w.mamba, cfg);
     return Residual{mlp_block(hidden, w, cfg, aux_loss), {}};
@@ -632,7 +665,7 @@ Residual decoder_layer(Residual in, const LayerHandles& w, const RotaryTables& r
   const AttentionQkv a =
       attention_qkv_normed(norm_residual(in, w.input_layernorm, cfg.norm_epsilon), w, rope, cfg, 0);
   const at::Tensor proj =
-      attention_projection(compat::causal_attention_gqa(a.q, a.k, a.v), w, cfg);
+      attention_projection(core_attention(a, cfg), w, cfg);
   auto [sum, xn] = ops::add_rms_norm(in.x, proj, w.pre_mlp_layernorm, cfg.norm_epsilon);
   return Residual{std::move(sum), mlp_output(xn, w, cfg, aux_loss)};
 }

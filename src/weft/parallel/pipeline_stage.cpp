@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "weft/core/error.h"
+#include "weft/model/recompute.h"
 
 namespace weft {
 
@@ -226,10 +227,35 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
     x.x = embed_tokens(input, embedding_->handle(0));
     embedding_->reshard();
   }
-  for (const Block& b : layers_) {
-    start(b);
-    x = decoder_layer(std::move(x), b.layer, rope_, cfg_, &aux);
-    done(b);
+  // Layers in chunks (one unless --recompute-granularity full); a recomputed chunk keeps only
+  // its inputs, and its start/done bookkeeping runs in the forward's own run only (the rerun in
+  // the backward gathers through forward_weight, and the last gradient frees).
+  for (const RecomputeChunk& c : recompute_chunks(static_cast<int>(layers_.size()), cfg_.recompute)) {
+    auto run = [this, c](Residual r, at::Tensor* aux_sum, const auto& before, const auto& after) {
+      for (int i = c.begin; i < c.end; ++i) {
+        before(layers_[i]);
+        r = decoder_layer(std::move(r), layers_[i].layer, rope_, cfg_, aux_sum);
+        after(layers_[i]);
+      }
+      return r;
+    };
+    if (!c.recompute || !at::GradMode::is_enabled()) {
+      x = run(std::move(x), &aux, start, done);
+      continue;
+    }
+    // `start` and `done` are this call's: the piece uses them only when `first` (inside this
+    // forward), never in the backward's rerun.
+    auto out = recomputed(
+        [run, &start, &done](const std::vector<at::Tensor>& in, bool first) {
+          at::Tensor sum = in[2];
+          const auto nothing = [](const Block&) {};
+          const Residual r = first ? run(Residual{in[0], in[1]}, &sum, start, done)
+                                   : run(Residual{in[0], in[1]}, &sum, nothing, nothing);
+          return std::vector<at::Tensor>{r.x, r.delta, sum};
+        },
+        {x.x, x.delta, aux});
+    x = Residual{out[0], out[1]};
+    aux = out[2];
   }
   // This microbatch's share of the step: micro batch / global batch.
   const double share = loss_scale * static_cast<double>(input.size(0)) * cfg_.seq_length;
@@ -268,9 +294,23 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
     const Block& b = mtp_[d - 1];
     // The embedding and the output layer stay gathered through the depths (one gather each).
     at::Tensor emb = embed_tokens(mtp_input_tokens(labels, d), mtp_embedding_->handle(0));
-    start(b);
-    h = mtp_layer(h, emb, b.mtp, rope_, cfg_, &aux);
-    done(b);
+    if (cfg_.recompute.full() && at::GradMode::is_enabled()) {  // Megatron recomputes each depth
+      auto out = recomputed(
+          [this, &b, &start, &done](const std::vector<at::Tensor>& in, bool first) {
+            at::Tensor sum = in[2];
+            if (first) start(b);  // this call's bookkeeping, in the forward's own run only
+            at::Tensor y = mtp_layer(in[0], in[1], b.mtp, rope_, cfg_, &sum);
+            if (first) done(b);
+            return std::vector<at::Tensor>{y, sum};
+          },
+          {h, emb, aux});
+      h = out[0];
+      aux = out[1];
+    } else {
+      start(b);
+      h = mtp_layer(h, emb, b.mtp, rope_, cfg_, &aux);
+      done(b);
+    }
     // Position t predicts label t+d; the last d positions have none. Mean over the step's
     // valid positions, averaged over depths.
     const at::Tensor logits = output_logits(h, output_->handle(0));

@@ -49,6 +49,7 @@
 #include <map>
 
 #include "weft/core/error.h"
+#include "weft/model/recompute.h"
 #include "weft/model/transformer.h"
 #include "weft/parallel/pipeline_stage.h"
 
@@ -99,7 +100,12 @@ struct ActModel {
     const int64_t h = m.hidden_size, nh = m.num_attention_heads, ng = m.num_query_groups;
     const int64_t hd = m.head_dim(), s = m.seq_length;
     int64_t a = norm() + B * h;  // input_layernorm, linear_qkv's input
-    if (flash)
+    if (m.recompute.core_attn)  // q, k and v (fused: the rotary kernel's copies; ATen: the
+                                // projection they view and the rotated q and k), and
+                                // linear_proj's input; the rest is recomputed
+      a += B * (nh + 2 * ng) * hd + (!fused && m.rotary() ? B * (nh + ng) * hd : 0) +
+           (flash ? B * nh * hd : B * h);
+    else if (flash)
       a += B * (nh + 2 * ng) * hd + B * nh * hd + 4 * nh;
     else
       a += 3 * B * nh * hd + 4 * nh * s + (B == 2 ? 2 * nh * s : 0) + B * h;
@@ -112,11 +118,14 @@ struct ActModel {
   int64_t mlp(bool moe) const {
     const int64_t h = m.hidden_size;
     int64_t a = norm() + B * h;  // pre_mlp_layernorm, fc1's (or the router's) input
-    if (!moe) return a + mlp_act(m.dense_mlp());
+    // --recompute-modules mlp / moe: only that input is kept.
+    if (!moe) return a + (m.recompute.mlp ? 0 : mlp_act(m.dense_mlp()));
+    if (m.recompute.moe) return a;
     const int64_t k = m.moe_router_topk, E = m.num_experts;
     a += 4 * E + k * (4 + B) + 16 * k + (ep > 1 ? 16 * k : 0);
     a += k * (2 * B * h + mlp_act(m.expert_mlp()));
-    if (m.moe_shared_expert_intermediate_size > 0) a += mlp_act(m.shared_expert_mlp());
+    if (m.moe_shared_expert_intermediate_size > 0 && !m.recompute.shared_experts)
+      a += mlp_act(m.shared_expert_mlp());
     return a;
   }
   int64_t mamba() const {
@@ -258,8 +267,24 @@ TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, do
     for (int l = first_layer; l < first_layer + split[stage]; ++l) {
       units.push_back({layer_param_specs(m, l), D});
       if (m.is_moe_layer(l)) add_experts(layer_prefix(l));
-      act_tok += act.layer(m.layer_symbol(l), m.is_moe_layer(l));
-      bwd_tok = std::max(bwd_tok, act.layer_backward(m.layer_symbol(l), m.is_moe_layer(l)));
+    }
+    // --recompute-granularity full: a recomputed chunk keeps its input, the stream and the
+    // pending residual add after a transformer layer ('T'); its layers' activations exist only
+    // while the backward reruns it, beside the layer's working set.
+    for (const RecomputeChunk& c : recompute_chunks(split[stage], m.recompute)) {
+      int64_t chunk = 0, chunk_bwd = 0;
+      for (int l = first_layer + c.begin; l < first_layer + c.end; ++l) {
+        chunk += act.layer(m.layer_symbol(l), m.is_moe_layer(l));
+        chunk_bwd = std::max(chunk_bwd, act.layer_backward(m.layer_symbol(l), m.is_moe_layer(l)));
+      }
+      if (!c.recompute) {
+        act_tok += chunk;
+        bwd_tok = std::max(bwd_tok, chunk_bwd);
+        continue;
+      }
+      const bool pending = c.begin > 0 && m.layer_symbol(first_layer + c.begin - 1) == 'T';
+      act_tok += B * m.hidden_size * (pending ? 2 : 1);
+      bwd_tok = std::max(bwd_tok, chunk + chunk_bwd);
     }
     if (last) {
       units.push_back({{final_norm_param_spec(m)}, D});
@@ -271,10 +296,21 @@ TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, do
         units.push_back({mtp_param_specs(m, k), D});
         for (size_t j = 0; j < sym.size(); ++j)
           if (m.mtp_layer_is_moe(j)) add_experts(mtp_layer_prefix(m, k, static_cast<int>(j)));
-        act_tok += 8 + act.norm() + (fused ? 4 : act.norm()) + 2 * B * m.hidden_size;
-        for (size_t j = 0; j < sym.size(); ++j)
-          act_tok += act.layer(sym[j], m.mtp_layer_is_moe(j));
-        act_tok += act.norm() + B * m.hidden_size + act.logits();
+        int64_t depth = act.norm() + (fused ? 4 : act.norm()) + 2 * B * m.hidden_size, depth_bwd = 0;
+        for (size_t j = 0; j < sym.size(); ++j) {
+          depth += act.layer(sym[j], m.mtp_layer_is_moe(j));
+          depth_bwd = std::max(depth_bwd, act.layer_backward(sym[j], m.mtp_layer_is_moe(j)));
+        }
+        depth += act.norm();  // its final norm
+        // Full recomputation keeps a depth's input embedding (its hidden input is the previous
+        // output layer's input) and reruns the rest in the backward.
+        if (m.recompute.full()) {
+          act_tok += B * m.hidden_size;
+          bwd_tok = std::max(bwd_tok, depth + depth_bwd);
+        } else {
+          act_tok += depth;
+        }
+        act_tok += 8 + B * m.hidden_size + act.logits();  // tokens, the output layer's input
       }
       bwd_tok = std::max(bwd_tok, act.dlogits());
     }
