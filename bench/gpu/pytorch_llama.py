@@ -12,6 +12,9 @@ layers: ~60-90 s at 0.8B on the H200). --compile-blocks compiles each decoder bl
 ("regional compilation": the identical blocks share one compiled graph, so compile time does not
 grow with the layers); the embedding, the final norm, the output layer and the loss stay eager
 in both modes. The model is built directly on the GPU (no CPU init of billions of parameters).
+--checkpoint-blocks recomputes each decoder block in the backward (torch.utils.checkpoint,
+non-reentrant), the PyTorch counterpart of weft's --recompute-granularity full
+--recompute-method uniform --recompute-num-layers 1; it combines with either compile mode.
 """
 import argparse
 import json
@@ -21,6 +24,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 
@@ -87,11 +91,15 @@ class Model(nn.Module):
                 std = 0.02 / math.sqrt(2 * a.layers) if n.endswith(("proj.weight", "fc2.weight")) else 0.02
                 nn.init.normal_(p, 0.0, std)
         self.cos, self.sin = rope_tables(a.seq, a.hidden // a.heads, 10000.0, "cuda")
+        self.checkpoint_blocks = a.checkpoint_blocks
 
     def forward(self, tokens):
         x = self.emb(tokens)
         for blk in self.blocks:
-            x = blk(x, self.cos, self.sin)
+            if self.checkpoint_blocks and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(blk, x, self.cos, self.sin, use_reentrant=False)
+            else:
+                x = blk(x, self.cos, self.sin)
         return self.out(self.norm(x))
 
 
@@ -105,6 +113,8 @@ def main():
                    help="torch.compile each decoder block (regional compilation)")
     p.add_argument("--compile-mode", default=None,
                    help="torch.compile's mode with --compile (e.g. reduce-overhead: CUDA graphs)")
+    p.add_argument("--checkpoint-blocks", action="store_true",
+                   help="recompute each decoder block in the backward (torch.utils.checkpoint)")
     a = p.parse_args()
     if a.compile and a.compile_blocks:
         p.error("--compile and --compile-blocks: choose one")
@@ -139,6 +149,8 @@ def main():
     impl = (f"pytorch-compile-{a.compile_mode}" if a.compile and a.compile_mode else
             "pytorch-compile" if a.compile else
             "pytorch-compile-blocks" if a.compile_blocks else "pytorch-eager")
+    if a.checkpoint_blocks:
+        impl += "-checkpoint"
     print(json.dumps({"impl": impl, "params": params, "mbs": a.mbs, "seq": a.seq,
                       "tokens_per_sec": tps, "loss": loss.item(),
                       "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30,

@@ -16,6 +16,8 @@
 #                                     disk (bench_checkpoint) and vs torch.distributed.checkpoint
 #   bash bench/gpu/run.sh moe         weft on the ~1B MoE model (8 experts, top-2), then PyTorch
 #                                     with a loop over experts and with torch._grouped_mm
+#   bash bench/gpu/run.sh recompute   activation recomputation: its tests on CUDA, then weft and PyTorch
+#                                     with and without it at the 0.8B and 3B curve shapes
 #   bash bench/gpu/run.sh moetests    the MoE/EP/MTP tests on CUDA: world 1 and 8 ranks
 #   bash bench/gpu/run.sh hybrid      weft on the ~1B hybrid Mamba-2 model, then PyTorch eager
 #                                     (the chunked SSD in torch ops) and torch.compile
@@ -105,7 +107,7 @@ build)
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DWEFT_BUILD_BENCH=ON "${WEFT_CMAKE_ARGS[@]}" \
     ${WEFT_PROTOBUF_PREFIX:+"-DCMAKE_PREFIX_PATH=$WEFT_TORCH_CMAKE;$WEFT_PROTOBUF_PREFIX"} \
     > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-  cmake --build $B -j 16 --target weft test_parity test_checkpoint test_model test_communicator bench_checkpoint test_moe test_moe_parity test_moe_checkpoint test_mamba test_optim ${WEFT_EXTRA_TARGETS:-} -- -k 0 > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
+  cmake --build $B -j 16 --target weft test_parity test_checkpoint test_model test_communicator bench_checkpoint test_moe test_moe_parity test_moe_checkpoint test_mamba test_optim test_recompute ${WEFT_EXTRA_TARGETS:-} -- -k 0 > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
   ./$B/app/weft --version
   ;;
 tests)
@@ -369,6 +371,53 @@ tbcheck)
     --tensorboard-dir "$T/pp2" --tensorboard-log-interval 3 --log-jsonl "$T/pp2.jsonl" > "$T/pp2.log" 2>&1
   echo "train pp2 rc=$?"; tail -2 "$T/pp2.log" | cut -c1-300
   python3 tests/gpu/tb_check.py "$T/pp2" "$T/pp2.jsonl" --interval 3; echo "tb_check pp2 rc=$?"
+  ;;
+recompute)
+  # Activation recomputation on CUDA (model/recompute.h): test_recompute (every recomputed run
+  # bitwise equal to the plain one) at 1 and 8 ranks sharing the GPU; then weft at the size
+  # curve's shapes (curve_shape) and the micro-batches of RC_RUNS (TAG:MBS:MODE, MODE none, full
+  # = --recompute-granularity full --recompute-method uniform --recompute-num-layers 1, sel =
+  # --recompute-activations --recompute-modules core_attn mlp), each with tokens/s (median of
+  # iterations 4-10), weft's peak memory and `weft plan`'s; then PyTorch at RC_PT (TAG:MBS:MODE,
+  # MODE eager | eager-ckpt | compile-ckpt: bench/gpu/pytorch_llama.py, -ckpt with
+  # --checkpoint-blocks, compile with --compile-blocks). One line per run.
+  export WEFT_TEST_DEVICE=cuda
+  for np in 1 8; do
+    timeout 300 mpirun -np $np --bind-to none ./$B/tests/train/test_recompute > "$OUT/test_recompute_np$np.log" 2>&1
+    echo "test_recompute np$np rc=$? $(grep -E 'PASSED|FAILED|SKIPPED' "$OUT/test_recompute_np$np.log" | sort | uniq -c | tr '\n' ' ')"
+  done
+  unset WEFT_TEST_DEVICE
+  R="$OUT/recompute"; mkdir -p "$R"
+  for spec in ${RC_RUNS:-0.8b:8:none 0.8b:8:full 0.8b:8:sel 3b:4:none 3b:8:full 3b:8:sel}; do
+    IFS=: read -r tag mbs mode <<< "$spec"
+    read -r L H NH NG F _ <<< "$(curve_shape $tag)"
+    WS=(--num-layers $L --hidden-size $H --num-attention-heads $NH --group-query-attention --num-query-groups $NG
+        --ffn-hidden-size $F --vocab-size 32000 --seq-length 4096 --micro-batch-size $mbs --global-batch-size $mbs)
+    case $mode in
+      none) RF=() ;;
+      full) RF=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1) ;;
+      sel) RF=(--recompute-activations --recompute-modules core_attn mlp) ;;
+    esac
+    f="$R/$tag-$mbs-$mode"
+    plan=$(./$B/app/weft plan --world-size 1 --device cuda --bf16 "${WS[@]}" "${RF[@]}" --json 2>&1 |
+           python3 -c "import json,sys; print('%.1f' % (json.load(sys.stdin)['max_peak'] / 2**30))" 2>/dev/null)
+    timeout 240 ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${WS[@]}" "${RF[@]}" --train-iters 10 \
+      --lr 3e-4 --lr-warmup-iters 2 --log-jsonl "$f.jsonl" > "$f.log" 2>&1
+    rc=$?
+    mfu=$(python3 bench/gpu/mfu.py --weft-jsonl "$f.jsonl" --layers $L --hidden $H --heads $NH --groups $NG --ffn $F 2>/dev/null)
+    peak=$(grep -o "peak memory (MB): [0-9.]*" "$f.log" | tail -1 | awk '{printf "%.1f", $4 / 1024}')
+    echo "weft $tag mbs $mbs $mode rc=$rc: $mfu peak ${peak:-?} GiB, plan ${plan:-?} GiB $(grep -m1 -iE 'error|out of memory' "$f.log" | cut -c1-200)"
+  done
+  for spec in ${RC_PT:-0.8b:8:eager 0.8b:8:eager-ckpt 0.8b:8:compile-ckpt 3b:8:eager-ckpt 3b:8:compile-ckpt}; do
+    IFS=: read -r tag mbs mode <<< "$spec"
+    read -r L H NH NG F _ <<< "$(curve_shape $tag)"
+    PF=(); case $mode in *ckpt) PF+=(--checkpoint-blocks) ;; esac
+    case $mode in compile*) PF+=(--compile-blocks) ;; esac
+    f="$R/pt-$tag-$mbs-$mode"
+    timeout 240 "$PY" bench/gpu/pytorch_llama.py --layers $L --hidden $H --heads $NH --groups $NG --ffn $F \
+      --vocab 32000 --seq 4096 --mbs $mbs --steps 10 --warmup 4 "${PF[@]}" > "$f.json" 2> "$f.err"
+    echo "pytorch $tag mbs $mbs $mode rc=$?: $(cat "$f.json") $(grep -m1 -iE 'Error' "$f.err" | cut -c1-200)"
+  done
   ;;
 moetests)
   export WEFT_TEST_DEVICE=cuda

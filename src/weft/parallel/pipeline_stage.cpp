@@ -243,8 +243,10 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
       x = run(std::move(x), &aux, start, done);
       continue;
     }
-    // `start` and `done` are this call's: the piece uses them only when `first` (inside this
-    // forward), never in the backward's rerun.
+    // The chunk keeps one tensor: the pending add is done first (the same bits as inside the
+    // next norm). `start` and `done` are this call's: the piece uses them only when `first`
+    // (inside this forward), never in the backward's rerun.
+    if (x.delta.defined()) x = Residual{x.hidden(), {}};
     auto out = recomputed(
         [run, &start, &done](const std::vector<at::Tensor>& in, bool first) {
           at::Tensor sum = in[2];

@@ -268,9 +268,9 @@ TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, do
       units.push_back({layer_param_specs(m, l), D});
       if (m.is_moe_layer(l)) add_experts(layer_prefix(l));
     }
-    // --recompute-granularity full: a recomputed chunk keeps its input, the stream and the
-    // pending residual add after a transformer layer ('T'); its layers' activations exist only
-    // while the backward reruns it, beside the layer's working set.
+    // --recompute-granularity full: a recomputed chunk keeps its input, the stream (with the
+    // pending residual add done); its layers' activations exist only while the backward reruns
+    // it, beside the layer's working set.
     for (const RecomputeChunk& c : recompute_chunks(split[stage], m.recompute)) {
       int64_t chunk = 0, chunk_bwd = 0;
       for (int l = first_layer + c.begin; l < first_layer + c.end; ++l) {
@@ -282,8 +282,7 @@ TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, do
         bwd_tok = std::max(bwd_tok, chunk_bwd);
         continue;
       }
-      const bool pending = c.begin > 0 && m.layer_symbol(first_layer + c.begin - 1) == 'T';
-      act_tok += B * m.hidden_size * (pending ? 2 : 1);
+      act_tok += B * m.hidden_size;
       bwd_tok = std::max(bwd_tok, chunk + chunk_bwd);
     }
     if (last) {
