@@ -36,6 +36,13 @@
 //                final norm, output input and logits again
 //   first stage  int64 tokens (8)
 //
+// Activation recomputation (model/recompute.h): a recomputed full chunk keeps its input stream
+// (B h) and an MTP depth its input embedding (B h), their activations joining the backward's
+// working set while they rerun; selective modules keep their inputs instead of their insides
+// (core_attn: q, k, v -- on the ATen chain the projection they view and the rotated q and k --
+// and linear_proj's input; mlp and moe: the norm's output only; shared_experts: nothing of the
+// shared MLP).
+//
 // Peak = state + gathered weights + buffers + inflight * activations + the backward's working
 // set (dlogits on the last stage: B V fused, 8 V for the ATen log-softmax backward; elsewhere a
 // layer's gradients, B (3 f + 2 h) per token). 1F1B keeps min(pp - stage, microbatches)
