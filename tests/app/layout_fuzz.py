@@ -9,7 +9,8 @@ per-token loss, clipping) and a batch (micro-batch 1, 2 or 4, global 8 or
 float32 on the CPU:
 - parity: 4 iterations on a drawn layout (2 or 4 ranks; pp 1 or 2 with an uneven split or a
   '|' in the hybrid pattern, ep 2, HSDP with 2 replicas; the overlapped gradient reduce and
-  parameter gather and the tp-pp-dp rank order, which change no number, now and then);
+  parameter gather, the tp-pp-dp rank order and activation recomputation (full uniform or
+  block, or selective modules), which change no number, now and then);
 - reshard: 2 iterations saved on one drawn layout (synchronously or with --async-save), then 2
   more loaded on another.
 Every iteration's lm loss, aux loss, MTP loss and grad norm must agree to a relative 1e-5
@@ -122,6 +123,14 @@ def draw_layout(rng, kind, model):
         if rng.random() < 0.3 and not (flag == "--use-tp-pp-dp-mapping" and pp > 1 and
                                        "--expert-model-parallel-size" in lay):
             lay.append(flag)
+    # Activation recomputation keeps less and computes the same numbers.
+    r = rng.random()
+    if r < 0.2:
+        lay += ["--recompute-granularity", "full", "--recompute-method",
+                rng.choice(["uniform", "block"]), "--recompute-num-layers", str(rng.choice([1, 2]))]
+    elif r < 0.35:
+        mods = [m for m in ("core_attn", "mlp", "moe", "shared_experts") if rng.random() < 0.5]
+        lay += ["--recompute-activations"] + (["--recompute-modules"] + mods if mods else [])
     return ranks, model, lay
 
 
