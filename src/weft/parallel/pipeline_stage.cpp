@@ -248,9 +248,17 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
     // (inside this forward), never in the backward's rerun.
     if (x.delta.defined()) x = Residual{x.hidden(), {}};
     auto out = recomputed(
-        [run, &start, &done](const std::vector<at::Tensor>& in, bool first) {
+        [this, c, run, &start, &done](const std::vector<at::Tensor>& in, bool first) {
           at::Tensor sum = in[2];
           const auto nothing = [](const Block&) {};
+          // The backward's next layer is the one before this chunk, whose units have no pending
+          // use to prefetch them by (FsdpUnit::on_backward_touch) until they rerun: with
+          // --overlap-param-gather their gather starts now, beside this chunk's rerun.
+          if (!first && opt_.overlap_param_gather && c.begin > 0) {
+            const Block& prev = layers_[c.begin - 1];
+            prev.dense->unshard();
+            for (FsdpUnit* e : prev.experts) e->unshard();
+          }
           const Residual r = first ? run(Residual{in[0], in[1]}, &sum, start, done)
                                    : run(Residual{in[0], in[1]}, &sum, nothing, nothing);
           return std::vector<at::Tensor>{r.x, r.delta, sum};
