@@ -542,6 +542,21 @@ void resolve_recompute(TrainArgs* a) {
   if (given("--recompute-modules") && r.full())
     a->megatron_warnings.push_back("--recompute-modules has no effect with "
                                    "--recompute-granularity full: whole layers are recomputed");
+  // Megatron's own warnings and refusal for these settings.
+  if (a->moe_layer_recompute)
+    a->megatron_warnings.push_back("--moe-layer-recompute is deprecated (as in Megatron): use "
+                                   "--recompute-granularity selective --recompute-modules moe");
+  if (r.selective() && r.core_attn)
+    a->megatron_warnings.push_back(
+        "--recompute-modules core_attn (the default of --recompute-activations) recomputes the "
+        "fused attention, which keeps only its logsumexp: it saves little memory for a second "
+        "attention forward (Megatron warns likewise); mlp or moe save more");
+  if (r.full() && r.method == "block" && t.model.mtp_num_layers > 0)
+    a->megatron_warnings.push_back("--recompute-method block does not recompute the MTP depths "
+                                   "(as in Megatron)");
+  if (r.selective() && r.shared_experts && given("--moe-shared-expert-overlap"))
+    fail_usage("--recompute-modules shared_experts cannot be combined with "
+               "--moe-shared-expert-overlap (as in Megatron)");
   if (!r.granularity.empty() && t.cuda_graph_impl != "none")
     fail_usage("--recompute-granularity {} with --cuda-graph-impl {}: weft's graph captures one "
                "microbatch's forward and backward without recomputation; drop one of the two",

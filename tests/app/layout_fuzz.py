@@ -126,8 +126,12 @@ def draw_layout(rng, kind, model):
     # Activation recomputation keeps less and computes the same numbers.
     r = rng.random()
     if r < 0.2:
-        lay += ["--recompute-granularity", "full", "--recompute-method",
-                rng.choice(["uniform", "block"]), "--recompute-num-layers", str(rng.choice([1, 2]))]
+        method, n = rng.choice(["uniform", "block"]), rng.choice([1, 2])
+        mtp = "--mtp-num-layers" in model or any("/" in x for x in model)
+        if method == "uniform" and mtp:
+            n = 1  # Megatron recomputes MTP depths only as one-layer chunks
+        lay += ["--recompute-granularity", "full", "--recompute-method", method,
+                "--recompute-num-layers", str(n)]
     elif r < 0.35:
         mods = [m for m in ("core_attn", "mlp", "moe", "shared_experts") if rng.random() < 0.5]
         lay += ["--recompute-activations"] + (["--recompute-modules"] + mods if mods else [])

@@ -85,15 +85,20 @@ void expect_same(const Run& got, const Run& ref, const std::string& what) {
 void check(TrainConfig c, int world, const std::vector<std::pair<std::string, RecomputeConfig>>& modes) {
   if (world > test::world_size()) GTEST_SKIP() << "needs " << world << " ranks";
   c.model.recompute = RecomputeConfig{};
+  const int64_t before = recompute_reruns();
   const Run ref = run(c, world);
+  EXPECT_EQ(recompute_reruns(), before) << "the plain run recomputed";
   if (test::world_rank() < world) {
     ASSERT_FALSE(ref.stats.empty());
     EXPECT_LT(ref.stats.back().lm_loss, ref.stats.front().lm_loss) << "the reference does not learn";
   }
   for (const auto& [name, r] : modes) {
     c.model.recompute = r;
+    const int64_t before = recompute_reruns();
     const Run got = run(c, world);
-    if (test::world_rank() < world) expect_same(got, ref, name);
+    if (test::world_rank() >= world) continue;
+    expect_same(got, ref, name);
+    EXPECT_GT(recompute_reruns(), before) << name << ": nothing was recomputed";
   }
 }
 
@@ -144,7 +149,7 @@ TEST(Recompute, DenseBf16World1) {
 
 TEST(Recompute, MoeMtpExpertBiasWorld1) {
   check(moe(), 1,
-        {{"full uniform 4", full("uniform", 4)},
+        {{"full uniform 1", full("uniform", 1)},
          {"full block 3", full("block", 3)},
          {"selective moe", selective(false, false, true, false)},
          {"selective core_attn mlp shared_experts", selective(true, true, false, true)}});
@@ -152,7 +157,8 @@ TEST(Recompute, MoeMtpExpertBiasWorld1) {
 
 TEST(Recompute, HybridWorld1) {
   check(hybrid(), 1,
-        {{"full uniform 2", full("uniform", 2)},
+        {{"full uniform 1", full("uniform", 1)},
+         {"full block 2", full("block", 2)},
          {"selective core_attn mlp moe", selective(true, true, true, false)}});
 }
 
@@ -171,7 +177,7 @@ TEST(Recompute, MoePp2Ep2Hsdp2x2) {
 TEST(Recompute, HybridPp2Dp4) {
   TrainConfig c = hybrid();
   c.layout.pp = 2;
-  check(c, 8, {{"full uniform 2", full("uniform", 2)}});
+  check(c, 8, {{"full uniform 1", full("uniform", 1)}, {"full block 2", full("block", 2)}});
 }
 
 // Megatron's checks, each naming its flag.
@@ -214,6 +220,18 @@ TEST(Recompute, FlagsAsMegatron) {
     RecomputeConfig x;
     parse_recompute_flags(false, "full", "uniform", 1, {}, true, &x);
   }, "--moe-layer-recompute");
+}
+
+// Megatron recomputes the MTP depths with the uniform method only as one layer each.
+TEST(Recompute, MtpNeedsOneLayerChunks) {
+  TrainConfig c = moe();
+  c.model.recompute = full("uniform", 2);
+  test::expect_usage([&] { validate_train_config(c, 1); }, "--recompute-num-layers 2 with --mtp-num-layers 2");
+  c.model.recompute = full("block", 2);
+  validate_train_config(c, 1);
+  c.model.mtp_num_layers = 0;
+  c.model.recompute = full("uniform", 2);
+  validate_train_config(c, 1);
 }
 
 TEST(Recompute, Chunks) {

@@ -19,8 +19,9 @@ struct MlpSpec {
 // What is recomputed. granularity "full": the decoder's layers of each pipeline stage, in chunks
 // (method "uniform": every recompute_num_layers consecutive layers of the stage are one chunk,
 // the last one possibly shorter; "block": the stage's first recompute_num_layers layers, each on
-// its own, and no other), and every MTP depth; "selective": the modules named, in every layer.
-// Not part of the model: checkpoints neither store nor compare it (model/recompute.h runs it).
+// its own, and no other), and with uniform every MTP depth (as Megatron, which then needs
+// recompute_num_layers 1; block leaves the depths); "selective": the modules named, in every
+// layer. Not part of the model: checkpoints neither store nor compare it (model/recompute.h).
 struct RecomputeConfig {
   std::string granularity;  // "", "full" or "selective"
   std::string method;       // full: "uniform" | "block"

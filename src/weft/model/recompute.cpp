@@ -10,6 +10,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 
 #include "weft/core/error.h"
 
@@ -95,6 +97,8 @@ std::vector<RecomputeChunk> recompute_chunks(int stage_layers, const RecomputeCo
 
 namespace {
 
+std::atomic<int64_t> g_reruns{0};
+
 using torch::autograd::AutogradContext;
 using torch::autograd::Function;
 using torch::autograd::variable_list;
@@ -171,11 +175,13 @@ struct RecomputeFn : Function<RecomputeFn> {
       }
       // Every use of a weight in the rerun awaits its gradient (ParamSource): with no output
       // gradient at all, back-propagate zeros so that each still gets one.
-      if (roots.empty() && !unused.empty()) {
-        roots.push_back(unused.front());
-        root_grads.push_back(at::zeros_like(unused.front()));
-      }
+      if (roots.empty())
+        for (const at::Tensor& u : unused) {
+          roots.push_back(u);
+          root_grads.push_back(at::zeros_like(u));
+        }
     }
+    g_reruns.fetch_add(1, std::memory_order_relaxed);
     if (!roots.empty()) torch::autograd::backward(roots, root_grads);
     variable_list result;
     for (size_t i = 0; i < inputs.size(); ++i)
@@ -189,6 +195,8 @@ struct RecomputeFn : Function<RecomputeFn> {
 };
 
 }  // namespace
+
+int64_t recompute_reruns() { return g_reruns.load(std::memory_order_relaxed); }
 
 std::vector<at::Tensor> recomputed(RecomputedPiece fn, const std::vector<at::Tensor>& inputs) {
   if (!at::GradMode::is_enabled()) return fn(inputs, true);

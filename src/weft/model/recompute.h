@@ -7,13 +7,18 @@
 // the piece with grad mode off (its ops then neither build a graph nor count a use of their
 // weights: ParamSource), and whose backward reruns it with grad mode on from detached copies of
 // the inputs and back-propagates the output gradients through that rerun, which delivers the
-// weights' gradients as an ordinary backward does. weft's ops compute the same bits with grad
-// mode on and off and weft has no dropout, so a recomputed model computes what the plain one
-// does: losses and gradients bitwise equal (tests/test_recompute.cpp).
+// weights' gradients as an ordinary backward does. weft has no dropout and its ops compute the
+// same bits with grad mode on and off, so a recomputed model computes what the plain one does:
+// losses and gradients bitwise equal (tests/train/test_recompute.cpp, on the CPU and on
+// H100/H200). One caveat: PyTorch's scaled_dot_product_attention may choose its kernel by
+// whether gradients are needed (it leaves flash attention out for head dims above 192 on
+// sm86/sm89 then); where it does, the forward's attention output and the rerun's can differ in
+// the last bits, and the gradients are the rerun's (as in Megatron's recomputation).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -55,5 +60,9 @@ using RecomputedPiece =
 // mode off it just runs fn(inputs, true). `fn` is kept until the backward has run: whatever it
 // refers to must live as long.
 std::vector<at::Tensor> recomputed(RecomputedPiece fn, const std::vector<at::Tensor>& inputs);
+
+// How many recomputed pieces have rerun in a backward in this process (tests check that a
+// recomputation happened, not only that it changed nothing).
+int64_t recompute_reruns();
 
 }  // namespace weft

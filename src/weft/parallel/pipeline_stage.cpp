@@ -251,6 +251,16 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
         [this, c, run, &start, &done](const std::vector<at::Tensor>& in, bool first) {
           at::Tensor sum = in[2];
           const auto nothing = [](const Block&) {};
+          // In the rerun a layer's weights are freed after its forward, as in the first run,
+          // except the chunk's last layer, whose backward comes next: a chunk's rerun holds one
+          // layer's gathered weights at a time, as the plain schedule does.
+          const Block* last = &layers_[c.end - 1];
+          const auto free_but_last = [last](const Block& b) {
+            if (&b != last) {
+              b.dense->reshard();
+              for (FsdpUnit* e : b.experts) e->reshard();
+            }
+          };
           // The backward's next layer is the one before this chunk, whose units have no pending
           // use to prefetch them by (FsdpUnit::on_backward_touch) until they rerun: with
           // --overlap-param-gather their gather starts now, beside this chunk's rerun.
@@ -260,7 +270,7 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
             for (FsdpUnit* e : prev.experts) e->unshard();
           }
           const Residual r = first ? run(Residual{in[0], in[1]}, &sum, start, done)
-                                   : run(Residual{in[0], in[1]}, &sum, nothing, nothing);
+                                   : run(Residual{in[0], in[1]}, &sum, nothing, free_but_last);
           return std::vector<at::Tensor>{r.x, r.delta, sum};
         },
         {x.x, x.delta, aux});
@@ -304,7 +314,8 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
     const Block& b = mtp_[d - 1];
     // The embedding and the output layer stay gathered through the depths (one gather each).
     at::Tensor emb = embed_tokens(mtp_input_tokens(labels, d), mtp_embedding_->handle(0));
-    if (cfg_.recompute.full() && at::GradMode::is_enabled()) {  // Megatron recomputes each depth
+    // Megatron recomputes each depth with the uniform method (as one layer), none with block.
+    if (cfg_.recompute.full() && cfg_.recompute.method == "uniform" && at::GradMode::is_enabled()) {
       auto out = recomputed(
           [this, &b, &start, &done](const std::vector<at::Tensor>& in, bool first) {
             at::Tensor sum = in[2];

@@ -37,8 +37,9 @@
 //   first stage  int64 tokens (8)
 //
 // Activation recomputation (model/recompute.h): a recomputed full chunk keeps its input stream
-// (B h) and an MTP depth its input embedding (B h), their activations joining the backward's
-// working set while they rerun; selective modules keep their inputs instead of their insides
+// (B h) and, with the uniform method, an MTP depth its input embedding (B h), their activations
+// joining the backward's working set while they rerun; selective modules keep their inputs
+// instead of their insides, which join a layer's working set in its backward
 // (core_attn: q, k, v -- on the ATen chain the projection they view and the rotated q and k --
 // and linear_proj's input; mlp and moe: the norm's output only; shared_experts: nothing of the
 // shared MLP).
@@ -233,6 +234,15 @@ TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, do
   const int64_t T = static_cast<int64_t>(cfg.micro_batch_size) * m.seq_length;
   const bool flash = fused || TORCH_VERSION_MAJOR >= 2;
   const ActModel act{m, B, fused, flash, mesh.ep()};
+  // Without recomputation: what a selective module's rerun creates again in the backward, beside
+  // its layer's working set.
+  ModelConfig unrecomputed = m;
+  unrecomputed.recompute = RecomputeConfig{};
+  const ActModel plain{unrecomputed, B, fused, flash, mesh.ep()};
+  const auto layer_bwd = [&](char sym, bool moe) {
+    return act.layer_backward(sym, moe) +
+           std::max<int64_t>(0, plain.layer(sym, moe) - act.layer(sym, moe));
+  };
 
   TrainPlan plan;
   plan.microbatches = cfg.global_batch_size / (cfg.micro_batch_size * mesh.dp());
@@ -282,7 +292,7 @@ TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, do
       int64_t chunk = 0, chunk_bwd = 0;
       for (int l = first_layer + c.begin; l < first_layer + c.end; ++l) {
         chunk += act.layer(m.layer_symbol(l), m.is_moe_layer(l));
-        chunk_bwd = std::max(chunk_bwd, act.layer_backward(m.layer_symbol(l), m.is_moe_layer(l)));
+        chunk_bwd = std::max(chunk_bwd, layer_bwd(m.layer_symbol(l), m.is_moe_layer(l)));
       }
       if (!c.recompute) {
         act_tok += chunk;
@@ -305,16 +315,17 @@ TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, do
         int64_t depth = act.norm() + (fused ? 4 : act.norm()) + 2 * B * m.hidden_size, depth_bwd = 0;
         for (size_t j = 0; j < sym.size(); ++j) {
           depth += act.layer(sym[j], m.mtp_layer_is_moe(j));
-          depth_bwd = std::max(depth_bwd, act.layer_backward(sym[j], m.mtp_layer_is_moe(j)));
+          depth_bwd = std::max(depth_bwd, layer_bwd(sym[j], m.mtp_layer_is_moe(j)));
         }
         depth += act.norm();  // its final norm
-        // Full recomputation keeps a depth's input embedding (its hidden input is the previous
-        // output layer's input) and reruns the rest in the backward.
-        if (m.recompute.full()) {
+        // Full recomputation (uniform) keeps a depth's input embedding (its hidden input is the
+        // previous output layer's input) and reruns the rest in the backward.
+        if (m.recompute.full() && m.recompute.method == "uniform") {
           act_tok += B * m.hidden_size;
           bwd_tok = std::max(bwd_tok, depth + depth_bwd);
         } else {
           act_tok += depth;
+          bwd_tok = std::max(bwd_tok, depth_bwd);
         }
         act_tok += 8 + B * m.hidden_size + act.logits();  // tokens, the output layer's input
       }

@@ -171,6 +171,13 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   if (mesh.etp() > 1)
     fail_usage("--expert-tensor-parallel-size {} is not supported (tensor parallelism is not "
                "implemented); use 1", mesh.etp());
+  // Megatron's MultiTokenPredictionLayer recomputes a depth only as one layer.
+  if (m.recompute.full() && m.recompute.method == "uniform" && m.mtp_num_layers > 0 &&
+      m.recompute.num_layers != 1)
+    fail_usage("--recompute-num-layers {} with --mtp-num-layers {}: Megatron recomputes the MTP "
+               "depths only with --recompute-num-layers 1 under --recompute-method uniform "
+               "(its assertion); give 1, or --recompute-method block (which leaves the depths "
+               "unrecomputed)", m.recompute.num_layers, m.mtp_num_layers);
   if (mesh.ep() > 1 && m.num_experts == 0)
     fail_usage("--expert-model-parallel-size {} needs a mixture-of-experts model: set "
                "--num-experts", mesh.ep());
