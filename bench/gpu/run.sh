@@ -377,7 +377,8 @@ recompute)
   # bitwise equal to the plain one) at 1 and 8 ranks sharing the GPU; then weft at the size
   # curve's shapes (curve_shape) and the micro-batches of RC_RUNS (TAG:MBS:MODE, MODE none, full
   # = --recompute-granularity full --recompute-method uniform --recompute-num-layers 1, sel =
-  # --recompute-activations --recompute-modules core_attn mlp), each with tokens/s (median of
+  # --recompute-activations --recompute-modules core_attn mlp, mlp = the same with mlp alone),
+  # each with tokens/s (median of
   # iterations 4-10), weft's peak memory and `weft plan`'s; then PyTorch at RC_PT (TAG:MBS:MODE,
   # MODE eager | eager-ckpt | compile-ckpt: bench/gpu/pytorch_llama.py, -ckpt with
   # --checkpoint-blocks, compile with --compile-blocks). One line per run.
@@ -397,6 +398,7 @@ recompute)
       none) RF=() ;;
       full) RF=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1) ;;
       sel) RF=(--recompute-activations --recompute-modules core_attn mlp) ;;
+      mlp) RF=(--recompute-activations --recompute-modules mlp) ;;
     esac
     f="$R/$tag-$mbs-$mode"
     plan=$(./$B/app/weft plan --world-size 1 --device cuda --bf16 "${WS[@]}" "${RF[@]}" --json 2>&1 |
