@@ -202,6 +202,11 @@ at::Tensor PipelineStage::account_aux(const at::Tensor& aux, double weight, doub
   return aux * (cfg_.moe_aux_loss_coeff * objective_weight);
 }
 
+void PipelineStage::for_units(const Block& b, void (FsdpUnit::*f)()) {
+  (b.dense->*f)();
+  for (FsdpUnit* e : b.experts) (e->*f)();
+}
+
 at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Tensor& labels,
                                   double loss_scale, const LossOptions& loss) {
   set_microbatch(mb);
@@ -215,10 +220,7 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
   auto start = [&](const Block& b) {
     for (size_t i = 0; i <= b.experts.size(); ++i) next();
   };
-  auto done = [](const Block& b) {
-    b.dense->reshard();
-    for (FsdpUnit* e : b.experts) e->reshard();
-  };
+  auto done = [](const Block& b) { for_units(b, &FsdpUnit::reshard); };
   // Each layer leaves its last residual add to the next norm (transformer.h, Residual).
   Residual x{input, {}};
   at::Tensor aux;  // this microbatch's unweighted aux losses, summed over MoE layers
@@ -256,19 +258,13 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
           // layer's gathered weights at a time, as the plain schedule does.
           const Block* last = &layers_[c.end - 1];
           const auto free_but_last = [last](const Block& b) {
-            if (&b != last) {
-              b.dense->reshard();
-              for (FsdpUnit* e : b.experts) e->reshard();
-            }
+            if (&b != last) for_units(b, &FsdpUnit::reshard);
           };
           // The backward's next layer is the one before this chunk, whose units have no pending
           // use to prefetch them by (FsdpUnit::on_backward_touch) until they rerun: with
           // --overlap-param-gather their gather starts now, beside this chunk's rerun.
-          if (!first && opt_.overlap_param_gather && c.begin > 0) {
-            const Block& prev = layers_[c.begin - 1];
-            prev.dense->unshard();
-            for (FsdpUnit* e : prev.experts) e->unshard();
-          }
+          if (!first && opt_.overlap_param_gather && c.begin > 0)
+            for_units(layers_[c.begin - 1], &FsdpUnit::unshard);
           const Residual r = first ? run(Residual{in[0], in[1]}, &sum, start, done)
                                    : run(Residual{in[0], in[1]}, &sum, nothing, free_but_last);
           return std::vector<at::Tensor>{r.x, r.delta, sum};

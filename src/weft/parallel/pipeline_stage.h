@@ -160,6 +160,8 @@ class PipelineStage {
     MtpHandles mtp;                                         // MTP depths
   };
   void set_microbatch(int mb);
+  // Calls `f` (reshard, unshard) on the block's units.
+  static void for_units(const Block& b, void (FsdpUnit::*f)());
   // A unit over `specs`, and one expert unit per prefix in `moe_prefixes`.
   Block make_block(const std::string& name, const std::vector<ParamSpec>& specs,
                    const std::vector<std::string>& moe_prefixes);
