@@ -192,34 +192,26 @@ TEST(Recompute, FlagsAsMegatron) {
       << "--moe-layer-recompute adds moe to the modules";
   parse_recompute_flags(false, "", "uniform", 2, {"mlp"}, false, &r);
   EXPECT_TRUE(r.granularity.empty() && !r.mlp) << "no granularity: nothing recomputed";
-  test::expect_usage([] {
-    RecomputeConfig x;
-    parse_recompute_flags(false, "most", "", 0, {}, false, &x);
-  }, "--recompute-granularity");
-  test::expect_usage([] {
-    RecomputeConfig x;
-    parse_recompute_flags(false, "full", "", 2, {}, false, &x);
-  }, "--recompute-method");
-  test::expect_usage([] {
-    RecomputeConfig x;
-    parse_recompute_flags(false, "full", "uniform", 0, {}, false, &x);
-  }, "--recompute-num-layers");
-  test::expect_usage([] {
-    RecomputeConfig x;
-    parse_recompute_flags(false, "selective", "block", 0, {}, false, &x);
-  }, "--recompute-method");
-  test::expect_usage([] {
-    RecomputeConfig x;
-    parse_recompute_flags(false, "selective", "", 0, {"layernorm"}, false, &x);
-  }, "--recompute-modules layernorm");
-  test::expect_usage([] {
-    RecomputeConfig x;
-    parse_recompute_flags(false, "selective", "", 0, {"attn"}, false, &x);
-  }, "--recompute-modules attn");
-  test::expect_usage([] {
-    RecomputeConfig x;
-    parse_recompute_flags(false, "full", "uniform", 1, {}, true, &x);
-  }, "--moe-layer-recompute");
+  // Each refused combination of (--recompute-activations, granularity, method, layers, modules,
+  // --moe-layer-recompute), with the flag its message names.
+  struct Refused {
+    const char *granularity, *method;
+    int layers;
+    std::vector<std::string> modules;
+    bool moe_layer;
+    const char* needle;
+  };
+  for (const Refused& k : {Refused{"most", "", 0, {}, false, "--recompute-granularity"},
+                           Refused{"full", "", 2, {}, false, "--recompute-method"},
+                           Refused{"full", "uniform", 0, {}, false, "--recompute-num-layers"},
+                           Refused{"selective", "block", 0, {}, false, "--recompute-method"},
+                           Refused{"selective", "", 0, {"layernorm"}, false, "--recompute-modules layernorm"},
+                           Refused{"selective", "", 0, {"attn"}, false, "--recompute-modules attn"},
+                           Refused{"full", "uniform", 1, {}, true, "--moe-layer-recompute"}})
+    test::expect_usage([&] {
+      RecomputeConfig x;
+      parse_recompute_flags(false, k.granularity, k.method, k.layers, k.modules, k.moe_layer, &x);
+    }, k.needle);
 }
 
 // Megatron recomputes the MTP depths with the uniform method only as one layer each.

@@ -33,6 +33,8 @@ struct RecomputeConfig {
   bool shared_experts = false;  // the MoE layer's shared experts
   bool full() const { return granularity == "full"; }
   bool selective() const { return granularity == "selective"; }
+  // Whether the MTP depths are recomputed: with the uniform method only, as Megatron.
+  bool mtp_depths() const { return full() && method == "uniform"; }
 };
 
 struct ModelConfig {

@@ -30,7 +30,6 @@
 
 #include "weft/core/error.h"
 #include "weft/model/ops.h"
-#include "weft/model/recompute.h"
 #include "weft/model/transformer.h"
 
 namespace weft {
@@ -314,15 +313,11 @@ at::Tensor moe_mlp(const at::Tensor& xn, ParamHandle router, ParamHandle shared_
   const at::Tensor out_sorted = experts.run(permute_rows(pairs, order, inverse), counts);
   const at::Tensor out_pairs = permute_rows(out_sorted, inverse, order).view({T, k, h});
   at::Tensor y = (out_pairs * r.probs.to(out_pairs.scalar_type()).unsqueeze(-1)).sum(1);
-  if (shared_fc1.source && cfg.recompute.shared_experts && !cfg.recompute.moe &&
-      at::GradMode::is_enabled()) {  // --recompute-modules shared_experts
-    y = y + recomputed([fc1 = shared_fc1, fc2 = shared_fc2, spec = cfg.shared_expert_mlp()](
-                           const std::vector<at::Tensor>& in, bool) {
-          return std::vector<at::Tensor>{mlp(in[0], fc1, fc2, spec)};
-        }, {x})[0];
-  } else if (shared_fc1.source) {
-    y = y + mlp(x, shared_fc1, shared_fc2, cfg.shared_expert_mlp());
-  }
+  // --recompute-modules shared_experts (inside a recomputed MoE layer it reruns with the layer).
+  if (shared_fc1.source)
+    y = y + (cfg.recompute.shared_experts && !cfg.recompute.moe
+                 ? recomputed_mlp(x, shared_fc1, shared_fc2, cfg.shared_expert_mlp())
+                 : mlp(x, shared_fc1, shared_fc2, cfg.shared_expert_mlp()));
   return y.view(xn.sizes());
 }
 

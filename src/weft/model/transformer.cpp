@@ -11,7 +11,6 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Reduction.h>
-#include <ATen/core/grad_mode.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
@@ -522,6 +521,13 @@ at::Tensor mlp(const at::Tensor& x, ParamHandle fc1, ParamHandle fc2, const MlpS
   return ops::linear(mlp_activation(ops::linear(x, fc1), spec), fc2);
 }
 
+at::Tensor recomputed_mlp(const at::Tensor& x, ParamHandle fc1, ParamHandle fc2,
+                          const MlpSpec& spec) {
+  return recomputed([fc1, fc2, spec](const std::vector<at::Tensor>& in, bool) {
+    return std::vector<at::Tensor>{mlp(in[0], fc1, fc2, spec)};
+  }, {x})[0];
+}
+
 namespace {
 
 // attention_qkv from xn = input_layernorm(x).
@@ -584,7 +590,7 @@ at::Tensor attention_projection(const at::Tensor& attn, const LayerHandles& w,
 // recomputed in the backward where --recompute-modules names mlp or moe.
 at::Tensor mlp_output(const at::Tensor& xn, const LayerHandles& w, const ModelConfig& cfg,
                       at::Tensor* aux_loss) {
-  if (w.experts && cfg.recompute.moe && at::GradMode::is_enabled()) {
+  if (w.experts && cfg.recompute.moe) {
     // The running aux loss goes through the piece, so that it sums in the same order.
     auto out = recomputed(
         [w, cfg, with_aux = aux_loss != nullptr](const std::vector<at::Tensor>& in, bool) {
@@ -600,19 +606,14 @@ at::Tensor mlp_output(const at::Tensor& xn, const LayerHandles& w, const ModelCo
   if (w.experts)
     return moe_mlp(xn, w.router, w.shared_fc1, w.shared_fc2, *w.experts, cfg, aux_loss,
                    w.router_bias);
-  if (cfg.recompute.mlp && at::GradMode::is_enabled())
-    return recomputed([fc1 = w.linear_fc1, fc2 = w.linear_fc2, spec = cfg.dense_mlp()](
-                          const std::vector<at::Tensor>& in,
-                          bool) { return std::vector<at::Tensor>{mlp(in[0], fc1, fc2, spec)}; },
-                      {xn})[0];
-  return mlp(xn, w.linear_fc1, w.linear_fc2, cfg.dense_mlp());
+  return cfg.recompute.mlp ? recomputed_mlp(xn, w.linear_fc1, w.linear_fc2, cfg.dense_mlp())
+                           : mlp(xn, w.linear_fc1, w.linear_fc2, cfg.dense_mlp());
 }
 
 // The attention of q, k, v (grouped-query, causal), recomputed in the backward where
 // --recompute-modules names core_attn.
 at::Tensor core_attention(const AttentionQkv& a, const ModelConfig& cfg) {
-  if (!cfg.recompute.core_attn || !at::GradMode::is_enabled())
-    return compat::causal_attention_gqa(a.q, a.k, a.v);
+  if (!cfg.recompute.core_attn) return compat::causal_attention_gqa(a.q, a.k, a.v);
   return recomputed(
       [](const std::vector<at::Tensor>& in, bool) {
         return std::vector<at::Tensor>{compat::causal_attention_gqa(in[0], in[1], in[2])};

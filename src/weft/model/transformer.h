@@ -135,6 +135,10 @@ at::Tensor embed_tokens(const at::Tensor& tokens, ParamHandle word_embeddings);
 at::Tensor mlp_activation(const at::Tensor& a, const MlpSpec& spec);
 // fc2(mlp_activation(x fc1^T)): the dense MLP, a shared expert or one routed expert.
 at::Tensor mlp(const at::Tensor& x, ParamHandle fc1, ParamHandle fc2, const MlpSpec& spec);
+// The same, recomputed in the backward (model/recompute.h): --recompute-modules mlp and
+// shared_experts.
+at::Tensor recomputed_mlp(const at::Tensor& x, ParamHandle fc1, ParamHandle fc2,
+                          const MlpSpec& spec);
 // [b, s, h] -> [b, s, h]. An MoE layer (w.experts set) adds its unweighted aux loss into
 // *aux_loss when given (see moe.h).
 at::Tensor decoder_layer(const at::Tensor& x, const LayerHandles& w, const RotaryTables& rope,

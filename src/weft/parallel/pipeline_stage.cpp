@@ -311,7 +311,7 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
     // The embedding and the output layer stay gathered through the depths (one gather each).
     at::Tensor emb = embed_tokens(mtp_input_tokens(labels, d), mtp_embedding_->handle(0));
     // Megatron recomputes each depth with the uniform method (as one layer), none with block.
-    if (cfg_.recompute.full() && cfg_.recompute.method == "uniform" && at::GradMode::is_enabled()) {
+    if (cfg_.recompute.mtp_depths() && at::GradMode::is_enabled()) {
       auto out = recomputed(
           [this, &b, &start, &done](const std::vector<at::Tensor>& in, bool first) {
             at::Tensor sum = in[2];

@@ -320,7 +320,7 @@ TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, do
         depth += act.norm();  // its final norm
         // Full recomputation (uniform) keeps a depth's input embedding (its hidden input is the
         // previous output layer's input) and reruns the rest in the backward.
-        if (m.recompute.full() && m.recompute.method == "uniform") {
+        if (m.recompute.mtp_depths()) {
           act_tok += B * m.hidden_size;
           bwd_tok = std::max(bwd_tok, depth + depth_bwd);
         } else {

@@ -172,8 +172,7 @@ void validate_train_config(const TrainConfig& c, int world_size) {
     fail_usage("--expert-tensor-parallel-size {} is not supported (tensor parallelism is not "
                "implemented); use 1", mesh.etp());
   // Megatron's MultiTokenPredictionLayer recomputes a depth only as one layer.
-  if (m.recompute.full() && m.recompute.method == "uniform" && m.mtp_num_layers > 0 &&
-      m.recompute.num_layers != 1)
+  if (m.recompute.mtp_depths() && m.mtp_num_layers > 0 && m.recompute.num_layers != 1)
     fail_usage("--recompute-num-layers {} with --mtp-num-layers {}: Megatron recomputes the MTP "
                "depths only with --recompute-num-layers 1 under --recompute-method uniform "
                "(its assertion); give 1, or --recompute-method block (which leaves the depths "
