@@ -159,6 +159,8 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       ->expected(1, -1)
       ->trigger_on_parse()  // a repeated flag: its last occurrence's values
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  opt("--moe-z-loss-coeff", m.moe_z_loss_coeff,
+      "weight of the router z-loss, mean logsumexp(router logits)^2 (0: none)");
   opt("--moe-router-score-function", m.moe_router_score_function, "softmax | sigmoid");
   c->add_flag("--moe-router-pre-softmax", m.moe_router_pre_softmax,
               "softmax router: weight each chosen expert by its softmax over all experts (not "
@@ -261,6 +263,16 @@ void add_flags(CLI::App* c, TrainArgs* a) {
                 "decay samples (with --train-samples; default: --train-samples)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   opt("--weight-decay", t.adam.weight_decay, "AdamW weight decay (not on norms)");
+  opt("--weight-decay-incr-style", t.lr.wd_style,
+      "constant (--weight-decay) | linear | cosine (--start-weight-decay to --end-weight-decay "
+      "over the run)");
+  c->add_option("--start-weight-decay", t.lr.start_wd,
+                "weight decay at the start (with --weight-decay-incr-style linear or cosine)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  c->add_option("--end-weight-decay", t.lr.end_wd,
+                "weight decay at the end of the run (with --weight-decay-incr-style linear or "
+                "cosine)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   opt("--adam-beta1", t.adam.beta1, "AdamW beta1");
   opt("--adam-beta2", t.adam.beta2, "AdamW beta2");
   opt("--adam-eps", t.adam.eps, "AdamW epsilon");

@@ -130,12 +130,9 @@ constexpr Refused kRefused[] = {
     {"--rampup-batch-size", 3, "weft trains at one --global-batch-size"},
     {"--moe-expert-capacity-factor", 1, "weft's experts take every routed token (no dropping)"},
     {"--moe-pad-expert-input-to-capacity", 0, "weft's experts take every routed token"},
-    {"--moe-z-loss-coeff", 1, "weft's router has the load-balancing loss only"},
     {"--moe-input-jitter-eps", 1, "weft's router adds no input noise"},
     {"--decoupled-lr", 1, "weft has one learning rate for every parameter"},
     {"--decoupled-min-lr", 1, "weft has one learning rate for every parameter"},
-    {"--start-weight-decay", 1, "weft's weight decay is constant (--weight-decay)"},
-    {"--end-weight-decay", 1, "weft's weight decay is constant (--weight-decay)"},
     {"--apply-layernorm-1p", 0, "weft's RMSNorm multiplies by its weight, not 1 + weight"},
     {"--openai-gelu", 0, "weft's MLP is SwiGLU or squared ReLU (--squared-relu)"},
     {"--init-method-xavier-uniform", 0,
@@ -183,7 +180,6 @@ void add_megatron_flags(CLI::App* c, MegatronFlags* f) {
   opt("--rerun-mode", f->rerun_mode,
       "validate_results (Megatron's default) | disabled: weft's non-finite check "
       "(--check-for-nan-in-loss-and-grad) stands for the rerun machine; report_stats warns");
-  opt("--weight-decay-incr-style", f->wd_incr_style, "constant");
   opt("--cross-entropy-fusion-impl", f->ce_fusion_impl, "native | te: kernel choice");
   opt("--num-workers", f->num_workers, "data-loader workers (weft prefetches on a thread)");
   opt("--num-dataset-builder-threads", f->dataset_builder_threads, "accepted");
@@ -257,8 +253,6 @@ std::vector<std::string> check_megatron_flags(const MegatronFlags& f) {
                       "must be no_shard or optim");
   one_of<std::string>("--rerun-mode", f.rerun_mode, {"validate_results", "report_stats", "disabled"},
                       "must be validate_results, report_stats or disabled");
-  one_of<std::string>("--weight-decay-incr-style", f.wd_incr_style, {"constant"},
-                      "weft's weight decay is constant");
   one_of<std::string>("--cross-entropy-fusion-impl", f.ce_fusion_impl, {"native", "te"},
                       "must be native or te");
   one_of<std::string>("--timing-log-option", f.timing_log_option, {"minmax", "max", "all"},

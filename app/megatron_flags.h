@@ -30,7 +30,6 @@ struct MegatronFlags {
   std::string dp_sharding = "optim_grads_params";  // --data-parallel-sharding-strategy
   std::string outer_dp_sharding = "no_shard";      // --outer-dp-sharding-strategy
   std::string rerun_mode = "validate_results";  // --rerun-mode (Megatron's default)
-  std::string wd_incr_style = "constant";    // --weight-decay-incr-style
   std::string ce_fusion_impl = "native";     // --cross-entropy-fusion-impl
   std::string timing_log_option = "minmax";  // --timing-log-option
   int num_workers = 2, dataset_builder_threads = 1, tensorboard_queue_size = 1000;

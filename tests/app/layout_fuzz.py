@@ -95,6 +95,12 @@ def draw_model(rng):
               "--mamba-head-dim", "16", "--mamba-num-groups", "2", "--mamba-state-dim", "16"] + moe
     if kind != "hybrid" and rng.random() < 0.3:
         a += ["--mtp-num-layers", "1"]
+    # Megatron's increasing weight decay and the router z-loss: the same on every layout.
+    if rng.random() < 0.2:
+        a += ["--weight-decay-incr-style", rng.choice(["linear", "cosine"]),
+              "--start-weight-decay", "0.01", "--end-weight-decay", "0.2"]
+    if kind != "dense" and rng.random() < 0.3:
+        a += ["--moe-z-loss-coeff", "0.01"]
     return kind, a
 
 
@@ -157,7 +163,8 @@ def main():
             why = [l for l in lines if "error" in l][:2] or lines[-3:] or [f"exit {r.returncode}"]
             return None, " ".join(cmd), why
         rows = [json.loads(line) for line in open(log)]
-        return [(x["iteration"], x["lm_loss"], x["aux_loss"], x["mtp_loss"], x["grad_norm"])
+        return [(x["iteration"], x["lm_loss"], x["aux_loss"], x["mtp_loss"], x["z_loss"],
+                 x["grad_norm"])
                 for x in rows], " ".join(cmd), None
 
     failed = 0

@@ -60,7 +60,7 @@ torch::Tensor mlp_ref(const torch::Tensor& x, const torch::Tensor& w1, const tor
 
 // The reference: one token at a time.
 struct RefResult {
-  torch::Tensor y, aux;
+  torch::Tensor y, aux, z;  // z: the router z-loss, mean over tokens of log(sum exp(logits))^2
   std::vector<double> chosen;  // (token, slot) pairs per expert
 };
 // `bias` (defined: the sigmoid router's expert bias, [E]) shifts the scores that choose the
@@ -79,8 +79,10 @@ RefResult reference_moe(const torch::Tensor& x, const torch::Tensor& router,
   std::vector<double> chosen(E, 0.0);
   std::vector<std::vector<double>> aux_chosen(groups, std::vector<double>(E, 0.0));
   std::vector<torch::Tensor> prob_sum(groups, torch::zeros({E}, x.options()));
+  torch::Tensor z = torch::zeros({}, x.options());
   for (int64_t t = 0; t < T; ++t) {
     const torch::Tensor logits = torch::matmul(router, x[t]);  // [E]
+    z = z + torch::log(torch::exp(logits).sum()).pow(2) / static_cast<double>(T);
     const torch::Tensor score = softmax ? logits : torch::sigmoid(logits);
     // Experts by descending score; for the routing (not the aux loss) with the bias added and
     // only the experts of the best --moe-router-group-topk groups, a group valued by the sum of
@@ -148,7 +150,7 @@ RefResult reference_moe(const torch::Tensor& x, const torch::Tensor& router,
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t e = 0; e < E; ++e) aux = aux + prob_sum[g][e] * aux_chosen[g][e];
   aux = aux * (static_cast<double>(E) / (static_cast<double>(k) * S * S)) / groups;
-  return {torch::stack(ys), aux, chosen};
+  return {torch::stack(ys), aux, z, chosen};
 }
 
 struct Case {
@@ -188,6 +190,10 @@ TEST(Moe, MatchesPerTokenReference) {
     cfg.moe_router_load_balancing_type = cs.balancing;
     cfg.moe_router_num_groups = cs.num_groups;
     cfg.moe_router_group_topk = cs.group_topk;
+    // --moe-z-loss-coeff in every other case (the layer returns the unweighted z-loss, and 0
+    // without the coefficient).
+    const bool z_loss = cs.experts % 2 == 0;
+    cfg.moe_z_loss_coeff = z_loss ? 1e-3 : 0;
     const auto opt = torch::TensorOptions().dtype(torch::kDouble);
     torch::manual_seed(3);
     const int64_t b = 2, s = 5, h = cfg.hidden_size;
@@ -221,7 +227,8 @@ TEST(Moe, MatchesPerTokenReference) {
     torch::Tensor x = x0.clone().requires_grad_(true);
     torch::Tensor aux;
     torch::Tensor y = moe_mlp(x, w.router, w.shared_fc1, w.shared_fc2, local, cfg, &aux, rb);
-    ((y * R).sum() + 3.0 * aux).backward();
+    ASSERT_EQ(aux.numel(), 2);  // [aux, z]
+    ((y * R).sum() + 3.0 * aux[0] + 5.0 * aux[1]).backward();
 
     // reference
     auto leaf = [&](const std::string& n) { return init.at(n).clone().requires_grad_(true); };
@@ -258,10 +265,17 @@ TEST(Moe, MatchesPerTokenReference) {
           bias.pairs, torch::tensor(reference_moe(xr.detach(), router.detach(), w1, w2, s1, s2,
                                                   cfg).chosen, torch::kDouble)));
     }
-    ((ref.y * R.reshape({-1, h})).sum() + 3.0 * ref.aux).backward();
+    ((ref.y * R.reshape({-1, h})).sum() + 3.0 * ref.aux + (z_loss ? 5.0 * ref.z : ref.z * 0))
+        .backward();
 
     EXPECT_LT(rel_err(y.reshape({-1, h}), ref.y), 1e-10);
-    EXPECT_LT(rel_err(aux, ref.aux), 1e-10);
+    EXPECT_LT(rel_err(aux[0], ref.aux), 1e-10);
+    if (z_loss) {
+      EXPECT_LT(rel_err(aux[1], ref.z), 1e-10);
+      EXPECT_GT(ref.z.item<double>(), 1e-3);  // large enough to show in the router's gradient
+    } else {
+      EXPECT_EQ(aux[1].item<double>(), 0.0);
+    }
     EXPECT_LT(rel_err(x.grad().reshape({-1, h}), xr.grad()), 1e-10);
     EXPECT_LT(rel_err(p.grad(w.router.index), router.grad()), 1e-10);
     for (int e = 0; e < cfg.num_experts; ++e) {

@@ -7,6 +7,7 @@
 #include <ATen/TensorOperators.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -68,6 +69,44 @@ TEST(LrSchedule, WarmupCosineLinear) {
   c.warmup_init = 0;
   c.style = "step";
   expect_usage([&] { validate_lr_schedule(c); }, "--lr-decay-style");
+}
+
+// The weight decay's schedule (Megatron's get_wd) against its closed forms over samples n of
+// an increment of N: linear start + (end - start) n / N, cosine start + (end - start) (1 +
+// cos(pi (1 - n / N))) / 2, the end value past N, constant the end value; the flag checks.
+TEST(LrSchedule, WeightDecayIncrement) {
+  LrScheduleConfig c;
+  c.wd_style = "linear";
+  c.start_wd = 0.01;
+  c.end_wd = 0.11;
+  c.wd_incr_samples = 40;
+  for (const char* style : {"linear", "cosine"}) {
+    c.wd_style = style;
+    for (int n = 0; n <= 48; n += 4) {
+      const double r = std::min(n / 40.0, 1.0);
+      const double coeff = c.wd_style == "linear" ? r : 0.5 * (1.0 + std::cos(M_PI * (1.0 - r)));
+      EXPECT_NEAR(wd_at(c, n), 0.01 + 0.1 * coeff, 1e-15) << style << " at " << n;
+    }
+  }
+  EXPECT_GT(std::abs(wd_at(c, 10) - (0.01 + 0.1 * 0.25)), 0.01) << "cosine looks linear";
+  EXPECT_DOUBLE_EQ(wd_at(c, 0), 0.01);
+  // resolve_weight_decay: constant takes --weight-decay for both ends.
+  LrScheduleConfig k;
+  resolve_weight_decay(&k, 0.3);
+  EXPECT_EQ(k.start_wd, 0.3);
+  EXPECT_EQ(wd_at(k, 0), 0.3);
+  EXPECT_EQ(wd_at(k, 1e9), 0.3);
+  LrScheduleConfig bad;
+  bad.start_wd = 0.1;
+  expect_usage([&] { resolve_weight_decay(&bad, 0.1); }, "--start-weight-decay 0.1 needs");
+  bad.wd_style = "cosine";
+  expect_usage([&] { resolve_weight_decay(&bad, 0.1); }, "needs --end-weight-decay");
+  bad.end_wd = 0.05;
+  expect_usage([&] { resolve_weight_decay(&bad, 0.1); }, "--end-weight-decay 0.05 is smaller");
+  bad.start_wd = -0.5;
+  expect_usage([&] { resolve_weight_decay(&bad, 0.1); }, "--start-weight-decay must be >= 0");
+  bad.wd_style = "exponential";
+  expect_usage([&] { resolve_weight_decay(&bad, 0.1); }, "--weight-decay-incr-style");
 }
 
 // One-rank group: the FSDP unit's full weights are views of the flat shard and the update of
@@ -156,6 +195,45 @@ TEST(ShardedAdamW, GradMultiplierScalesTheGradients) {
   }
   // The test can tell: without the coefficients the weights end far from these.
   EXPECT_GT((p - p1).abs().max().item<double>(), 1e-3);
+}
+
+// set_weight_decay changes the decay group's weight decay from the next step on, as the
+// trainer's schedule does each iteration; the no_decay group keeps none. Against the textbook
+// AdamW with each step's value (seen to fail with the setter doing nothing).
+TEST(ShardedAdamW, ScheduledWeightDecay) {
+  const c10::Device dev(test::test_device());
+  LayoutConfig l;
+  Mesh mesh(l);
+  ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
+  std::vector<ParamSpec> specs = {{"a.weight", {6, 5}, InitKind::kNormal, true},
+                                  {"a.norm", {5}, InitKind::kOnes, false}};
+  FsdpUnit unit("a", specs, groups.get("fsdp_shard"), at::kFloat, dev);
+  const at::Tensor w0 = at::randn({6, 5}, at::kDouble);
+  unit.load_full([&](const ParamSpec& s) {
+    return (s.name == "a.weight" ? w0.to(at::kFloat) : at::ones({5})).to(dev);
+  });
+  AdamWConfig cfg;
+  cfg.beta2 = 0.95;
+  cfg.weight_decay = 0.1;
+  ShardedAdamW opt({&unit}, cfg);
+  const double lr = 0.05;
+  at::Tensor p = w0.clone(), m = at::zeros_like(p), v = at::zeros_like(p);
+  const double wds[] = {0.0, 0.8, 0.3};
+  for (int step = 1; step <= 3; ++step) {
+    const at::Tensor g = at::randn({6, 5}, at::kDouble);
+    opt.zero_grad();
+    grad_shard(unit, 0).copy_(g.reshape({-1}));
+    opt.set_weight_decay(wds[step - 1]);
+    opt.step(lr);
+    textbook_adamw_step(p, m, v, g, step, lr, wds[step - 1], cfg.eps);
+    unit.unshard();
+    const at::Tensor got = unit.backward_weight(0).to(at::kDouble).cpu();
+    EXPECT_TRUE(at::allclose(got, p, 1e-5, 1e-6))
+        << "step " << step << ": max diff " << (got - p).abs().max().item<double>();
+    EXPECT_TRUE(at::equal(unit.backward_weight(1).cpu(), at::ones({5}))) << "no_decay decayed";
+  }
+  EXPECT_EQ(opt.group_of("a.weight").weight_decay, 0.3);
+  EXPECT_EQ(opt.group_of("a.norm").weight_decay, 0.0);
 }
 
 // The clipping multiplier computed on the device (clip_grad_scale, fed to the fused AdamW as its

@@ -59,6 +59,7 @@ void expect_close(const std::vector<IterationStats>& got, const std::vector<Iter
     EXPECT_NEAR(got[i].lm_loss, ref[i].lm_loss, rtol * std::abs(ref[i].lm_loss)) << "lm loss";
     EXPECT_NEAR(got[i].aux_loss, ref[i].aux_loss, rtol * std::abs(ref[i].aux_loss)) << "aux loss";
     EXPECT_NEAR(got[i].mtp_loss, ref[i].mtp_loss, rtol * std::abs(ref[i].mtp_loss)) << "mtp loss";
+    EXPECT_NEAR(got[i].z_loss, ref[i].z_loss, rtol * std::abs(ref[i].z_loss)) << "z-loss";
     EXPECT_NEAR(got[i].grad_norm, ref[i].grad_norm, rtol * std::abs(ref[i].grad_norm)) << "norm";
     EXPECT_FALSE(got[i].skipped);
   }
@@ -118,16 +119,19 @@ TEST(MoeParity, HybridLayoutsMatchOneRank) {
 }
 
 // Aux-loss-free balancing (--moe-router-enable-expert-bias; a sigmoid router with a top-k
-// scaling factor, as Nemotron 3 and DeepSeek-V3): the layouts' losses and grad norms match the
-// single-rank run, and after the last step every rank's expert biases (decoder and MTP MoE
-// layers) equal the single-rank run's bit for bit; a bias update from fewer ranks' pairs than
-// the whole stage's would differ.
+// scaling factor, as Nemotron 3 and DeepSeek-V3) with the router z-loss (--moe-z-loss-coeff):
+// the layouts' losses (z-loss included) and grad norms match the single-rank run, and after the
+// last step every rank's expert biases (decoder and MTP MoE layers) equal the single-rank run's
+// bit for bit; a bias update from fewer ranks' pairs than the whole stage's would differ. The
+// z-loss enters the objective: without its coefficient the first step's loss is the same and
+// its gradient is not.
 TEST(MoeParity, ExpertBiasLayoutsMatchOneRank) {
   if (test::world_size() < 8) GTEST_SKIP() << "needs 8 ranks";
   TrainConfig c = moe_config();
   c.model.moe_router_score_function = "sigmoid";
   c.model.moe_router_topk_scaling_factor = 2.5;
   c.model.moe_router_enable_expert_bias = true;
+  c.model.moe_z_loss_coeff = 1e-2;
   std::map<std::string, at::Tensor> ref_bias;
   const auto ref = run_job(c, 1, /*self_only=*/true, nullptr, nullptr,
                            [&](Trainer& t, const ProcessGroups&) {
@@ -138,6 +142,16 @@ TEST(MoeParity, ExpertBiasLayoutsMatchOneRank) {
   double moved = 0;
   for (const auto& [name, b] : ref_bias) moved += b.abs().sum().item<double>();
   EXPECT_GT(moved, 0.0) << "no bias moved";
+  EXPECT_GT(ref.front().z_loss, 0.01) << "z-loss not reported";
+  {
+    TrainConfig without = c;
+    without.model.moe_z_loss_coeff = 0;
+    const auto plain = run_job(without, 1, /*self_only=*/true);
+    EXPECT_EQ(plain.front().lm_loss, ref.front().lm_loss);
+    EXPECT_EQ(plain.front().z_loss, 0.0);
+    EXPECT_GT(std::abs(plain.front().grad_norm - ref.front().grad_norm),
+              1e-6 * ref.front().grad_norm) << "the z-loss changed no gradient";
+  }
   for (const Layout& l : {kLayouts[0], kLayouts[1], kLayouts[2], kLayouts[4], kLayouts[5]}) {
     auto got = run_job(with_layout(c, l), l.world, false, nullptr, nullptr,
                        [&](Trainer& t, const ProcessGroups&) {

@@ -71,6 +71,7 @@ void expect_same(const Run& got, const Run& ref, const std::string& what) {
     EXPECT_EQ(got.stats[i].lm_loss, ref.stats[i].lm_loss);
     EXPECT_EQ(got.stats[i].aux_loss, ref.stats[i].aux_loss);
     EXPECT_EQ(got.stats[i].mtp_loss, ref.stats[i].mtp_loss);
+    EXPECT_EQ(got.stats[i].z_loss, ref.stats[i].z_loss);
     EXPECT_EQ(got.stats[i].grad_norm, ref.stats[i].grad_norm);
     ASSERT_EQ(got.grads[i].size(), ref.grads[i].size());
     for (size_t u = 0; u < ref.grads[i].size(); ++u)
@@ -109,13 +110,14 @@ TrainConfig dense() {
 }
 
 // The tiny MoE (layers 1, 2, 4, 5 MoE, a shared expert, 2 MTP depths) with a sigmoid router and
-// aux-loss-free expert biases beside the aux loss.
+// aux-loss-free expert biases beside the aux loss and the router z-loss.
 TrainConfig moe() {
   TrainConfig c = dense();
   test::apply_tiny_moe({0, 1, 1, 0, 1, 1}, &c.model);
   c.model.moe_router_score_function = "sigmoid";
   c.model.moe_router_topk_scaling_factor = 2.5;
   c.model.moe_router_enable_expert_bias = true;
+  c.model.moe_z_loss_coeff = 1e-2;
   return c;
 }
 

@@ -89,6 +89,9 @@ struct ModelConfig {
   int moe_ffn_hidden_size = -1;            // --moe-ffn-hidden-size (-1: --ffn-hidden-size)
   int moe_shared_expert_intermediate_size = 0;  // --moe-shared-expert-intermediate-size (0: none)
   double moe_aux_loss_coeff = 0.0;         // --moe-aux-loss-coeff
+  // --moe-z-loss-coeff (0: none, Megatron's None): the router z-loss (ST-MoE's), the mean over
+  // a layer's tokens of logsumexp(router logits)^2, weighted by it beside the aux loss.
+  double moe_z_loss_coeff = 0.0;
   std::string moe_router_score_function = "softmax";      // --moe-router-score-function
   bool moe_router_pre_softmax = false;     // --moe-router-pre-softmax: top-k of the softmax
                                            // over all experts, not renormalised over the k

@@ -14,10 +14,12 @@
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/logsumexp.h>
 #include <ATen/ops/sigmoid.h>
 #include <ATen/ops/sign.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/sort.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/topk.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -265,6 +267,8 @@ MoeRouting route_tokens(const at::Tensor& logits, const ModelConfig& cfg,
                                     .to(z.scalar_type());
   const double c = static_cast<double>(E) / (static_cast<double>(k) * S * S);
   r.aux_loss = (scores.view({groups, S, E}).sum(1) * per_expert).sum() * (c / groups);
+  r.z_loss = cfg.moe_z_loss_coeff > 0 ? at::logsumexp(z, {-1}).square().mean()
+                                      : at::zeros({}, z.options());
   return r;
 }
 
@@ -296,7 +300,10 @@ at::Tensor moe_mlp(const at::Tensor& xn, ParamHandle router, ParamHandle shared_
                                 : ops::linear(x, router);
   MoeRouting r = route_tokens(logits, cfg, bias ? bias->bias : at::Tensor(),
                               xn.dim() == 3 ? xn.size(0) : 1);
-  if (aux_loss) *aux_loss = aux_loss->defined() ? *aux_loss + r.aux_loss : r.aux_loss;
+  if (aux_loss) {
+    const at::Tensor losses = at::stack({r.aux_loss, r.z_loss});
+    *aux_loss = aux_loss->defined() ? *aux_loss + losses : losses;
+  }
 
   // Pairs p = t*k + slot, stably sorted by expert: rows of one expert keep token order.
   const at::Tensor expert_of_pair = r.experts.reshape({-1});

@@ -11,8 +11,10 @@
 //
 // The auxiliary load-balancing loss (--moe-router-load-balancing-type aux_loss) of one layer on
 // T tokens is E / (k * T^2) * sum_e (sum_t p_te) * n_e, with p the softmax over all experts (for
-// sigmoid: sigmoid normalised over all experts) and n_e the pairs routed to e. It is returned
-// without --moe-aux-loss-coeff; the caller weighs it.
+// sigmoid: sigmoid normalised over all experts) and n_e the pairs routed to e. With
+// --moe-z-loss-coeff the router z-loss (ST-MoE's, Megatron's z_loss_func) is the mean over the T
+// tokens of logsumexp(logits)^2, the logits in the routing's float32. Both are returned without
+// their coefficients; the caller weighs them.
 //
 // Where the experts run is the MoeExperts' business: LocalExperts runs all of them here; the
 // expert-parallel dispatcher (parallel/expert_parallel.h) sends rows to the ranks that hold
@@ -79,6 +81,7 @@ struct MoeRouting {
   at::Tensor experts;   // [T, k] int64 global expert of each slot
   at::Tensor probs;     // [T, k] float32 (float64 for float64 logits) combine weights, autograd
   at::Tensor aux_loss;  // 0-dim, same dtype, the layer's unweighted aux loss (with autograd)
+  at::Tensor z_loss;    // 0-dim, same dtype, the unweighted z-loss; 0 without --moe-z-loss-coeff
 };
 // logits [T, E] in any floating dtype. With `expert_bias` ([E] float32; the sigmoid router,
 // --moe-router-enable-expert-bias) the top k are those of sigmoid(logits) + expert_bias, and
@@ -109,8 +112,9 @@ at::Tensor updated_expert_bias(const at::Tensor& pairs, const at::Tensor& bias, 
 at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& perm, const at::Tensor& inverse);
 
 // The MoE MLP on the normalised input xn [b, s, h]: route, run the experts, combine, add the
-// shared experts (shared_fc1/fc2 unset: none). Returns [b, s, h]; adds the layer's aux loss
-// into *aux_loss (defined or not) when aux_loss is given. With `bias` the top-k choice uses
+// shared experts (shared_fc1/fc2 unset: none). Returns [b, s, h]; adds the layer's unweighted
+// losses [aux, z] (a [2] tensor in the routing dtype) into *aux_loss (defined or not) when
+// aux_loss is given. With `bias` the top-k choice uses
 // bias->bias, and in grad mode the pairs per expert are added into bias->pairs.
 at::Tensor moe_mlp(const at::Tensor& xn, ParamHandle router, ParamHandle shared_fc1,
                    ParamHandle shared_fc2, MoeExperts& experts, const ModelConfig& cfg,

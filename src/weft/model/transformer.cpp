@@ -171,6 +171,8 @@ void check_moe_config(const ModelConfig& cfg) {
                cfg.moe_shared_expert_intermediate_size);
   if (!(cfg.moe_aux_loss_coeff >= 0) || !std::isfinite(cfg.moe_aux_loss_coeff))
     fail_usage("--moe-aux-loss-coeff must be a finite number >= 0");
+  if (!(cfg.moe_z_loss_coeff >= 0) || !std::isfinite(cfg.moe_z_loss_coeff))
+    fail_usage("--moe-z-loss-coeff must be a finite number >= 0 (got {})", cfg.moe_z_loss_coeff);
   if (cfg.moe_router_score_function != "softmax" && cfg.moe_router_score_function != "sigmoid")
     fail_usage("--moe-router-score-function must be softmax or sigmoid (got '{}')",
                cfg.moe_router_score_function);

@@ -71,6 +71,9 @@ class ShardedAdamW {
   // Whether step_on_device applies: float32 moments on CUDA in a CUDA build.
   bool can_step_on_device() const;
   void uncount_step() { --steps_; }
+  // The "decay" group's weight decay for the next steps (the schedule's, lr_schedule.h: wd_at);
+  // "no_decay" stays 0, as Megatron's wd_mult 0.
+  void set_weight_decay(double wd) { groups_.at("decay").weight_decay = wd; }
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
 

@@ -49,4 +49,38 @@ double lr_at(const LrScheduleConfig& c, double n) {
   return c.min_lr + coeff * (c.lr - c.min_lr);
 }
 
+void resolve_weight_decay(LrScheduleConfig* c, double weight_decay) {
+  if (c->wd_style == "constant") {
+    for (auto [flag, v] : {std::pair{"--start-weight-decay", c->start_wd},
+                           std::pair{"--end-weight-decay", c->end_wd}})
+      if (v != -1)
+        fail_usage("{} {} needs --weight-decay-incr-style linear or cosine (with the constant "
+                   "style the weight decay is --weight-decay; Megatron asserts the same)", flag, v);
+    c->start_wd = c->end_wd = weight_decay;
+    return;
+  }
+  if (c->wd_style != "linear" && c->wd_style != "cosine")
+    fail_usage("--weight-decay-incr-style must be constant, linear or cosine (got '{}')",
+               c->wd_style);
+  for (auto [flag, v] : {std::pair{"--start-weight-decay", c->start_wd},
+                         std::pair{"--end-weight-decay", c->end_wd}}) {
+    if (v == -1)
+      fail_usage("--weight-decay-incr-style {} needs {} (and the other end; Megatron asserts "
+                 "both are given)", c->wd_style, flag);
+    if (!(v >= 0) || !std::isfinite(v)) fail_usage("{} must be >= 0 (got {})", flag, v);
+  }
+  if (c->end_wd < c->start_wd)
+    fail_usage("--end-weight-decay {} is smaller than --start-weight-decay {} (the schedule "
+               "increases the weight decay, as Megatron's)", c->end_wd, c->start_wd);
+}
+
+double wd_at(const LrScheduleConfig& c, double n) {
+  if (c.wd_style == "constant" || n > c.wd_incr_samples || c.wd_incr_samples <= 0)
+    return c.end_wd;
+  const double ratio = n / c.wd_incr_samples;
+  const double coeff =
+      c.wd_style == "linear" ? ratio : 0.5 * (std::cos(M_PI * (1.0 - ratio)) + 1.0);
+  return c.start_wd + coeff * (c.end_wd - c.start_wd);
+}
+
 }  // namespace weft

@@ -5,6 +5,11 @@
 // the updates before it: the first with --lr-warmup-init (0) during warmup, or with --lr; and
 // Megatron's log, like weft's, shows lr_at(n) after the iteration's update, the rate of the next.
 // Resuming needs only n, the optimizer's step count in the checkpoint.
+//
+// The weight decay of the "decay" group follows the same count (Megatron's get_wd, in the same
+// scheduler): --weight-decay-incr-style constant keeps --weight-decay; linear and cosine go from
+// --start-weight-decay to --end-weight-decay over the run's samples (--train-iters x the global
+// batch, or --train-samples), then stay at the end value.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +34,12 @@ struct LrScheduleConfig {
   int64_t global_batch = 1;     // samples per iteration of the lengths in iterations (the
                                 // trainer sets --global-batch-size; a checkpoint's, taken by
                                 // --use-checkpoint-opt_param-scheduler, its own)
+  // The weight decay (Megatron's start_wd, end_wd, wd_incr_style, wd_incr_steps). -1: not
+  // given; resolve_weight_decay sets both to --weight-decay under the constant style.
+  double start_wd = -1;              // --start-weight-decay
+  double end_wd = -1;                // --end-weight-decay
+  std::string wd_style = "constant";  // --weight-decay-incr-style: constant | linear | cosine
+  double wd_incr_samples = 0;        // the run's samples (the trainer sets it)
 };
 
 // Throws UsageError naming the flag for an unknown style or inconsistent lengths.
@@ -36,6 +47,12 @@ void validate_lr_schedule(const LrScheduleConfig& c);
 // `samples`: Megatron's num_steps, the samples of the updates made so far (updates x
 // global_batch while the batch is constant; a resume at another batch continues the count).
 double lr_at(const LrScheduleConfig& c, double samples);
+// Checks the weight-decay flags as Megatron does (constant: neither --start- nor
+// --end-weight-decay given; linear, cosine: both, 0 <= start <= end) and, for constant, sets
+// both to `weight_decay`. Throws UsageError naming the flag.
+void resolve_weight_decay(LrScheduleConfig* c, double weight_decay);
+// The decay group's weight decay for the update after `samples` (see the file comment).
+double wd_at(const LrScheduleConfig& c, double samples);
 // Megatron's lr_warmup_steps and lr_decay_steps: the warmup and decay lengths in samples.
 std::pair<double, double> lr_warmup_and_decay_samples(const LrScheduleConfig& c);
 

@@ -109,7 +109,7 @@ PipelineStage::PipelineStage(const ModelConfig& cfg, const ProcessGroups& groups
     }
   }
   rope_ = make_rotary_tables(cfg, opt.device, opt.dtype);
-  losses_ = at::zeros({3}, at::TensorOptions().dtype(at::kDouble).device(opt.device));
+  losses_ = at::zeros({4}, at::TensorOptions().dtype(at::kDouble).device(opt.device));
   if (opt.overlap_grad_reduce)
     for (auto& u : units_) u->set_grad_reduction_queue(&reduce_queue_);
   // Backward walks forward order in reverse; the embedding's backward needs no weight.
@@ -197,9 +197,17 @@ void PipelineStage::reset_losses() { losses_.zero_(); }
 
 at::Tensor PipelineStage::account_aux(const at::Tensor& aux, double weight, double objective_weight) {
   if (!aux.defined()) return {};
-  losses_.select(0, 1).add_(aux.detach().to(at::kDouble) * (weight / cfg_.num_moe_layers()));
-  if (cfg_.moe_router_load_balancing_type == "none" || cfg_.moe_aux_loss_coeff == 0) return {};
-  return aux * (cfg_.moe_aux_loss_coeff * objective_weight);
+  const at::Tensor logged = aux.detach().to(at::kDouble) * (weight / cfg_.num_moe_layers());
+  losses_.select(0, 1).add_(logged[0]);
+  losses_.select(0, 3).add_(logged[1]);
+  at::Tensor objective;
+  if (cfg_.moe_router_load_balancing_type != "none" && cfg_.moe_aux_loss_coeff != 0)
+    objective = aux[0] * (cfg_.moe_aux_loss_coeff * objective_weight);
+  if (cfg_.moe_z_loss_coeff != 0) {
+    const at::Tensor z = aux[1] * (cfg_.moe_z_loss_coeff * objective_weight);
+    objective = objective.defined() ? objective + z : z;
+  }
+  return objective;
 }
 
 void PipelineStage::for_units(const Block& b, void (FsdpUnit::*f)()) {
@@ -223,7 +231,7 @@ at::Tensor PipelineStage::forward(int mb, const at::Tensor& input, const at::Ten
   auto done = [](const Block& b) { for_units(b, &FsdpUnit::reshard); };
   // Each layer leaves its last residual add to the next norm (transformer.h, Residual).
   Residual x{input, {}};
-  at::Tensor aux;  // this microbatch's unweighted aux losses, summed over MoE layers
+  at::Tensor aux;  // this microbatch's unweighted [aux, z] losses, summed over MoE layers
   if (is_first()) {
     next();
     x.x = embed_tokens(input, embedding_->handle(0));

@@ -14,11 +14,12 @@
 // group (invariant 8). With pp = 1 the output layer and MTP use the embedding unit itself.
 //
 // Losses: the last stage returns the microbatch's objective, lm + mtp_loss_scaling_factor * mtp
-// + moe_aux_loss_coeff * aux, each term weighted so that the sum over the step's microbatches
-// and ranks is the step's mean; other stages keep their MoE layers' aux objective and include
-// it in their backward. losses() holds the logged values [lm, aux, mtp] of the microbatches run
-// since reset_losses(), weighted the same way (aux: the unweighted load-balancing loss averaged
-// over MoE layers; mtp: the cross-entropy averaged over depths).
+// + moe_aux_loss_coeff * aux + moe_z_loss_coeff * z, each term weighted so that the sum over the
+// step's microbatches and ranks is the step's mean; other stages keep their MoE layers' aux and
+// z objective and include it in their backward. losses() holds the logged values [lm, aux, mtp,
+// z] of the microbatches run since reset_losses(), weighted the same way (aux, z: the unweighted
+// load-balancing loss and router z-loss averaged over MoE layers; mtp: the cross-entropy
+// averaged over depths).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -144,7 +145,7 @@ class PipelineStage {
   // Shape of the activations passed between stages.
   std::vector<int64_t> activation_shape(int micro_batch_size) const;
 
-  // [lm, aux, mtp] float64 on the stage's device (see the file comment); reset_losses() zeroes.
+  // [lm, aux, mtp, z] float64 on the stage's device (see the file comment); reset_losses() zeroes.
   const at::Tensor& losses() const { return losses_; }
   void reset_losses();
 
@@ -165,8 +166,8 @@ class PipelineStage {
   // A unit over `specs`, and one expert unit per prefix in `moe_prefixes`.
   Block make_block(const std::string& name, const std::vector<ParamSpec>& specs,
                    const std::vector<std::string>& moe_prefixes);
-  // Adds the aux loss of one microbatch to losses() at `weight` (its share of the step) and
-  // returns its objective at `objective_weight` (undefined when no aux loss applies).
+  // Adds the MoE losses [aux, z] of one microbatch to losses() at `weight` (its share of the
+  // step) and returns their objective at `objective_weight` (undefined when none applies).
   at::Tensor account_aux(const at::Tensor& aux, double weight, double objective_weight);
 
   ModelConfig cfg_;

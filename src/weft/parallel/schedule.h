@@ -27,7 +27,7 @@ struct Microbatch {
 // microbatch m (called on every stage: the first takes its tokens, the last its labels, every
 // one its LossOptions; a middle stage's needs no tokens or labels). `pp` is the pipeline communicator (size 1
 // with pp = 1). Returns this rank's share of the step's logged losses, the stage's losses()
-// [lm, aux, mtp] (float64 on the stage's device, see pipeline_stage.h): summed there in
+// [lm, aux, mtp, z] (float64 on the stage's device, see pipeline_stage.h): summed there in
 // microbatch order, so the step needs no host synchronisation. Stages without an lm or MTP
 // head contribute zeros for them.
 at::Tensor run_1f1b(PipelineStage& stage, Communicator& pp, int num_microbatches,

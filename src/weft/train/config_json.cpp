@@ -69,6 +69,7 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   get(j, "moe_ffn_hidden_size", &m.moe_ffn_hidden_size, false);
   get(j, "moe_shared_expert_intermediate_size", &m.moe_shared_expert_intermediate_size, false);
   get(j, "moe_aux_loss_coeff", &m.moe_aux_loss_coeff, false);
+  get(j, "moe_z_loss_coeff", &m.moe_z_loss_coeff, false);  // absent before: none
   get(j, "moe_router_score_function", &m.moe_router_score_function, false);
   get(j, "moe_router_pre_softmax", &m.moe_router_pre_softmax, false);  // absent before: off
   get(j, "moe_router_topk_scaling_factor", &m.moe_router_topk_scaling_factor, false);

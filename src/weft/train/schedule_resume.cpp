@@ -24,6 +24,13 @@ double saved_weight_decay(const nlohmann::json& meta, double fallback) {
   return fallback;
 }
 
+// How a weight-decay schedule reads in a message.
+std::string describe_wd(const LrScheduleConfig& c) {
+  if (c.wd_style == "constant") return fmt::format("{} (constant)", c.end_wd);
+  return fmt::format("{} to {} ({}, over {} samples)", c.start_wd, c.end_wd, c.wd_style,
+                     c.wd_incr_samples);
+}
+
 // The schedule metadata.json records (trainer.cpp, "lr_scheduler"); keys absent from older
 // checkpoints keep their defaults (iteration-based lengths, no warmup fraction).
 LrScheduleConfig saved_schedule(const nlohmann::json& meta, int64_t run_global_batch) {
@@ -40,6 +47,12 @@ LrScheduleConfig saved_schedule(const nlohmann::json& meta, int64_t run_global_b
   c.warmup_samples = s.value("warmup_samples", c.warmup_samples);
   c.decay_samples = s.value("decay_samples", c.decay_samples);
   c.global_batch = s.value("global_batch", saved_global_batch(meta, run_global_batch));
+  // Checkpoints that predate the weight-decay schedule had the constant --weight-decay.
+  const double wd = saved_weight_decay(meta, 0);
+  c.wd_style = s.value("wd_incr_style", c.wd_style);
+  c.start_wd = s.value("start_wd", wd);
+  c.end_wd = s.value("end_wd", wd);
+  c.wd_incr_samples = s.value("wd_incr_steps", c.wd_incr_samples);
   return c;
 }
 
@@ -65,9 +78,16 @@ std::string resume_lr_schedule(const nlohmann::json& meta, const ScheduleResume&
     diff.push_back(fmt::format("--lr-decay-style {} (checkpoint: {})", run->style, saved.style));
   if (w_run != w_saved)
     diff.push_back(fmt::format("a warmup of {} samples (checkpoint: {})", w_run, w_saved));
-  const double wd_saved = saved_weight_decay(meta, how.weight_decay);
-  if (how.weight_decay != wd_saved)
-    diff.push_back(fmt::format("--weight-decay {} (checkpoint: {})", how.weight_decay, wd_saved));
+  const bool both_constant = run->wd_style == "constant" && saved.wd_style == "constant";
+  if (run->wd_style != saved.wd_style || run->start_wd != saved.start_wd ||
+      run->end_wd != saved.end_wd ||
+      (!both_constant && run->wd_incr_samples != saved.wd_incr_samples))
+    diff.push_back(both_constant
+                       ? fmt::format("--weight-decay {} (checkpoint: {})", run->end_wd, saved.end_wd)
+                       : fmt::format("a weight decay of {} (checkpoint: {}; --start-weight-decay, "
+                                     "--end-weight-decay, --weight-decay-incr-style, over "
+                                     "--train-iters or --train-samples)",
+                                     describe_wd(*run), describe_wd(saved)));
   if (d_run != d_saved)
     diff.push_back(fmt::format("a decay of {} samples (checkpoint: {}; --lr-decay-iters defaults "
                                "to --train-iters, --lr-decay-samples to --train-samples)",

@@ -8,8 +8,9 @@
 // --use-checkpoint-opt_param-scheduler takes the checkpoint's (its lengths in samples; the
 // warmup's starting rate stays the flag's, as Megatron does not store it). A typical cause is a
 // longer --train-iters without --lr-decay-iters (the decay then defaults to the new length).
-// Megatron also compares the weight decay's increment length (--train-iters x the batch),
-// which changes nothing with weft's constant weight decay: weft does not, so a longer run
+// The weight decay's schedule is compared too: its ends and style, and its increment length
+// (--train-iters x the batch) where either run increases it; Megatron compares that length
+// under the constant style as well, where it changes nothing: weft does not, so a longer run
 // with --lr-decay-iters given resumes. Nothing is checked where the schedule is not restored
 // (--finetune, --no-load-optim), as in Megatron.
 #pragma once
@@ -26,11 +27,10 @@ namespace weft {
 struct ScheduleResume {
   bool override_flags = false;  // --override-opt_param-scheduler
   bool use_checkpoint = false;  // --use-checkpoint-opt_param-scheduler
-  double weight_decay = 0;      // this run's --weight-decay (Megatron's start_wd and end_wd)
 };
 
 // meta: the checkpoint's metadata.json (its "lr_scheduler" and "config"); run: this run's
-// resolved schedule (decay lengths and global_batch set). Returns the warning naming what
+// resolved schedule (decay lengths, global_batch and the weight decay's set). Returns the warning naming what
 // differs and both flags (empty where nothing does, or under --override-opt_param-scheduler);
 // with use_checkpoint, replaces run's rates, style and lengths by the checkpoint's. `load`
 // names the checkpoint in the message.

@@ -75,6 +75,7 @@ std::string TrainLog::console_line(const IterationStats& s, bool first_of_run,
     in.lm += s.lm_loss;
     in.aux += s.aux_loss;
     in.mtp += s.mtp_loss;
+    in.z += s.z_loss;
   }
   in.ms += s.ms;
   if (s.iteration % cfg_.log_interval != 0 && !first_of_run) return {};
@@ -89,6 +90,8 @@ std::string TrainLog::console_line(const IterationStats& s, bool first_of_run,
   if (in.advanced > 0) {
     losses = fmt::format(" lm loss: {:.6E} |", in.lm / n);
     if (cfg_.model.moe()) losses += fmt::format(" load_balancing_loss: {:.6E} |", in.aux / n);
+    if (cfg_.model.moe() && cfg_.model.moe_z_loss_coeff > 0)
+      losses += fmt::format(" z_loss: {:.6E} |", in.z / n);
     if (cfg_.model.mtp_num_layers > 0) losses += fmt::format(" mtp_loss: {:.6E} |", in.mtp / n);
   }
   const std::string line = fmt::format(
@@ -117,10 +120,10 @@ std::string TrainLog::jsonl_line(const IterationStats& s) const {
   const double m = mfu(s);
   return fmt::format(
       "{{\"iteration\": {}, \"consumed_samples\": {}, \"lm_loss\": {}, \"aux_loss\": {}, "
-      "\"mtp_loss\": {}, \"grad_norm\": {}, \"lr\": {}, \"tokens_per_sec\": {}, \"ms\": {}, "
-      "\"skipped\": {}, \"mfu\": {}, \"eta_s\": {}}}\n",
+      "\"mtp_loss\": {}, \"z_loss\": {}, \"grad_norm\": {}, \"lr\": {}, \"tokens_per_sec\": {}, "
+      "\"ms\": {}, \"skipped\": {}, \"mfu\": {}, \"eta_s\": {}}}\n",
       s.iteration, s.consumed_samples, jsonl_number(s.lm_loss), jsonl_number(s.aux_loss),
-      jsonl_number(s.mtp_loss), jsonl_number(s.grad_norm), jsonl_number(s.lr),
+      jsonl_number(s.mtp_loss), jsonl_number(s.z_loss), jsonl_number(s.grad_norm), jsonl_number(s.lr),
       jsonl_number(s.tokens_per_sec), jsonl_number(s.ms), s.skipped ? "true" : "false",
       m >= 0 ? jsonl_number(m) : "null", jsonl_number(eta_seconds()));
 }
@@ -137,6 +140,7 @@ void TrainLog::tensorboard_iteration(const IterationStats& s, int skipped, int n
   both("batch-size", cfg_.global_batch_size);
   both("lm loss", s.lm_loss);
   if (cfg_.model.moe()) tb_->add_scalar("load_balancing_loss", s.aux_loss, it);
+  if (cfg_.model.moe() && cfg_.model.moe_z_loss_coeff > 0) tb_->add_scalar("z_loss", s.z_loss, it);
   if (cfg_.model.mtp_num_layers > 0) tb_->add_scalar("mtp loss", s.mtp_loss, it);
   both("grad-norm", s.grad_norm);
   tb_->add_scalar("iteration-time", s.ms / 1000.0, it);

@@ -75,7 +75,7 @@ class TrainLog {
   std::deque<double> recent_ms_;
   int last_iteration_ = 0;
   struct Interval {  // console_line's sums since its last line
-    double lm = 0, aux = 0, mtp = 0, ms = 0;
+    double lm = 0, aux = 0, mtp = 0, z = 0, ms = 0;
     int advanced = 0, skipped = 0;
   } interval_;
   std::unique_ptr<TensorBoardWriter> tb_;

@@ -73,7 +73,7 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
         {"bf16", m.bf16}, {"num_experts", m.num_experts}, {"moe_router_topk", m.moe_router_topk},
         {"moe_ffn_hidden_size", m.expert_ffn()},
         {"moe_shared_expert_intermediate_size", m.moe_shared_expert_intermediate_size},
-        {"moe_aux_loss_coeff", m.moe_aux_loss_coeff},
+        {"moe_aux_loss_coeff", m.moe_aux_loss_coeff}, {"moe_z_loss_coeff", m.moe_z_loss_coeff},
         {"moe_router_score_function", m.moe_router_score_function},
         {"position_embedding_type", m.position_embedding_type},
         {"moe_router_pre_softmax", m.moe_router_pre_softmax},
@@ -92,7 +92,9 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
         {"mamba_num_heads", m.mamba_heads()},
         {"mtp_loss_scaling_factor", m.mtp_loss_scaling_factor}}},
       {"optimizer",
-       {{"weight_decay", c.adam.weight_decay}, {"adam_beta1", c.adam.beta1},
+       {{"weight_decay", c.adam.weight_decay}, {"start_weight_decay", c.lr.start_wd},
+        {"end_weight_decay", c.lr.end_wd}, {"weight_decay_incr_style", c.lr.wd_style},
+        {"adam_beta1", c.adam.beta1},
         {"adam_beta2", c.adam.beta2}, {"adam_eps", c.adam.eps},
         {"exp_avg_dtype", dt(c.adam.exp_avg_dtype)}, {"exp_avg_sq_dtype", dt(c.adam.exp_avg_sq_dtype)},
         {"use_precision_aware_optimizer", c.adam.precision_aware}, {"clip_grad", c.clip_grad}}},
@@ -229,6 +231,10 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   if (c.device != "cpu" && c.device != "cuda")
     fail_usage("--device must be cpu or cuda (got '{}')", c.device);
   validate_lr_schedule(c.lr);
+  {
+    LrScheduleConfig wd = c.lr;
+    resolve_weight_decay(&wd, c.adam.weight_decay);
+  }
   // Megatron asserts warmup < decay steps, the decay defaulting to --train-iters: a warmup
   // longer than the run never reaches --lr. (weft allows warmup == decay: the schedule is
   // defined there, and one-iteration runs with one warmup iteration are common in tests.)
@@ -350,6 +356,10 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   if (cfg_.lr.sample_based && cfg_.lr.decay_samples < 0)
     cfg_.lr.decay_samples = cfg_.train_samples;
   cfg_.lr.global_batch = cfg_.global_batch_size;  // the schedule counts samples, as Megatron's
+  resolve_weight_decay(&cfg_.lr, cfg_.adam.weight_decay);
+  cfg_.lr.wd_incr_samples = cfg_.lr.sample_based
+                                ? static_cast<double>(cfg_.train_samples)
+                                : static_cast<double>(cfg_.train_iters) * cfg_.global_batch_size;
   const Mesh& mesh = groups.mesh();
   StageOptions so;
   so.dtype = cfg_.model.bf16 ? at::kBFloat16 : at::kFloat;
@@ -388,8 +398,7 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
       check_checkpoint_model(meta);
       if (cfg_.finetune || cfg_.no_load_optim) return;  // the schedule starts afresh
       const std::string warning = resume_lr_schedule(
-          meta, {cfg_.override_opt_param_scheduler, cfg_.use_checkpoint_opt_param_scheduler,
-                 cfg_.adam.weight_decay},
+          meta, {cfg_.override_opt_param_scheduler, cfg_.use_checkpoint_opt_param_scheduler},
           cfg_.load, &cfg_.lr);
       if (!warning.empty() && groups_.rank() == 0 && !cfg_.quiet)
         fmt::print(stderr, "weft train: warning: {}\n", warning);
@@ -463,8 +472,8 @@ void Trainer::fail_non_finite(const IterationStats& s) const {
   at::Tensor v = at::tensor({best}, at::kLong);
   groups_.control().all_reduce(v, ReduceOp::kMax);
   best = v.item<int64_t>();
-  const std::string loss = fmt::format("lm loss {}, load-balancing loss {}, mtp loss {}",
-                                       s.lm_loss, s.aux_loss, s.mtp_loss);
+  const std::string loss = fmt::format("lm loss {}, load-balancing loss {}, mtp loss {}, z-loss {}",
+                                       s.lm_loss, s.aux_loss, s.mtp_loss, s.z_loss);
   if (best == 0)
     fail("--check-for-nan-in-loss-and-grad: iteration {}: the loss is not finite ({}) while every "
          "gradient is finite; stopped without saving", s.iteration, loss);
@@ -494,8 +503,13 @@ void Trainer::save() {
                        {"warmup_samples", cfg_.lr.warmup_samples},
                        {"decay_samples", cfg_.lr.decay_samples},
                        {"global_batch", cfg_.lr.global_batch},
+                       {"start_wd", cfg_.lr.start_wd}, {"end_wd", cfg_.lr.end_wd},
+                       {"wd_incr_style", cfg_.lr.wd_style},
                        {"num_steps", scheduler_samples()},
                        {"iteration", iteration_}};
+  // The weight decay's increment length only where it increases (a constant one has none to
+  // compare; a checkpoint saved again at once by a shorter run stays the same bytes).
+  if (cfg_.lr.wd_style != "constant") m["lr_scheduler"]["wd_incr_steps"] = cfg_.lr.wd_incr_samples;
   m["data"] = data_->identity();
   m["data"]["consumed_samples"] = consumed_samples_;
   if (!cfg_.tokenizer_identity.is_null()) m["tokenizer"] = cfg_.tokenizer_identity;
@@ -724,7 +738,7 @@ double Trainer::evaluate(DataSplit split, int64_t first_sample) {
   const double loss_scale = 1.0 / (static_cast<double>(cfg_.global_batch_size) *
                                    cfg_.model.seq_length * cfg_.eval_iters);
   const c10::Device dev = stage_->options().device;
-  at::Tensor sum = at::zeros({3}, at::TensorOptions().dtype(at::kDouble).device(dev));
+  at::Tensor sum = at::zeros_like(stage_->losses());  // [lm, aux, mtp, z]
   for (int k = 0; k < cfg_.eval_iters; ++k) {
     auto batch = [&](int m) {
       const int64_t first = first_sample + static_cast<int64_t>(k) * cfg_.global_batch_size +
@@ -749,6 +763,7 @@ IterationStats Trainer::train_step() {
   // The rate of the updates made so far (lr_schedule.h: Megatron's scheduler, which skipped
   // iterations do not advance); the log shows the rate after this iteration's update.
   const double lr = lr_at(cfg_.lr, static_cast<double>(scheduler_samples()));
+  optimizer_->set_weight_decay(wd_at(cfg_.lr, static_cast<double>(scheduler_samples())));
   // Fault injection (core/fault.h): a usage error on one rank only, after collectives started
   // (tests that the command aborts the job instead of leaving the peers waiting).
   if (fault_error("train.usage_error", groups_.rank(), it))
@@ -787,8 +802,8 @@ IterationStats Trainer::train_step() {
     }
   if (fault_error("train.nan_loss", groups_.rank(), it)) losses[0].fill_(nan);
 
-  // One world all-reduce carries the losses and the squared gradient norm; it runs on the
-  // compute device so that the NCCL backend can take it.
+  // One world all-reduce carries the losses [lm, aux, mtp, z] and the squared gradient norm
+  // (red[4]); it runs on the compute device so that the NCCL backend can take it.
   const at::Tensor sumsq = local_grad_sumsq(*stage_);
   at::Tensor red = at::cat({losses.to(sumsq.options()), sumsq.reshape({1})});
   groups_.world().all_reduce(red, ReduceOp::kSum);
@@ -802,7 +817,7 @@ IterationStats Trainer::train_step() {
   if (optimizer_->can_step_on_device()) {
     const at::Tensor found_inf = at::isfinite(red).all().logical_not().to(at::kFloat);
     at::Tensor scale;  // undefined: no clipping
-    if (cfg_.clip_grad > 0) scale = clip_grad_scale(red[3], cfg_.clip_grad);
+    if (cfg_.clip_grad > 0) scale = clip_grad_scale(red[4], cfg_.clip_grad);
     queued = optimizer_->step_on_device(lr, scale, found_inf);
   }
   prefetch_next_step(it);  // the host prepares the next batch while the device works
@@ -812,10 +827,11 @@ IterationStats Trainer::train_step() {
   s.lm_loss = red[0].item<double>();
   s.aux_loss = red[1].item<double>();
   s.mtp_loss = red[2].item<double>();
-  s.grad_norm = std::sqrt(red[3].item<double>());
+  s.z_loss = red[3].item<double>();
+  s.grad_norm = std::sqrt(red[4].item<double>());
 
   if (!std::isfinite(s.grad_norm) || !std::isfinite(s.lm_loss) || !std::isfinite(s.aux_loss) ||
-      !std::isfinite(s.mtp_loss)) {
+      !std::isfinite(s.mtp_loss) || !std::isfinite(s.z_loss)) {
     if (queued) optimizer_->uncount_step();  // the device skipped it
     if (cfg_.check_for_nan) fail_non_finite(s);
     s.skipped = true;

@@ -144,6 +144,7 @@ struct IterationStats {
   int64_t consumed_samples = 0;
   double lm_loss = 0;
   double aux_loss = 0;   // load-balancing loss, mean over MoE layers (without the coefficient)
+  double z_loss = 0;     // router z-loss, mean over MoE layers (without the coefficient)
   double mtp_loss = 0;   // MTP cross-entropy, mean over depths (without the scaling factor)
   double grad_norm = 0;
   double lr = 0;

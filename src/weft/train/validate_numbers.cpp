@@ -59,6 +59,7 @@ void validate_numeric_flags(const TrainConfig& c) {
     check_int("--moe-ffn-hidden-size", m.moe_ffn_hidden_size, 1, "or -1: --ffn-hidden-size");
   check_int("--moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size, 0);
   check_real("--moe-aux-loss-coeff", m.moe_aux_loss_coeff, 0, kInf);
+  check_real("--moe-z-loss-coeff", m.moe_z_loss_coeff, 0, kInf);
   check_int("--mamba-state-dim", m.mamba_state_dim, 1);
   check_int("--mamba-head-dim", m.mamba_head_dim, 1);
   check_int("--mamba-num-groups", m.mamba_num_groups, 1);

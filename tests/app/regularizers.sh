@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Megatron's weight-decay schedule and router z-loss, end to end on one rank:
+# - --weight-decay-incr-style linear with equal ends is the constant --weight-decay, bit for bit;
+# - an increasing schedule's first update uses --start-weight-decay (iterations 1-2 are those of
+#   --weight-decay 0 when it starts at 0) and its later ones more (iteration 3 differs): the
+#   schedule counts the updates made, as Megatron's get_wd;
+# - a resume continues the schedule: iterations 3-4 of a resumed cosine run are the straight
+#   run's bits; a resume with another end warns naming the weight decay;
+# - the flags' checks (Megatron's asserts) refuse with one line naming the flag;
+# - --moe-z-loss-coeff logs the router z-loss (console and JSONL) and changes the gradient but
+#   not the first loss; without it the z-loss is 0.
+# Usage: regularizers.sh WEFT
+set -u
+weft=$1
+tmp=$(mktemp -d /tmp/weft-regularizers-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+model=(--num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
+       --seq-length 16 --vocab-size 64 --micro-batch-size 2 --global-batch-size 4
+       --eval-interval 0 --log-interval 1 --threads 1 --lr 1e-2 --seed 3)
+ok() { echo "ok   $1"; }
+bad() { echo "FAIL $1"; fails=$((fails + 1)); }
+# run NAME FLAGS...: trains on one rank; the JSONL's (iteration, loss, grad norm, z-loss) to NAME.txt.
+run() {
+  local name=$1
+  shift
+  if ! timeout 120 "$weft" train "${model[@]}" --log-jsonl "$tmp/$name.jsonl" "$@" \
+       >"$tmp/$name.log" 2>"$tmp/$name.err"; then
+    bad "$name: weft train $* failed: $(head -3 "$tmp/$name.err")"
+    return
+  fi
+  python3 - "$tmp/$name.jsonl" >"$tmp/$name.txt" <<'EOF'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "lm_loss" in r:
+        print(r["iteration"], repr(r["lm_loss"]), repr(r["grad_norm"]), repr(r["z_loss"]))
+EOF
+}
+# rows NAME FIRST LAST: lines FIRST..LAST of NAME.txt
+rows() { sed -n "$2,$3p" "$tmp/$1.txt"; }
+same() {  # same WHAT A B [FIRST LAST]: lines FIRST..LAST of A.txt and B.txt (default all)
+  local a b
+  a=$(rows "$2" "${4:-1}" "${5:-100}")
+  b=$(rows "$3" "${4:-1}" "${5:-100}")
+  if [ -n "$a" ] && [ "$a" == "$b" ]; then ok "$1"; else
+    bad "$1: $2 and $3 differ"
+    paste <(echo "$a") <(echo "$b") | head -6
+  fi
+}
+refuse() {  # refuse NEEDLE FLAGS...
+  local needle=$1
+  shift
+  timeout 60 "$weft" train "${model[@]}" --train-iters 2 "$@" >"$tmp/r.out" 2>"$tmp/r.err"
+  local rc=$?
+  if [ "$rc" -eq 2 ] && [ "$(grep -c . "$tmp/r.err")" -eq 1 ] && grep -qF -- "$needle" "$tmp/r.err" &&
+     ! grep -q " iteration " "$tmp/r.out"; then
+    ok "refused: $(cat "$tmp/r.err")"
+  else
+    bad "$*: exit $rc, wanted 2 and one line with '$needle': $(head -3 "$tmp/r.err")"
+  fi
+}
+
+# --- the weight-decay schedule ------------------------------------------------------------------
+run plain --train-iters 4
+run flat --train-iters 4 --weight-decay-incr-style linear --start-weight-decay 0.01 \
+  --end-weight-decay 0.01
+same "linear from 0.01 to 0.01 is the constant --weight-decay 0.01" plain flat
+run wd0 --train-iters 4 --weight-decay 0
+run linear --train-iters 4 --weight-decay-incr-style linear --start-weight-decay 0 \
+  --end-weight-decay 0.5
+same "linear from 0: the first update without weight decay (iterations 1-2 of --weight-decay 0)" \
+  wd0 linear 1 2
+[ "$(rows wd0 3 3)" != "$(rows linear 3 3)" ] && ok "linear from 0 to 0.5: the second update decays" ||
+  bad "the increasing weight decay changed nothing at iteration 3"
+run straight --train-iters 4 --weight-decay-incr-style cosine --start-weight-decay 0.05 \
+  --end-weight-decay 0.5 --save "$tmp/ck" --save-interval 2
+run resumed --train-iters 4 --weight-decay-incr-style cosine --start-weight-decay 0.05 \
+  --end-weight-decay 0.5 --load "$tmp/ck" --ckpt-step 2
+rows straight 3 4 >"$tmp/straight34.txt"
+same "a resumed cosine schedule: iterations 3-4 as the straight run" straight34 resumed
+run other_end --train-iters 4 --weight-decay-incr-style cosine --start-weight-decay 0.05 \
+  --end-weight-decay 0.3 --load "$tmp/ck" --ckpt-step 2
+grep -qF "a weight decay of 0.05 to 0.3 (cosine, over 16 samples) (checkpoint: 0.05 to 0.5 (cosine, over 16 samples)" \
+  "$tmp/other_end.err" && ok "a resume with another --end-weight-decay warns, naming it" ||
+  bad "no weight-decay warning: $(cat "$tmp/other_end.err")"
+run continued --train-iters 4 --load "$tmp/ck" --ckpt-step 2 --use-checkpoint-opt_param-scheduler
+same "--use-checkpoint-opt_param-scheduler continues the checkpoint's weight decay" straight34 continued
+refuse "--start-weight-decay 0.1 needs --weight-decay-incr-style linear or cosine" \
+  --start-weight-decay 0.1
+refuse "--weight-decay-incr-style linear needs --end-weight-decay" \
+  --weight-decay-incr-style linear --start-weight-decay 0
+refuse "--end-weight-decay 0.01 is smaller than --start-weight-decay 0.1" \
+  --weight-decay-incr-style cosine --start-weight-decay 0.1 --end-weight-decay 0.01
+refuse "--weight-decay-incr-style must be constant, linear or cosine" --weight-decay-incr-style exp
+refuse "--start-weight-decay must be >= 0" --weight-decay-incr-style linear \
+  --start-weight-decay -0.5 --end-weight-decay 0.1
+
+# --- the router z-loss ----------------------------------------------------------------------------
+moe=(--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --train-iters 2)
+run moe_plain "${moe[@]}"
+run moe_z "${moe[@]}" --moe-z-loss-coeff 1e-2
+python3 - "$tmp/moe_plain.txt" "$tmp/moe_z.txt" <<'EOF' && ok "--moe-z-loss-coeff: the z-loss logged, the first loss kept, the gradient changed" || bad "--moe-z-loss-coeff: $(cat "$tmp/moe_plain.txt" "$tmp/moe_z.txt")"
+import sys
+plain = [l.split() for l in open(sys.argv[1])]
+z = [l.split() for l in open(sys.argv[2])]
+assert len(plain) == len(z) == 2, (plain, z)
+assert float(plain[0][3]) == 0.0, plain
+assert float(z[0][3]) > 0.01, z
+assert plain[0][1] == z[0][1], (plain[0], z[0])
+assert plain[0][2] != z[0][2], (plain[0], z[0])
+EOF
+grep -q "load_balancing_loss: .* | z_loss: " "$tmp/moe_z.log" && ok "the console line names z_loss" ||
+  bad "no z_loss on the console: $(grep -m1 iteration "$tmp/moe_z.log")"
+grep -q "z_loss" "$tmp/moe_plain.log" && bad "z_loss on the console without --moe-z-loss-coeff" ||
+  ok "no z_loss on the console without --moe-z-loss-coeff"
+refuse "--moe-z-loss-coeff must be" "${moe[@]}" --moe-z-loss-coeff -1
+refuse "--moe-input-jitter-eps is not implemented" "${moe[@]}" --moe-input-jitter-eps 0.1
+
+echo "$fails failure(s)"
+[ "$fails" -eq 0 ]
