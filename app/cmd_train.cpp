@@ -251,6 +251,12 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--lr-warmup-init", t.lr.warmup_init, "learning rate the warmup starts from");
   opt("--lr-decay-iters", t.lr.decay_iters, "decay iterations (-1: --train-iters)");
   opt("--lr-decay-style", t.lr.style, "cosine | linear | constant");
+  c->add_option("--decoupled-lr", t.lr.decoupled_lr,
+                "peak learning rate of the word embedding and output layer (-1: --lr)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  c->add_option("--decoupled-min-lr", t.lr.decoupled_min_lr,
+                "final learning rate of the word embedding and output layer (-1: --min-lr)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   c->add_option("--lr-warmup-fraction", t.lr.warmup_fraction,
                 "warmup as a fraction of the decay (instead of --lr-warmup-iters/-samples)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);

@@ -131,8 +131,6 @@ constexpr Refused kRefused[] = {
     {"--moe-expert-capacity-factor", 1, "weft's experts take every routed token (no dropping)"},
     {"--moe-pad-expert-input-to-capacity", 0, "weft's experts take every routed token"},
     {"--moe-input-jitter-eps", 1, "weft's router adds no input noise"},
-    {"--decoupled-lr", 1, "weft has one learning rate for every parameter"},
-    {"--decoupled-min-lr", 1, "weft has one learning rate for every parameter"},
     {"--apply-layernorm-1p", 0, "weft's RMSNorm multiplies by its weight, not 1 + weight"},
     {"--openai-gelu", 0, "weft's MLP is SwiGLU or squared ReLU (--squared-relu)"},
     {"--init-method-xavier-uniform", 0,

@@ -17,6 +17,7 @@
 #include "support/job.h"
 #include "support/expect_usage.h"
 #include "weft/comm/process_groups.h"
+#include "weft/core/error.h"
 #include "weft/mesh/mesh.h"
 #include "weft/optim/adamw.h"
 #include "weft/optim/grad_clip.h"
@@ -107,6 +108,35 @@ TEST(LrSchedule, WeightDecayIncrement) {
   expect_usage([&] { resolve_weight_decay(&bad, 0.1); }, "--start-weight-decay must be >= 0");
   bad.wd_style = "exponential";
   expect_usage([&] { resolve_weight_decay(&bad, 0.1); }, "--weight-decay-incr-style");
+}
+
+// --decoupled-lr: the same schedule with its own peak and minimum (default --min-lr), from the
+// same warmup start; the flag checks.
+TEST(LrSchedule, DecoupledRate) {
+  LrScheduleConfig c;
+  c.lr = 1.0;
+  c.min_lr = 0.1;
+  c.warmup_iters = 2;
+  c.decay_iters = 10;
+  c.warmup_init = 0.05;
+  c.style = "cosine";
+  c.decoupled_lr = 3.0;
+  LrScheduleConfig d = c;
+  d.lr = 3.0;
+  for (int n = 0; n <= 12; ++n) EXPECT_EQ(decoupled_lr_at(c, n), lr_at(d, n)) << n;
+  EXPECT_EQ(decoupled_lr_at(c, 2), 3.0);
+  EXPECT_EQ(decoupled_lr_at(c, 12), 0.1);
+  c.decoupled_min_lr = 0.4;
+  EXPECT_EQ(decoupled_lr_at(c, 12), 0.4);
+  EXPECT_NEAR(decoupled_lr_at(c, 6), 0.4 + 2.6 * 0.5, 1e-12);  // half way through the decay
+  EXPECT_EQ(lr_at(c, 12), 0.1);  // the other parameters keep theirs
+  c.decoupled_min_lr = 4.0;
+  expect_usage([&] { validate_lr_schedule(c); }, "--decoupled-min-lr 4 must be between");
+  c.decoupled_lr = -1;
+  expect_usage([&] { validate_lr_schedule(c); }, "--decoupled-min-lr 4 needs --decoupled-lr");
+  c.decoupled_min_lr = -1;
+  c.decoupled_lr = 0.05;
+  expect_usage([&] { validate_lr_schedule(c); }, "--decoupled-lr 0.05 is smaller than --min-lr");
 }
 
 // One-rank group: the FSDP unit's full weights are views of the flat shard and the update of
@@ -234,6 +264,53 @@ TEST(ShardedAdamW, ScheduledWeightDecay) {
   }
   EXPECT_EQ(opt.group_of("a.weight").weight_decay, 0.3);
   EXPECT_EQ(opt.group_of("a.norm").weight_decay, 0.0);
+}
+
+// With decoupled_lr the parameters marked embedding_or_output form the "decoupled" group, which
+// steps at its set_group_lr rate with the decay group's weight decay; the others at the step's
+// rate (seen to fail with the group's rate ignored).
+TEST(ShardedAdamW, DecoupledGroupHasItsOwnRate) {
+  const c10::Device dev(test::test_device());
+  LayoutConfig l;
+  Mesh mesh(l);
+  ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
+  ParamSpec emb{"embedding.word_embeddings.weight", {6, 5}, InitKind::kNormal, true};
+  emb.embedding_or_output = true;
+  const std::vector<ParamSpec> specs = {emb, {"a.weight", {4, 5}, InitKind::kNormal, true}};
+  FsdpUnit unit("a", specs, groups.get("fsdp_shard"), at::kFloat, dev);
+  const at::Tensor e0 = at::randn({6, 5}, at::kDouble), a0 = at::randn({4, 5}, at::kDouble);
+  unit.load_full([&](const ParamSpec& s) {
+    return (s.name == "a.weight" ? a0 : e0).to(at::kFloat).to(dev);
+  });
+  AdamWConfig cfg;
+  cfg.beta2 = 0.95;
+  cfg.weight_decay = 0.1;
+  cfg.decoupled_lr = true;
+  ShardedAdamW opt({&unit}, cfg);
+  EXPECT_EQ(opt.group_name_of(emb.name), "decoupled");
+  EXPECT_EQ(opt.group_name_of("a.weight"), "decay");
+  at::Tensor pe = e0.clone(), me = at::zeros_like(pe), ve = at::zeros_like(pe);
+  at::Tensor pa = a0.clone(), ma = at::zeros_like(pa), va = at::zeros_like(pa);
+  for (int step = 1; step <= 3; ++step) {
+    const double lr = 0.01 * step, elr = 0.2 / step, wd = 0.1 + 0.2 * step;
+    const at::Tensor ge = at::randn({6, 5}, at::kDouble), ga = at::randn({4, 5}, at::kDouble);
+    opt.zero_grad();
+    grad_shard(unit, 0).copy_(ge.reshape({-1}));
+    grad_shard(unit, 1).copy_(ga.reshape({-1}));
+    opt.set_group_lr("decoupled", elr);
+    opt.set_weight_decay(wd);
+    opt.step(lr);
+    textbook_adamw_step(pe, me, ve, ge, step, elr, wd, cfg.eps);
+    textbook_adamw_step(pa, ma, va, ga, step, lr, wd, cfg.eps);
+    unit.unshard();
+    for (auto [i, want] : {std::pair{0, pe}, std::pair{1, pa}}) {
+      const at::Tensor got = unit.backward_weight(i).to(at::kDouble).cpu();
+      EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6))
+          << "step " << step << " parameter " << i << ": max diff "
+          << (got - want).abs().max().item<double>();
+    }
+  }
+  EXPECT_THROW(opt.set_group_lr("nope", 0.1), Error);
 }
 
 // The clipping multiplier computed on the device (clip_grad_scale, fed to the fused AdamW as its

@@ -38,6 +38,9 @@ struct ParamSpec {
   std::vector<int64_t> shape;   // global shape
   InitKind init = InitKind::kNormal;
   bool decay = true;            // false for norms and biases
+  // The word embedding and the output layer (Megatron's is_embedding_or_output_parameter):
+  // --decoupled-lr's parameters.
+  bool embedding_or_output = false;
 };
 
 class ParamSource {

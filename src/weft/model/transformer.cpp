@@ -224,8 +224,10 @@ void check_moe_config(const ModelConfig& cfg) {
 }
 
 ParamSpec embedding_param_spec(const ModelConfig& cfg) {
-  return spec("embedding.word_embeddings.weight", {cfg.vocab_size, cfg.hidden_size},
-              InitKind::kNormal, true);
+  ParamSpec s = spec("embedding.word_embeddings.weight", {cfg.vocab_size, cfg.hidden_size},
+                     InitKind::kNormal, true);
+  s.embedding_or_output = true;
+  return s;
 }
 
 std::string layer_prefix(int layer) { return fmt::format("decoder.layers.{}.", layer); }
@@ -445,7 +447,10 @@ ParamSpec final_norm_param_spec(const ModelConfig& cfg) {
 }
 
 ParamSpec output_param_spec(const ModelConfig& cfg) {
-  return spec("output_layer.weight", {cfg.vocab_size, cfg.hidden_size}, InitKind::kNormal, true);
+  ParamSpec s =
+      spec("output_layer.weight", {cfg.vocab_size, cfg.hidden_size}, InitKind::kNormal, true);
+  s.embedding_or_output = true;
+  return s;
 }
 
 at::Tensor init_param(const ParamSpec& spec, const ModelConfig& cfg, uint64_t seed) {

@@ -18,10 +18,15 @@ ShardedAdamW::ShardedAdamW(std::vector<FsdpUnit*> units, const AdamWConfig& cfg)
     : cfg_(cfg), units_(std::move(units)) {
   groups_["decay"] = ParamGroupSettings{cfg.weight_decay, cfg.beta1, cfg.beta2, cfg.eps};
   groups_["no_decay"] = ParamGroupSettings{0.0, cfg.beta1, cfg.beta2, cfg.eps};
+  if (cfg.decoupled_lr) groups_["decoupled"] = groups_["decay"];
   at::NoGradGuard no_grad;
   for (FsdpUnit* u : units_) {
-    for (int i = 0; i < u->num_params(); ++i)
-      param_group_[u->spec(i).name] = u->spec(i).decay ? "decay" : "no_decay";
+    for (int i = 0; i < u->num_params(); ++i) {
+      const ParamSpec& s = u->spec(i);
+      param_group_[s.name] = cfg.decoupled_lr && s.embedding_or_output ? "decoupled"
+                             : s.decay                                  ? "decay"
+                                                                        : "no_decay";
+    }
     UnitOptimState st;
     const at::Tensor& w = u->param_shard();
     auto f32 = w.options().dtype(at::kFloat);
@@ -52,6 +57,17 @@ ShardedAdamW::ShardedAdamW(std::vector<FsdpUnit*> units, const AdamWConfig& cfg)
     }
     ranges_.push_back(std::move(ranges));
   }
+}
+
+void ShardedAdamW::set_weight_decay(double wd) {
+  groups_.at("decay").weight_decay = wd;
+  if (auto d = groups_.find("decoupled"); d != groups_.end()) d->second.weight_decay = wd;
+}
+
+void ShardedAdamW::set_group_lr(const std::string& name, double lr) {
+  auto g = groups_.find(name);
+  if (g == groups_.end()) fail("optimizer: no parameter group '{}'", name);
+  g->second.lr = lr;
 }
 
 const ParamGroupSettings& ShardedAdamW::group_of(const std::string& name) const {
@@ -95,7 +111,8 @@ void ShardedAdamW::fused_step(double lr, const at::Tensor& grad_scale, const at:
     bool written = true;
     for (const Range& r : ranges_[k]) {
       const ParamGroupSettings& g = groups_.at(r.group);
-      const fused_adamw::Hyper h{lr, g.beta1, g.beta2, g.eps, g.weight_decay, steps_};
+      const fused_adamw::Hyper h{g.lr >= 0 ? g.lr : lr, g.beta1, g.beta2, g.eps, g.weight_decay,
+                                 steps_};
       written = fused_adamw::step(st.master, grad, st.exp_avg, st.exp_avg_sq, weights, r.offset,
                                   r.numel, h, grad_scale, found_inf) && written;
     }
@@ -136,8 +153,9 @@ void ShardedAdamW::step(double lr, double grad_multiplier) {
       const double bc1 = 1.0 - std::pow(g.beta1, static_cast<double>(steps_));
       const double bc2 = 1.0 - std::pow(g.beta2, static_cast<double>(steps_));
       at::Tensor denom = v.sqrt().div_(std::sqrt(bc2)).add_(g.eps);
-      if (g.weight_decay != 0) p.mul_(1.0 - lr * g.weight_decay);
-      p.addcdiv_(m, denom, -lr / bc1);
+      const double glr = g.lr >= 0 ? g.lr : lr;
+      if (g.weight_decay != 0) p.mul_(1.0 - glr * g.weight_decay);
+      p.addcdiv_(m, denom, -glr / bc1);
       if (!m.is_same(m_store)) m_store.copy_(m);
       if (!v.is_same(v_store)) v_store.copy_(v);
     }

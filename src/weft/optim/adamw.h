@@ -11,7 +11,9 @@
 // unfused per-parameter update with the same formula.
 //
 // Parameter groups are keyed by global parameter name (never by position): "decay" for
-// matrices, "no_decay" for norms and biases, each with its own weight decay and betas.
+// matrices, "no_decay" for norms and biases, each with its own weight decay and betas; with
+// decoupled_lr (Megatron's --decoupled-lr) the word embedding and output layer form the group
+// "decoupled": the decay group's settings at their own learning rate (set_group_lr).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -32,6 +34,7 @@ struct AdamWConfig {
   c10::ScalarType exp_avg_dtype = at::kFloat;     // --exp-avg-dtype fp32|bf16
   c10::ScalarType exp_avg_sq_dtype = at::kFloat;  // --exp-avg-sq-dtype fp32|bf16
   bool precision_aware = false;  // --use-precision-aware-optimizer: decoupled gradient
+  bool decoupled_lr = false;     // --decoupled-lr given: the "decoupled" group
 };
 
 struct ParamGroupSettings {
@@ -39,6 +42,7 @@ struct ParamGroupSettings {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
+  double lr = -1;  // the group's own learning rate (set_group_lr); -1: the step's
 };
 
 struct UnitOptimState {
@@ -73,7 +77,10 @@ class ShardedAdamW {
   void uncount_step() { --steps_; }
   // The "decay" group's weight decay for the next steps (the schedule's, lr_schedule.h: wd_at);
   // "no_decay" stays 0, as Megatron's wd_mult 0.
-  void set_weight_decay(double wd) { groups_.at("decay").weight_decay = wd; }
+  void set_weight_decay(double wd);
+  // The learning rate of group `name` for the next steps instead of the step's (the
+  // "decoupled" group's schedule). Throws for an unknown group.
+  void set_group_lr(const std::string& name, double lr);
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
 

@@ -24,6 +24,19 @@ void validate_lr_schedule(const LrScheduleConfig& c) {
   if (c.warmup_samples < 0) fail_usage("--lr-warmup-samples must be >= 0");
   if (c.decay_samples != -1 && c.decay_samples < 1)
     fail_usage("--lr-decay-samples must be >= 1 (got {})", c.decay_samples);
+  if (c.decoupled_lr != -1 && !(c.decoupled_lr >= 0 && std::isfinite(c.decoupled_lr)))
+    fail_usage("--decoupled-lr must be >= 0 (got {})", c.decoupled_lr);
+  if (c.decoupled_lr != -1 && c.decoupled_min_lr == -1 && c.decoupled_lr < c.min_lr)
+    fail_usage("--decoupled-lr {} is smaller than --min-lr {}, its minimum without "
+               "--decoupled-min-lr", c.decoupled_lr, c.min_lr);
+  if (c.decoupled_min_lr != -1) {
+    if (c.decoupled_lr == -1)
+      fail_usage("--decoupled-min-lr {} needs --decoupled-lr (the rate of the embedding and "
+                 "output layer it ends at)", c.decoupled_min_lr);
+    if (!(c.decoupled_min_lr >= 0) || c.decoupled_min_lr > c.decoupled_lr)
+      fail_usage("--decoupled-min-lr {} must be between 0 and --decoupled-lr {}",
+                 c.decoupled_min_lr, c.decoupled_lr);
+  }
   if (c.decay_samples >= 0 && c.decay_samples < c.warmup_samples)
     fail_usage("--lr-decay-samples {} is smaller than --lr-warmup-samples {}", c.decay_samples,
                c.warmup_samples);
@@ -47,6 +60,13 @@ double lr_at(const LrScheduleConfig& c, double n) {
   const double ratio = (n - warmup) / (decay - warmup);
   const double coeff = c.style == "linear" ? 1.0 - ratio : 0.5 * (std::cos(M_PI * ratio) + 1.0);
   return c.min_lr + coeff * (c.lr - c.min_lr);
+}
+
+double decoupled_lr_at(const LrScheduleConfig& c, double n) {
+  LrScheduleConfig d = c;
+  d.lr = c.decoupled_lr;
+  if (c.decoupled_min_lr != -1) d.min_lr = c.decoupled_min_lr;
+  return lr_at(d, n);
 }
 
 void resolve_weight_decay(LrScheduleConfig* c, double weight_decay) {

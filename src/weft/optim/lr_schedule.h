@@ -6,6 +6,10 @@
 // Megatron's log, like weft's, shows lr_at(n) after the iteration's update, the rate of the next.
 // Resuming needs only n, the optimizer's step count in the checkpoint.
 //
+// With --decoupled-lr the word embedding and output layer follow the same schedule with their
+// own peak (--decoupled-lr) and minimum (--decoupled-min-lr, default --min-lr); the warmup
+// starts from --lr-warmup-init for both (Megatron's max_lr and min_lr group overrides).
+//
 // The weight decay of the "decay" group follows the same count (Megatron's get_wd, in the same
 // scheduler): --weight-decay-incr-style constant keeps --weight-decay; linear and cosine go from
 // --start-weight-decay to --end-weight-decay over the run's samples (--train-iters x the global
@@ -34,6 +38,8 @@ struct LrScheduleConfig {
   int64_t global_batch = 1;     // samples per iteration of the lengths in iterations (the
                                 // trainer sets --global-batch-size; a checkpoint's, taken by
                                 // --use-checkpoint-opt_param-scheduler, its own)
+  double decoupled_lr = -1;      // --decoupled-lr (-1: none)
+  double decoupled_min_lr = -1;  // --decoupled-min-lr (-1: --min-lr)
   // The weight decay (Megatron's start_wd, end_wd, wd_incr_style, wd_incr_steps). -1: not
   // given; resolve_weight_decay sets both to --weight-decay under the constant style.
   double start_wd = -1;              // --start-weight-decay
@@ -47,6 +53,8 @@ void validate_lr_schedule(const LrScheduleConfig& c);
 // `samples`: Megatron's num_steps, the samples of the updates made so far (updates x
 // global_batch while the batch is constant; a resume at another batch continues the count).
 double lr_at(const LrScheduleConfig& c, double samples);
+// The rate of --decoupled-lr's parameters (decoupled_lr must be set).
+double decoupled_lr_at(const LrScheduleConfig& c, double samples);
 // Checks the weight-decay flags as Megatron does (constant: neither --start- nor
 // --end-weight-decay given; linear, cosine: both, 0 <= start <= end) and, for constant, sets
 // both to `weight_decay`. Throws UsageError naming the flag.

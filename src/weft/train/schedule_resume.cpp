@@ -5,6 +5,9 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "weft/core/error.h"
+
+#include <string>
 #include <vector>
 
 
@@ -53,6 +56,8 @@ LrScheduleConfig saved_schedule(const nlohmann::json& meta, int64_t run_global_b
   c.start_wd = s.value("start_wd", wd);
   c.end_wd = s.value("end_wd", wd);
   c.wd_incr_samples = s.value("wd_incr_steps", c.wd_incr_samples);
+  c.decoupled_lr = s.value("decoupled_lr", c.decoupled_lr);
+  c.decoupled_min_lr = s.value("decoupled_min_lr", c.decoupled_min_lr);
   return c;
 }
 
@@ -63,6 +68,12 @@ std::string resume_lr_schedule(const nlohmann::json& meta, const ScheduleResume&
   if (how.override_flags || !meta.contains("lr_scheduler")) return "";
   const LrScheduleConfig saved = saved_schedule(meta, run->global_batch);
   if (how.use_checkpoint) {  // its lengths with its batch: the same samples as it had
+    // The optimizer's groups are built before the load: a decoupled group cannot come or go.
+    if ((saved.decoupled_lr == -1) != (run->decoupled_lr == -1))
+      fail_usage("--use-checkpoint-opt_param-scheduler: --load {} was trained {} --decoupled-lr "
+                 "and this run {}; give the same (its value then comes from the checkpoint)", load,
+                 saved.decoupled_lr == -1 ? "without" : "with",
+                 run->decoupled_lr == -1 ? "has none" : "has one");
     const double init = run->warmup_init;
     *run = saved;
     run->warmup_init = init;
@@ -74,6 +85,13 @@ std::string resume_lr_schedule(const nlohmann::json& meta, const ScheduleResume&
   if (run->lr != saved.lr) diff.push_back(fmt::format("--lr {} (checkpoint: {})", run->lr, saved.lr));
   if (run->min_lr != saved.min_lr)
     diff.push_back(fmt::format("--min-lr {} (checkpoint: {})", run->min_lr, saved.min_lr));
+  const auto rate = [](double v) { return v == -1 ? std::string("none") : fmt::format("{}", v); };
+  if (run->decoupled_lr != saved.decoupled_lr)
+    diff.push_back(fmt::format("--decoupled-lr {} (checkpoint: {})", rate(run->decoupled_lr),
+                               rate(saved.decoupled_lr)));
+  if (run->decoupled_min_lr != saved.decoupled_min_lr)
+    diff.push_back(fmt::format("--decoupled-min-lr {} (checkpoint: {})",
+                               rate(run->decoupled_min_lr), rate(saved.decoupled_min_lr)));
   if (run->style != saved.style)
     diff.push_back(fmt::format("--lr-decay-style {} (checkpoint: {})", run->style, saved.style));
   if (w_run != w_saved)

@@ -102,7 +102,8 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
               {"warmup_init", c.lr.warmup_init},
               {"decay_iters", c.lr.decay_iters}, {"style", c.lr.style},
               {"warmup_fraction", c.lr.warmup_fraction}, {"sample_based", c.lr.sample_based},
-              {"warmup_samples", c.lr.warmup_samples}, {"decay_samples", c.lr.decay_samples}}},
+              {"warmup_samples", c.lr.warmup_samples}, {"decay_samples", c.lr.decay_samples},
+              {"decoupled_lr", c.lr.decoupled_lr}, {"decoupled_min_lr", c.lr.decoupled_min_lr}}},
       {"train_samples", c.train_samples},
       {"micro_batch_size", c.micro_batch_size}, {"global_batch_size", c.global_batch_size},
       {"train_iters", c.train_iters}, {"overlap_param_gather", c.overlap_param_gather},
@@ -372,6 +373,7 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   stage_->init_parameters(cfg_.seed);
   std::vector<FsdpUnit*> units;
   for (auto& u : stage_->units()) units.push_back(u.get());
+  cfg_.adam.decoupled_lr = cfg_.lr.decoupled_lr != -1;  // the embedding and output's own group
   optimizer_ = std::make_unique<ShardedAdamW>(units, cfg_.adam);
   num_microbatches_ = cfg_.global_batch_size / (cfg_.micro_batch_size * mesh.dp());
   if (cfg_.cuda_graph_impl == "local") graphed_ = std::make_unique<GraphedMicrobatches>();
@@ -505,6 +507,8 @@ void Trainer::save() {
                        {"global_batch", cfg_.lr.global_batch},
                        {"start_wd", cfg_.lr.start_wd}, {"end_wd", cfg_.lr.end_wd},
                        {"wd_incr_style", cfg_.lr.wd_style},
+                       {"decoupled_lr", cfg_.lr.decoupled_lr},
+                       {"decoupled_min_lr", cfg_.lr.decoupled_min_lr},
                        {"num_steps", scheduler_samples()},
                        {"iteration", iteration_}};
   // The weight decay's increment length only where it increases (a constant one has none to
@@ -764,6 +768,9 @@ IterationStats Trainer::train_step() {
   // iterations do not advance); the log shows the rate after this iteration's update.
   const double lr = lr_at(cfg_.lr, static_cast<double>(scheduler_samples()));
   optimizer_->set_weight_decay(wd_at(cfg_.lr, static_cast<double>(scheduler_samples())));
+  if (cfg_.lr.decoupled_lr != -1)
+    optimizer_->set_group_lr("decoupled",
+                             decoupled_lr_at(cfg_.lr, static_cast<double>(scheduler_samples())));
   // Fault injection (core/fault.h): a usage error on one rank only, after collectives started
   // (tests that the command aborts the job instead of leaving the peers waiting).
   if (fault_error("train.usage_error", groups_.rank(), it))

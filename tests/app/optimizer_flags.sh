@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Megatron's weight-decay schedule and router z-loss, end to end on one rank:
+# Megatron's optimizer-schedule flags and the router z-loss, end to end on one rank:
 # - --weight-decay-incr-style linear with equal ends is the constant --weight-decay, bit for bit;
 # - an increasing schedule's first update uses --start-weight-decay (iterations 1-2 are those of
 #   --weight-decay 0 when it starts at 0) and its later ones more (iteration 3 differs): the
@@ -7,12 +7,16 @@
 # - a resume continues the schedule: iterations 3-4 of a resumed cosine run are the straight
 #   run's bits; a resume with another end warns naming the weight decay;
 # - the flags' checks (Megatron's asserts) refuse with one line naming the flag;
+# - --decoupled-lr equal to --lr is the plain run bit for bit; another one changes the second
+#   iteration, not the first; the checkpoint puts the word embedding and the output layer, and
+#   nothing else, in the "decoupled" group; a resume continues it (bitwise) and warns when the
+#   rate differs;
 # - --moe-z-loss-coeff logs the router z-loss (console and JSONL) and changes the gradient but
 #   not the first loss; without it the z-loss is 0.
-# Usage: regularizers.sh WEFT
+# Usage: optimizer_flags.sh WEFT
 set -u
 weft=$1
-tmp=$(mktemp -d /tmp/weft-regularizers-XXXXXX)
+tmp=$(mktemp -d /tmp/weft-optimizer-flags-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
 model=(--num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
@@ -95,6 +99,38 @@ refuse "--end-weight-decay 0.01 is smaller than --start-weight-decay 0.1" \
 refuse "--weight-decay-incr-style must be constant, linear or cosine" --weight-decay-incr-style exp
 refuse "--start-weight-decay must be >= 0" --weight-decay-incr-style linear \
   --start-weight-decay -0.5 --end-weight-decay 0.1
+
+# --- --decoupled-lr -------------------------------------------------------------------------------
+untied=(--untie-embeddings-and-output-weights --train-iters 4)
+run dplain "${untied[@]}" --min-lr 1e-3 --lr-decay-style cosine
+run dsame "${untied[@]}" --min-lr 1e-3 --lr-decay-style cosine --decoupled-lr 1e-2
+same "--decoupled-lr equal to --lr (minimum --min-lr) is the plain run" dplain dsame
+run dstraight "${untied[@]}" --min-lr 1e-3 --lr-decay-style cosine --decoupled-lr 5e-2 \
+  --decoupled-min-lr 2e-3 --save "$tmp/dck" --save-interval 2
+same "--decoupled-lr 5e-2: the first iteration as the plain run" dplain dstraight 1 1
+[ "$(rows dplain 2 2)" != "$(rows dstraight 2 2)" ] && ok "--decoupled-lr 5e-2 changes the first update" ||
+  bad "--decoupled-lr 5e-2 changed nothing"
+python3 - "$tmp/dck/iter_0000002/metadata.json" <<'EOF' && ok "the decoupled group holds the embedding and the output layer only" || bad "decoupled group: see above"
+import json, sys
+groups = json.load(open(sys.argv[1]))["optimizer"]["param_groups"]
+decoupled = sorted(n for n, g in groups.items() if g["group"] == "decoupled")
+assert decoupled == ["embedding.word_embeddings.weight", "output_layer.weight"], decoupled
+assert all(g["group"] in ("decay", "no_decay") for n, g in groups.items() if n not in decoupled)
+EOF
+run dresumed "${untied[@]}" --min-lr 1e-3 --lr-decay-style cosine --decoupled-lr 5e-2 \
+  --decoupled-min-lr 2e-3 --load "$tmp/dck" --ckpt-step 2
+rows dstraight 3 4 >"$tmp/dstraight34.txt"
+same "a resumed --decoupled-lr run: iterations 3-4 as the straight run" dstraight34 dresumed
+run dother "${untied[@]}" --min-lr 1e-3 --lr-decay-style cosine --decoupled-lr 3e-2 \
+  --decoupled-min-lr 2e-3 --load "$tmp/dck" --ckpt-step 2
+grep -qF -- "--decoupled-lr 0.03 (checkpoint: 0.05)" "$tmp/dother.err" &&
+  ok "a resume with another --decoupled-lr warns, naming it" || bad "no --decoupled-lr warning: $(cat "$tmp/dother.err")"
+refuse "--decoupled-min-lr 0.001 needs --decoupled-lr" --decoupled-min-lr 1e-3
+refuse "--decoupled-min-lr 0.5 must be between 0 and --decoupled-lr 0.1" --decoupled-lr 0.1 \
+  --decoupled-min-lr 0.5
+refuse "--use-checkpoint-opt_param-scheduler: --load $tmp/dck was trained with --decoupled-lr" \
+  --load "$tmp/dck" --ckpt-step 2 --train-iters 4 --use-checkpoint-opt_param-scheduler \
+  --untie-embeddings-and-output-weights
 
 # --- the router z-loss ----------------------------------------------------------------------------
 moe=(--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --train-iters 2)
