@@ -252,10 +252,12 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--lr-decay-iters", t.lr.decay_iters, "decay iterations (-1: --train-iters)");
   opt("--lr-decay-style", t.lr.style, "cosine | linear | constant");
   c->add_option("--decoupled-lr", t.lr.decoupled_lr,
-                "peak learning rate of the word embedding and output layer (-1: --lr)")
+                "peak learning rate of the word embedding and output layer (-1: none, their "
+                "rate is --lr's)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   c->add_option("--decoupled-min-lr", t.lr.decoupled_min_lr,
-                "final learning rate of the word embedding and output layer (-1: --min-lr)")
+                "final learning rate of the word embedding and output layer, with --decoupled-lr "
+                "(-1: --min-lr)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   c->add_option("--lr-warmup-fraction", t.lr.warmup_fraction,
                 "warmup as a fraction of the decay (instead of --lr-warmup-iters/-samples)")

@@ -99,6 +99,7 @@ std::string compare_stats(const std::vector<IterationStats>& straight,
         {"lm loss", {b.lm_loss, a.lm_loss}},
         {"load-balancing loss", {b.aux_loss, a.aux_loss}},
         {"mtp loss", {b.mtp_loss, a.mtp_loss}},
+        {"z-loss", {b.z_loss, a.z_loss}},
         {"grad norm", {b.grad_norm, a.grad_norm}},
     };
     if (b.iteration != a.iteration)

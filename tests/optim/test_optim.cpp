@@ -30,6 +30,13 @@ namespace {
 
 using test::expect_usage;
 
+// One rank's process groups (MPI_COMM_SELF): a unit's shard is its whole parameters.
+struct OneRank {
+  LayoutConfig layout;
+  Mesh mesh{layout};
+  ProcessGroups groups{mesh, Backend::kMpi, MPI_COMM_SELF};
+};
+
 // Every count of updates made (Megatron's scheduler steps, from 0) of every style against the
 // closed forms, written here: warmup init + (lr - init) * it / W for it <= W; then with t = (it - W) / (D - W): cosine min + (lr - min) (1 + cos(pi t)) / 2, linear
 // min + (lr - min) (1 - t), constant lr; min after D. Cosine and linear differ everywhere but at
@@ -142,9 +149,8 @@ TEST(LrSchedule, DecoupledRate) {
 // One-rank group: the FSDP unit's full weights are views of the flat shard and the update of
 // the sharded AdamW equals a textbook AdamW.
 TEST(ShardedAdamW, MatchesTextbookAdamW) {
-  LayoutConfig l;
-  Mesh mesh(l);
-  ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
+  OneRank one;
+  ProcessGroups& groups = one.groups;
   std::vector<ParamSpec> specs = {{"a.weight", {3, 4}, InitKind::kNormal, true},
                                   {"a.norm", {4}, InitKind::kOnes, false}};
   FsdpUnit unit("a", specs, groups.get("fsdp_shard"), at::kFloat, c10::Device("cpu"));
@@ -193,9 +199,8 @@ void textbook_adamw_step(at::Tensor& p, at::Tensor& m, at::Tensor& v, const at::
 // the same steps without the coefficients end far away).
 TEST(ShardedAdamW, GradMultiplierScalesTheGradients) {
   const c10::Device dev(test::test_device());
-  LayoutConfig l;
-  Mesh mesh(l);
-  ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
+  OneRank one;
+  ProcessGroups& groups = one.groups;
   std::vector<ParamSpec> specs = {{"a.weight", {6, 5}, InitKind::kNormal, true}};
   FsdpUnit unit("a", specs, groups.get("fsdp_shard"), at::kFloat, dev);
   const at::Tensor w0 = at::randn({6, 5}, at::kDouble);
@@ -232,9 +237,8 @@ TEST(ShardedAdamW, GradMultiplierScalesTheGradients) {
 // AdamW with each step's value (seen to fail with the setter doing nothing).
 TEST(ShardedAdamW, ScheduledWeightDecay) {
   const c10::Device dev(test::test_device());
-  LayoutConfig l;
-  Mesh mesh(l);
-  ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
+  OneRank one;
+  ProcessGroups& groups = one.groups;
   std::vector<ParamSpec> specs = {{"a.weight", {6, 5}, InitKind::kNormal, true},
                                   {"a.norm", {5}, InitKind::kOnes, false}};
   FsdpUnit unit("a", specs, groups.get("fsdp_shard"), at::kFloat, dev);
@@ -271,9 +275,8 @@ TEST(ShardedAdamW, ScheduledWeightDecay) {
 // rate (seen to fail with the group's rate ignored).
 TEST(ShardedAdamW, DecoupledGroupHasItsOwnRate) {
   const c10::Device dev(test::test_device());
-  LayoutConfig l;
-  Mesh mesh(l);
-  ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
+  OneRank one;
+  ProcessGroups& groups = one.groups;
   ParamSpec emb{"embedding.word_embeddings.weight", {6, 5}, InitKind::kNormal, true};
   emb.embedding_or_output = true;
   const std::vector<ParamSpec> specs = {emb, {"a.weight", {4, 5}, InitKind::kNormal, true}};
@@ -340,9 +343,8 @@ TEST(GradClip, DeviceScaleEqualsHostMultiplier) {
 // neither the state nor, once uncounted, the step count. On CPU it queues nothing.
 TEST(ShardedAdamW, StepOnDeviceEqualsHostStep) {
   const c10::Device dev(test::test_device());
-  LayoutConfig l;
-  Mesh mesh(l);
-  ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
+  OneRank one;
+  ProcessGroups& groups = one.groups;
   std::vector<ParamSpec> specs = {{"a.weight", {6, 5}, InitKind::kNormal, true},
                                   {"a.norm", {5}, InitKind::kOnes, false}};
   const at::Tensor w0 = at::randn({6, 5}, at::kDouble);
@@ -395,9 +397,8 @@ TEST(ShardedAdamW, StepOnDeviceEqualsHostStep) {
 // (before the moments were compared and eps raised).
 TEST(ShardedAdamW, Bf16WeightsFollowTheMasters) {
   const c10::Device dev(test::test_device());
-  LayoutConfig l;
-  Mesh mesh(l);
-  ProcessGroups groups(mesh, Backend::kMpi, MPI_COMM_SELF);
+  OneRank one;
+  ProcessGroups& groups = one.groups;
   const std::vector<ParamSpec> specs = {{"a.w1", {37, 13}, InitKind::kNormal, true},
                                         {"a.norm", {13}, InitKind::kOnes, false},
                                         {"a.w2", {1001, 3}, InitKind::kNormal, true}};

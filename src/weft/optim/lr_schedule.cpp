@@ -26,7 +26,8 @@ void validate_lr_schedule(const LrScheduleConfig& c) {
     fail_usage("--lr-decay-samples must be >= 1 (got {})", c.decay_samples);
   if (c.decoupled_lr != -1 && !(c.decoupled_lr >= 0 && std::isfinite(c.decoupled_lr)))
     fail_usage("--decoupled-lr must be >= 0 (got {})", c.decoupled_lr);
-  if (c.decoupled_lr != -1 && c.decoupled_min_lr == -1 && c.decoupled_lr < c.min_lr)
+  if (c.decoupled_lr != -1 && c.decoupled_min_lr == -1 && c.style != "constant" &&
+      c.decoupled_lr < c.min_lr)
     fail_usage("--decoupled-lr {} is smaller than --min-lr {}, its minimum without "
                "--decoupled-min-lr", c.decoupled_lr, c.min_lr);
   if (c.decoupled_min_lr != -1) {

@@ -36,7 +36,7 @@ std::string describe_wd(const LrScheduleConfig& c) {
 
 // The schedule metadata.json records (trainer.cpp, "lr_scheduler"); keys absent from older
 // checkpoints keep their defaults (iteration-based lengths, no warmup fraction).
-LrScheduleConfig saved_schedule(const nlohmann::json& meta, int64_t run_global_batch) {
+LrScheduleConfig saved_schedule(const nlohmann::json& meta, const LrScheduleConfig& run) {
   const nlohmann::json& s = meta.at("lr_scheduler");
   LrScheduleConfig c;
   c.lr = s.value("lr", c.lr);
@@ -49,9 +49,10 @@ LrScheduleConfig saved_schedule(const nlohmann::json& meta, int64_t run_global_b
   c.sample_based = s.value("sample_based", c.sample_based);
   c.warmup_samples = s.value("warmup_samples", c.warmup_samples);
   c.decay_samples = s.value("decay_samples", c.decay_samples);
-  c.global_batch = s.value("global_batch", saved_global_batch(meta, run_global_batch));
-  // Checkpoints that predate the weight-decay schedule had the constant --weight-decay.
-  const double wd = saved_weight_decay(meta, 0);
+  c.global_batch = s.value("global_batch", saved_global_batch(meta, run.global_batch));
+  // Checkpoints that predate the weight-decay schedule had the constant --weight-decay (where
+  // even that is missing: this run's, as before).
+  const double wd = saved_weight_decay(meta, run.start_wd);
   c.wd_style = s.value("wd_incr_style", c.wd_style);
   c.start_wd = s.value("start_wd", wd);
   c.end_wd = s.value("end_wd", wd);
@@ -66,7 +67,7 @@ LrScheduleConfig saved_schedule(const nlohmann::json& meta, int64_t run_global_b
 std::string resume_lr_schedule(const nlohmann::json& meta, const ScheduleResume& how,
                                const std::string& load, LrScheduleConfig* run) {
   if (how.override_flags || !meta.contains("lr_scheduler")) return "";
-  const LrScheduleConfig saved = saved_schedule(meta, run->global_batch);
+  const LrScheduleConfig saved = saved_schedule(meta, *run);
   if (how.use_checkpoint) {  // its lengths with its batch: the same samples as it had
     // The optimizer's groups are built before the load: a decoupled group cannot come or go.
     if ((saved.decoupled_lr == -1) != (run->decoupled_lr == -1))
