@@ -766,11 +766,12 @@ IterationStats Trainer::train_step() {
   const int it = iteration_ + 1;
   // The rate of the updates made so far (lr_schedule.h: Megatron's scheduler, which skipped
   // iterations do not advance); the log shows the rate after this iteration's update.
-  const double lr = lr_at(cfg_.lr, static_cast<double>(scheduler_samples()));
-  optimizer_->set_weight_decay(wd_at(cfg_.lr, static_cast<double>(scheduler_samples())));
+  // The weight decay and the decoupled rate follow the same position.
+  const double samples = static_cast<double>(scheduler_samples());
+  const double lr = lr_at(cfg_.lr, samples);
+  optimizer_->set_weight_decay(wd_at(cfg_.lr, samples));
   if (cfg_.lr.decoupled_lr != -1)
-    optimizer_->set_group_lr("decoupled",
-                             decoupled_lr_at(cfg_.lr, static_cast<double>(scheduler_samples())));
+    optimizer_->set_group_lr("decoupled", decoupled_lr_at(cfg_.lr, samples));
   // Fault injection (core/fault.h): a usage error on one rank only, after collectives started
   // (tests that the command aborts the job instead of leaving the peers waiting).
   if (fault_error("train.usage_error", groups_.rank(), it))
