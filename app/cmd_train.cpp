@@ -73,6 +73,7 @@ struct TrainArgs {
   MegatronFlags megatron;  // Megatron's other flags (megatron_flags.h)
   std::vector<std::string> megatron_warnings;  // from check_megatron_flags
   bool account_for_embedding = false, account_for_loss = false;  // --account-for-*-in-pipeline-split
+  bool grad_reduce_in_bf16 = false;
   CLI::App* app = nullptr;  // the command's flags, to ask which were given
   bool use_checkpoint_args = false;
   bool group_query_attention = false;  // Megatron's --group-query-attention
@@ -307,6 +308,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       "fp32 | bf16 (with --use-precision-aware-optimizer)");
   c->add_flag("--use-precision-aware-optimizer", t.adam.precision_aware,
               "keep gradients in a decoupled fp32 buffer beside the master weights");
+  c->add_flag("--grad-reduce-in-bf16", a->grad_reduce_in_bf16,
+              "with --bf16: accumulate, reduce and keep the gradients in bf16 (the update "
+              "computes in fp32)");
   opt("--decoder-first-pipeline-num-layers", t.first_stage_layers,
       "layers on the first stage (-1: even split)");
   opt("--decoder-last-pipeline-num-layers", t.last_stage_layers,
@@ -812,6 +816,16 @@ void resolve_train_args(TrainArgs* a) {
   check_recipe_flags(a->recipe, t.model.seq_length);
   a->megatron_warnings = check_megatron_flags(a->megatron);
   if (!layers_ignored.empty()) a->megatron_warnings.push_back(layers_ignored);
+  // Megatron reads --grad-reduce-in-bf16 only under --bf16 (gradients otherwise take the float32
+  // parameters' dtype).
+  if (a->grad_reduce_in_bf16 && !t.model.bf16)
+    a->megatron_warnings.push_back("--grad-reduce-in-bf16 has no effect without --bf16: the "
+                                   "gradients are float32, as in Megatron");
+  else if (a->grad_reduce_in_bf16 && t.adam.precision_aware)
+    fail_usage("--grad-reduce-in-bf16 is not implemented with --use-precision-aware-optimizer in "
+               "weft: that optimizer's decoupled gradient is float32");
+  else if (a->grad_reduce_in_bf16)
+    t.adam.grad_dtype = at::kBFloat16;
   if (query_groups_ignored && ignored_groups != a->cfg.model.num_query_groups)
     a->megatron_warnings.push_back(
         model_from_checkpoint

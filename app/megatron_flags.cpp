@@ -118,7 +118,6 @@ constexpr Refused kRefused[] = {
     {"--loss-scale", 1, "weft does not scale the loss (Megatron applies it in bf16 too)"},
     {"--fp8-format", 1, "weft computes in bf16 or float32, not FP8"},
     {"--fp8-param-gather", 0, "weft computes in bf16 or float32, not FP8"},
-    {"--grad-reduce-in-bf16", 0, "weft reduces gradients in float32 only"},
     {"--fp32-residual-connection", 0, "weft's residual stream is in the compute dtype"},
     {"--num-layers-per-virtual-pipeline-stage", 1,
      "weft's pipeline schedule is 1F1B without virtual stages"},

@@ -123,12 +123,15 @@ tests)
     done
   done
   ;;
-bench1b)
-  rm -f "$OUT/weft_1b.jsonl"
-  ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 --global-batch-size 2 \
-    --train-iters 12 --lr 3e-4 --lr-warmup-iters 2 --log-jsonl "$OUT/weft_1b.jsonl" > "$OUT/weft_1b.log" 2>&1
-  echo "weft rc=$?"; grep -E "parameters|bytes on" "$OUT/weft_1b.log"; tail -2 "$OUT/weft_1b.log" | cut -c1-400
-  python3 bench/gpu/mfu.py --weft-jsonl "$OUT/weft_1b.jsonl" | tee "$OUT/weft_1b_mfu.json"
+bench1b)  # weft with float32 gradients (Megatron's default), then with --grad-reduce-in-bf16
+  for g in "" --grad-reduce-in-bf16; do
+    w=weft_1b${g:+_gradbf16}
+    rm -f "$OUT/$w.jsonl"
+    ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 --global-batch-size 2 \
+      --train-iters 12 --lr 3e-4 --lr-warmup-iters 2 $g --log-jsonl "$OUT/$w.jsonl" > "$OUT/$w.log" 2>&1
+    echo "weft $g rc=$?"; grep -E "parameters|bytes on" "$OUT/$w.log"; tail -2 "$OUT/$w.log" | cut -c1-400
+    python3 bench/gpu/mfu.py --weft-jsonl "$OUT/$w.jsonl" | tee "$OUT/${w}_mfu.json"
+  done
   for mode in "" --compile; do
     timeout 400 python3 bench/gpu/pytorch_llama.py $mode > "$OUT/pt$mode.json" 2> "$OUT/pt$mode.err"
     echo "pytorch $mode rc=$?: $(cat "$OUT/pt$mode.json")"; tail -3 "$OUT/pt$mode.err"
@@ -615,9 +618,11 @@ curve)
   cat "$C/table.md"
   ;;
 weft1b)  # weft alone in variants (ratio in the same run); WEFT1B_VARIANTS, default "fused unfused":
-  # fused (bench1b's weft), unfused (--no-fused-kernels), graph (--cuda-graph-impl local)
+  # fused (bench1b's weft), unfused (--no-fused-kernels), graph (--cuda-graph-impl local),
+  # gradbf16 (--grad-reduce-in-bf16)
   for v in ${WEFT1B_VARIANTS:-fused unfused}; do
     X=(); [ $v = unfused ] && X=(--no-fused-kernels); [ $v = graph ] && X=(--cuda-graph-impl local)
+    [ $v = gradbf16 ] && X=(--grad-reduce-in-bf16)
     rm -f "$OUT/weft_1b_$v.jsonl"
     ./$B/app/weft train --log-interval 1 --device cuda --bf16 "${MODEL[@]}" --micro-batch-size 2 --global-batch-size 2 \
       --train-iters ${WEFT1B_ITERS:-12} --lr 3e-4 --lr-warmup-iters 2 "${X[@]}" --log-jsonl "$OUT/weft_1b_$v.jsonl" > "$OUT/weft_1b_$v.log" 2>&1

@@ -12,7 +12,11 @@
 #   nothing else, in the "decoupled" group; a resume continues it (bitwise) and warns when the
 #   rate differs;
 # - --moe-z-loss-coeff logs the router z-loss (console and JSONL) and changes the gradient but
-#   not the first loss; without it the z-loss is 0.
+#   not the first loss; without it the z-loss is 0;
+# - --grad-reduce-in-bf16 with --bf16 keeps the first loss and changes the grad norm (the
+#   gradients are rounded to bf16), resumes bit for bit, and weft plan counts 2 bytes per
+#   gradient; without --bf16 it warns and changes no bit; with the precision-aware optimizer it
+#   is refused.
 # Usage: optimizer_flags.sh WEFT
 set -u
 weft=$1
@@ -152,6 +156,43 @@ grep -q "z_loss" "$tmp/moe_plain.log" && bad "z_loss on the console without --mo
   ok "no z_loss on the console without --moe-z-loss-coeff"
 refuse "--moe-z-loss-coeff must be" "${moe[@]}" --moe-z-loss-coeff -1
 refuse "--moe-input-jitter-eps is not implemented" "${moe[@]}" --moe-input-jitter-eps 0.1
+
+# --- --grad-reduce-in-bf16 -------------------------------------------------------------------------
+run b32 --train-iters 4 --bf16
+run b16 --train-iters 4 --bf16 --grad-reduce-in-bf16 --save "$tmp/gck" --save-interval 2
+python3 - "$tmp/b32.txt" "$tmp/b16.txt" <<'EOF' && ok "--grad-reduce-in-bf16: the first loss kept, the grad norm changed, the loss decreases" || bad "--grad-reduce-in-bf16: $(cat "$tmp/b32.txt" "$tmp/b16.txt")"
+import sys
+f32 = [l.split() for l in open(sys.argv[1])]
+b16 = [l.split() for l in open(sys.argv[2])]
+assert len(f32) == len(b16) == 4, (f32, b16)
+assert f32[0][1] == b16[0][1], (f32[0], b16[0])
+assert f32[0][2] != b16[0][2], (f32[0], b16[0])
+assert abs(float(f32[0][2]) - float(b16[0][2])) < 1e-2 * float(f32[0][2]), (f32[0], b16[0])
+assert float(b16[3][1]) < float(b16[0][1]), b16
+EOF
+run b16resumed --train-iters 4 --bf16 --grad-reduce-in-bf16 --load "$tmp/gck" --ckpt-step 2
+rows b16 3 4 >"$tmp/b16_34.txt"
+same "a resumed --grad-reduce-in-bf16 run: iterations 3-4 as the straight run" b16_34 b16resumed
+run f32flag --train-iters 4 --grad-reduce-in-bf16
+same "--grad-reduce-in-bf16 without --bf16 changes nothing" plain f32flag
+grep -qF -- "--grad-reduce-in-bf16 has no effect without --bf16" "$tmp/f32flag.err" &&
+  ok "--grad-reduce-in-bf16 without --bf16 warns" || bad "no warning: $(cat "$tmp/f32flag.err")"
+for g in 32 16; do
+  flag=()
+  [ $g = 16 ] && flag=(--grad-reduce-in-bf16)
+  "$weft" plan "${model[@]}" --world-size 1 --bf16 "${flag[@]}" >"$tmp/plan$g.txt" 2>&1
+  "$weft" plan "${model[@]}" --world-size 1 --bf16 "${flag[@]}" --json >"$tmp/plan$g.json" 2>&1
+done
+python3 - "$tmp" <<'EOF' && ok "weft plan: bf16 gradient shards, half the bytes" || bad "weft plan: $(grep -h gradients "$tmp"/plan*.txt)"
+import json, sys
+d = sys.argv[1]
+line = lambda g: next(l for l in open(f"{d}/plan{g}.txt") if l.strip().startswith("gradients"))
+assert "fp32 shards" in line(32) and "bf16 shards" in line(16), (line(32), line(16))
+a, b = (json.load(open(f"{d}/plan{g}.json"))["rank_groups"][0]["grads"] for g in (32, 16))
+assert a == 2 * b and b > 0, (a, b)
+EOF
+refuse "--grad-reduce-in-bf16 is not implemented with --use-precision-aware-optimizer" --bf16 \
+  --grad-reduce-in-bf16 --use-precision-aware-optimizer
 
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]

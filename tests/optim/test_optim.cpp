@@ -470,5 +470,67 @@ TEST(ShardedAdamW, Bf16WeightsFollowTheMasters) {
   EXPECT_EQ(opt.steps(), 3);
 }
 
+// --grad-reduce-in-bf16: the update reads a bf16 gradient shard as the float32 values it holds.
+// Two optimizers over two copies of a bf16 unit, one with a float32 gradient shard and one with
+// a bf16 shard, get the same bf16-representable gradients each step; masters, moments and
+// weights must stay bitwise equal, through the multiplier (host step: the bf16 shard's pieces
+// are widened before it scales them) and the device step's scale (weft's kernel where
+// WEFT_TEST_DEVICE=cuda, loading 4 bf16 gradients at a time; the odd sizes leave scalar heads
+// and tails). The bf16 shard takes half the bytes. Seen to fail with the multiplier applied to
+// the bf16 shard in place (the rounded products differ from the float32 ones).
+TEST(ShardedAdamW, Bf16GradientShardUpdatesAsItsFloat32Values) {
+  const c10::Device dev(test::test_device());
+  OneRank one;
+  ProcessGroups& groups = one.groups;
+  const std::vector<ParamSpec> specs = {{"a.w1", {37, 13}, InitKind::kNormal, true},
+                                        {"a.norm", {13}, InitKind::kOnes, false},
+                                        {"a.w2", {1001, 3}, InitKind::kNormal, true}};
+  std::vector<at::Tensor> w0;
+  for (const ParamSpec& s : specs) w0.push_back(at::randn(s.shape, at::kDouble));
+  auto make_unit = [&] {
+    auto u = std::make_unique<FsdpUnit>("a", specs, groups.get("fsdp_shard"), at::kBFloat16, dev);
+    u->load_full([&](const ParamSpec& s) {
+      for (size_t i = 0; i < specs.size(); ++i)
+        if (specs[i].name == s.name) return w0[i].to(at::kBFloat16).to(dev);
+      return at::Tensor();
+    });
+    return u;
+  };
+  auto u32 = make_unit(), u16 = make_unit();
+  AdamWConfig cfg;
+  cfg.weight_decay = 0.1;
+  cfg.eps = 0.05;  // of the order of the gradients, so that their scale shows in the update
+  ShardedAdamW opt32({u32.get()}, cfg);
+  cfg.grad_dtype = at::kBFloat16;
+  ShardedAdamW opt16({u16.get()}, cfg);
+  ASSERT_EQ(grad_shard(*u16).scalar_type(), at::kBFloat16);
+  ASSERT_EQ(grad_shard(*u32).scalar_type(), at::kFloat);
+  EXPECT_EQ(opt16.grad_bytes() * 2, opt32.grad_bytes());
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(dev);
+  for (int step = 1; step <= 4; ++step) {
+    opt32.zero_grad();
+    opt16.zero_grad();
+    const at::Tensor g =
+        at::randn({u32->shard_numel()}, at::kDouble).to(at::kBFloat16).to(dev);
+    grad_shard(*u32).copy_(g);
+    grad_shard(*u16).copy_(g);
+    const double multiplier = step % 2 ? 0.37 : 1.0;
+    if (dev.is_cuda() && step > 2) {  // the trainer's device path: the scale on the device
+      const at::Tensor scale = at::full({}, 1.0 / multiplier, f32);
+      ASSERT_TRUE(opt32.step_on_device(0.01, scale, at::zeros({}, f32)));
+      ASSERT_TRUE(opt16.step_on_device(0.01, scale, at::zeros({}, f32)));
+    } else {
+      opt32.step(0.01, multiplier);
+      opt16.step(0.01, multiplier);
+    }
+    for (auto [a, b] : {std::pair{opt32.state(0).master, opt16.state(0).master},
+                        std::pair{opt32.state(0).exp_avg, opt16.state(0).exp_avg},
+                        std::pair{opt32.state(0).exp_avg_sq, opt16.state(0).exp_avg_sq},
+                        std::pair{u32->param_shard(), u16->param_shard()}})
+      EXPECT_TRUE(at::equal(a, b)) << "step " << step << ": max diff "
+                                   << (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+  }
+}
+
 }  // namespace
 }  // namespace weft

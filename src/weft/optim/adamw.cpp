@@ -37,7 +37,7 @@ ShardedAdamW::ShardedAdamW(std::vector<FsdpUnit*> units, const AdamWConfig& cfg)
       st.decoupled_grad = at::zeros({u->shard_numel()}, f32);
       u->set_grad_target(st.decoupled_grad);
     } else {
-      st.main_grad = at::zeros({u->shard_numel()}, f32);
+      st.main_grad = at::zeros({u->shard_numel()}, w.options().dtype(cfg.grad_dtype));
       u->set_grad_target(st.main_grad);
     }
     if (w.scalar_type() == at::kFloat) u->bind_param_shard(st.master);
@@ -131,7 +131,10 @@ void ShardedAdamW::step(double lr, double grad_multiplier) {
     fused_step(lr, scale, at::Tensor());
     return;
   }
-  if (grad_multiplier != 1.0)
+  // The multiplier scales float32 gradients in place; a bf16 shard's pieces are widened first,
+  // so that the update sees the same float32 values as from a float32 shard of those gradients.
+  const bool narrow_grads = !units_.empty() && grad_shard(*units_[0]).scalar_type() != at::kFloat;
+  if (grad_multiplier != 1.0 && !narrow_grads)
     for (FsdpUnit* u : units_) grad_shard(*u).mul_(grad_multiplier);
   for (size_t k = 0; k < units_.size(); ++k) {
     FsdpUnit& u = *units_[k];
@@ -144,6 +147,10 @@ void ShardedAdamW::step(double lr, double grad_multiplier) {
       const ParamGroupSettings& g = groups_.at(r.group);
       at::Tensor p = st.master.narrow(0, r.offset, r.numel);
       at::Tensor grad = grad_shard(u).narrow(0, r.offset, r.numel);
+      if (narrow_grads) {
+        grad = grad.to(at::kFloat);
+        if (grad_multiplier != 1.0) grad.mul_(grad_multiplier);
+      }
       at::Tensor m_store = st.exp_avg.narrow(0, r.offset, r.numel);
       at::Tensor v_store = st.exp_avg_sq.narrow(0, r.offset, r.numel);
       at::Tensor m = m_store.scalar_type() == at::kFloat ? m_store : m_store.to(at::kFloat);
@@ -179,7 +186,8 @@ int64_t ShardedAdamW::state_bytes() const {
 
 int64_t ShardedAdamW::grad_bytes() const {
   int64_t b = 0;
-  for (const FsdpUnit* u : units_) b += u->grad_target().numel() * 4;
+  for (const FsdpUnit* u : units_)
+    b += u->grad_target().numel() * static_cast<int64_t>(u->grad_target().element_size());
   return b;
 }
 

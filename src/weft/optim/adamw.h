@@ -3,7 +3,8 @@
 // State per unit: the float32 master shard, exp_avg and exp_avg_sq (float32 or bfloat16:
 // --exp-avg-dtype / --exp-avg-sq-dtype, as Megatron's precision-aware optimizer), and, in the
 // precision-aware gradient mode, the decoupled float32 gradient beside the master. With float32
-// compute the unit's weight shard is the master shard itself. Padding elements of a shard have
+// compute the unit's weight shard is the master shard itself. The gradient shard is float32, or
+// bfloat16 with --grad-reduce-in-bf16; the update computes in float32 either way. Padding elements of a shard have
 // zero gradient and zero value, so the update leaves them zero.
 //
 // On CUDA with float32 moments the update is weft's one-pass kernel (fused_adamw.h: master,
@@ -34,6 +35,10 @@ struct AdamWConfig {
   c10::ScalarType exp_avg_dtype = at::kFloat;     // --exp-avg-dtype fp32|bf16
   c10::ScalarType exp_avg_sq_dtype = at::kFloat;  // --exp-avg-sq-dtype fp32|bf16
   bool precision_aware = false;  // --use-precision-aware-optimizer: decoupled gradient
+  // The main-grad shard's dtype (default mode): bfloat16 with --grad-reduce-in-bf16 --bf16
+  // (Megatron's bf16 main_grad buffer: the backward accumulates, and the reduce-scatter and
+  // all-reduces sum, in bf16; the update reads it into float32).
+  c10::ScalarType grad_dtype = at::kFloat;
   bool decoupled_lr = false;     // --decoupled-lr given: the "decoupled" group
 };
 
@@ -49,7 +54,7 @@ struct UnitOptimState {
   at::Tensor master;          // float32 [S]
   at::Tensor exp_avg;         // [S]
   at::Tensor exp_avg_sq;      // [S]
-  at::Tensor main_grad;       // float32 [S], default gradient mode
+  at::Tensor main_grad;       // [S] in grad_dtype, default gradient mode
   at::Tensor decoupled_grad;  // float32 [S], precision-aware gradient mode
 };
 

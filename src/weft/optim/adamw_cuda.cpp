@@ -20,6 +20,21 @@ float* range_of(const at::Tensor& t, int64_t offset, int64_t numel, const char* 
   return t.data_ptr<float>() + offset;
 }
 
+// The gradient's range: float32 or bfloat16 (--grad-reduce-in-bf16), otherwise as range_of.
+const void* grad_range_of(const at::Tensor& g, int64_t offset, int64_t numel,
+                          adamw_kernel::Grads* kind) {
+  if (g.scalar_type() != at::kBFloat16) {
+    *kind = adamw_kernel::Grads::kF32;
+    return range_of(g, offset, numel, "grad");
+  }
+  WEFT_CHECK(g.is_cuda() && g.dim() == 1 && g.is_contiguous() && offset >= 0 &&
+                 offset + numel <= g.numel(),
+             "fused AdamW: grad must be a contiguous float32 or bf16 CUDA vector holding "
+             "elements [{}, {})", offset, offset + numel);
+  *kind = adamw_kernel::Grads::kBF16;
+  return static_cast<const at::BFloat16*>(g.data_ptr()) + offset;
+}
+
 }  // namespace
 
 bool compiled() { return true; }
@@ -59,8 +74,10 @@ bool step(const at::Tensor& master, const at::Tensor& grad, const at::Tensor& ex
   c.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(h.beta2, static_cast<double>(h.step))));
   c.eps = static_cast<float>(h.eps);
   c10::cuda::CUDAGuard guard(master.device());
+  adamw_kernel::Grads grad_kind;
+  const void* g = grad_range_of(grad, offset, numel, &grad_kind);
   const std::string err = adamw_kernel::step(
-      range_of(master, offset, numel, "master"), range_of(grad, offset, numel, "grad"),
+      range_of(master, offset, numel, "master"), g, grad_kind,
       range_of(exp_avg, offset, numel, "exp_avg"),
       range_of(exp_avg_sq, offset, numel, "exp_avg_sq"), w, kind, numel, c,
       grad_scale.defined() ? grad_scale.data_ptr<float>() : nullptr,

@@ -25,6 +25,25 @@ __device__ __forceinline__ void store_weight(void* w, int64_t i, float p) {
   if constexpr (K == Weights::kF32) static_cast<float*>(w)[i] = p;
 }
 
+// Gradient element i, and elements [4i, 4i + 4) in one 16-byte (float32) or 8-byte (bfloat16)
+// load, widened to float32.
+template <Grads G>
+__device__ __forceinline__ float load_grad(const void* g, int64_t i) {
+  if constexpr (G == Grads::kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(g)[i]);
+  else return static_cast<const float*>(g)[i];
+}
+template <Grads G>
+__device__ __forceinline__ float4 load_grad4(const void* g, int64_t i) {
+  if constexpr (G == Grads::kBF16) {
+    const uint2 raw = static_cast<const uint2*>(g)[i];
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  } else {
+    return static_cast<const float4*>(g)[i];
+  }
+}
+
 // One element's update; p, m, v in and out.
 __device__ __forceinline__ void update(float& p, float& m, float& v, float g, const Constants& c) {
   p -= c.lr_decay * p;
@@ -34,10 +53,10 @@ __device__ __forceinline__ void update(float& p, float& m, float& v, float g, co
 }
 
 // Elements [0, n4 * 4) in float4 accesses (every pointer 16-byte aligned, the bfloat16 weights
-// 8-byte aligned), the rest one at a time; the same arithmetic either way.
-template <Weights K, bool Vector>
+// and gradients 8-byte aligned), the rest one at a time; the same arithmetic either way.
+template <Weights K, Grads G, bool Vector>
 __global__ void __launch_bounds__(kThreads)
-    adamw_kernel(float* __restrict__ master, const float* __restrict__ grad,
+    adamw_kernel(float* __restrict__ master, const void* __restrict__ grad,
                  float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
                  void* __restrict__ weights, int64_t n, Constants c,
                  const float* __restrict__ grad_scale, const float* __restrict__ found_inf) {
@@ -48,7 +67,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t n4 = Vector ? n / 4 : 0;
   for (int64_t i = first; i < n4; i += stride) {
     float4 p = reinterpret_cast<const float4*>(master)[i];
-    const float4 g = reinterpret_cast<const float4*>(grad)[i];
+    const float4 g = load_grad4<G>(grad, i);
     float4 m = reinterpret_cast<const float4*>(exp_avg)[i];
     float4 v = reinterpret_cast<const float4*>(exp_avg_sq)[i];
     update(p.x, m.x, v.x, g.x / scale, c);
@@ -70,7 +89,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int64_t i = n4 * 4 + first; i < n; i += stride) {
     float p = master[i], m = exp_avg[i], v = exp_avg_sq[i];
-    update(p, m, v, grad[i] / scale, c);
+    update(p, m, v, load_grad<G>(grad, i) / scale, c);
     master[i] = p;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
@@ -95,51 +114,63 @@ bool aligned(const void* p, uintptr_t bytes) {
 // multiple of 4 elements), its first 1-3 elements go to a scalar launch of their own, so that
 // the rest still moves in vectors. All buffers share the element offset, so one head aligns
 // them all unless their bases disagree, which leaves the whole range scalar.
-template <Weights K>
-void launch(float* master, const float* grad, float* m, float* v, void* w, int64_t n,
+template <Weights K, Grads G>
+void launch(float* master, const void* grad, float* m, float* v, void* w, int64_t n,
             const Constants& c, const float* scale, const float* inf, cudaStream_t s) {
   constexpr int64_t wsize = K == Weights::kBF16 ? 2 : 4;
+  constexpr int64_t gsize = G == Grads::kBF16 ? 2 : 4;
   const int64_t head =
       std::min<int64_t>(n, (16 - reinterpret_cast<uintptr_t>(master) % 16) % 16 / 4);
   char* wb = static_cast<char*>(w);
-  const bool vec = n - head >= 4 && aligned(master + head, 16) && aligned(grad + head, 16) &&
+  const char* gb = static_cast<const char*>(grad);
+  const bool vec = n - head >= 4 && aligned(master + head, 16) &&
+                   aligned(gb + head * gsize, 4 * gsize) &&
                    aligned(m + head, 16) && aligned(v + head, 16) &&
                    (K == Weights::kNone || aligned(wb + head * wsize, 4 * wsize));
   if (!vec) {
-    adamw_kernel<K, false><<<grid((n + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+    adamw_kernel<K, G, false><<<grid((n + kThreads - 1) / kThreads), kThreads, 0, s>>>(
         master, grad, m, v, w, n, c, scale, inf);
     return;
   }
   if (head > 0)
-    adamw_kernel<K, false><<<1, kThreads, 0, s>>>(master, grad, m, v, w, head, c, scale, inf);
+    adamw_kernel<K, G, false><<<1, kThreads, 0, s>>>(master, grad, m, v, w, head, c, scale, inf);
   const int64_t rest = n - head;
-  adamw_kernel<K, true><<<grid(((rest + 3) / 4 + kThreads - 1) / kThreads), kThreads, 0,
-                          s>>>(master + head, grad + head, m + head, v + head,
-                               K == Weights::kNone ? nullptr : wb + head * wsize, rest, c, scale,
-                               inf);
+  adamw_kernel<K, G, true><<<grid(((rest + 3) / 4 + kThreads - 1) / kThreads), kThreads, 0,
+                             s>>>(master + head, gb + head * gsize, m + head, v + head,
+                                  K == Weights::kNone ? nullptr : wb + head * wsize, rest, c,
+                                  scale, inf);
+}
+
+template <Grads G>
+void launch_kind(float* master, const void* grad, float* m, float* v, void* w, Weights kind,
+                 int64_t n, const Constants& c, const float* scale, const float* inf,
+                 cudaStream_t s) {
+  switch (kind) {
+    case Weights::kNone:
+      launch<Weights::kNone, G>(master, grad, m, v, nullptr, n, c, scale, inf, s);
+      break;
+    case Weights::kBF16:
+      launch<Weights::kBF16, G>(master, grad, m, v, w, n, c, scale, inf, s);
+      break;
+    case Weights::kF32:
+      launch<Weights::kF32, G>(master, grad, m, v, w, n, c, scale, inf, s);
+      break;
+  }
 }
 
 }  // namespace
 
-std::string step(float* master, const float* grad, float* exp_avg, float* exp_avg_sq,
-                 void* weights, Weights kind, int64_t n, const Constants& c,
+std::string step(float* master, const void* grad, Grads grad_kind, float* exp_avg,
+                 float* exp_avg_sq, void* weights, Weights kind, int64_t n, const Constants& c,
                  const float* grad_scale, const float* found_inf, void* stream) {
   if (n <= 0) return {};
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (kind) {
-    case Weights::kNone:
-      launch<Weights::kNone>(master, grad, exp_avg, exp_avg_sq, nullptr, n, c, grad_scale,
+  if (grad_kind == Grads::kBF16)
+    launch_kind<Grads::kBF16>(master, grad, exp_avg, exp_avg_sq, weights, kind, n, c, grad_scale,
+                              found_inf, s);
+  else
+    launch_kind<Grads::kF32>(master, grad, exp_avg, exp_avg_sq, weights, kind, n, c, grad_scale,
                              found_inf, s);
-      break;
-    case Weights::kBF16:
-      launch<Weights::kBF16>(master, grad, exp_avg, exp_avg_sq, weights, n, c, grad_scale,
-                             found_inf, s);
-      break;
-    case Weights::kF32:
-      launch<Weights::kF32>(master, grad, exp_avg, exp_avg_sq, weights, n, c, grad_scale,
-                            found_inf, s);
-      break;
-  }
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));
 }

@@ -3,8 +3,8 @@
 // error text. The tensor-level caller is adamw_cuda.cpp (fused_adamw.h).
 //
 // One pass over n elements of the flat float32 master, gradient and moments: reads 16 bytes per
-// element and writes 12, plus the rounded weight (2 bytes in bfloat16) where the weights are a
-// separate copy. That is the whole step: PyTorch's multi-tensor kernel followed by a cast of
+// element (14 with a bfloat16 gradient, --grad-reduce-in-bf16) and writes 12, plus the rounded
+// weight (2 bytes in bfloat16) where the weights are a separate copy. That is the whole step: PyTorch's multi-tensor kernel followed by a cast of
 // the masters into the weights reads and writes 38 bytes per element in two passes.
 #pragma once
 
@@ -16,6 +16,8 @@ namespace weft::adamw_kernel {
 // The weights written beside the master: none (they are the master), bfloat16, or float32 (a
 // separate float32 copy).
 enum class Weights { kNone, kBF16, kF32 };
+// The gradient's type: float32, or bfloat16 (widened to float32 on load).
+enum class Grads { kF32, kBF16 };
 
 // One group's constants for this step, in float32 as the kernel uses them.
 struct Constants {
@@ -35,8 +37,8 @@ struct Constants {
 // and weights[i] = p rounded to the weights' type. Where found_inf (may be null) holds a
 // non-zero value, nothing is written. Purely elementwise: every element's bits depend on its own
 // inputs only, whatever the launch.
-std::string step(float* master, const float* grad, float* exp_avg, float* exp_avg_sq,
-                 void* weights, Weights kind, int64_t n, const Constants& c,
+std::string step(float* master, const void* grad, Grads grad_kind, float* exp_avg,
+                 float* exp_avg_sq, void* weights, Weights kind, int64_t n, const Constants& c,
                  const float* grad_scale, const float* found_inf, void* stream);
 
 }  // namespace weft::adamw_kernel

@@ -17,7 +17,7 @@ struct Hyper {
 };
 
 // One AdamW step over elements [offset, offset + numel) of the flat float32 CUDA tensors master,
-// grad, exp_avg and exp_avg_sq, with the gradients divided by grad_scale (float32, one element;
+// grad (or a bfloat16 grad), exp_avg and exp_avg_sq, with the gradients divided by grad_scale (float32, one element;
 // undefined: 1) and nothing changed where found_inf (float32, one element; may be undefined)
 // is non-zero. `weights` (the same elements of the model's weight shard) gets the new master
 // rounded where it is a separate bfloat16 or float32 tensor; returns false if it is of another

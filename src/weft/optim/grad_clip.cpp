@@ -12,7 +12,7 @@
 namespace weft {
 namespace {
 
-// The squared 2-norm of a float32 gradient shard, accumulated in float64 (on the shard's
+// The squared 2-norm of a gradient shard (float32 or bf16), accumulated in float64 (on the shard's
 // device). A float32 accumulation loses ~1e-5 of the norm over millions of elements on the CPU
 // (libtorch's CPU reductions add sequentially per thread), which is what the logged grad norm
 // and the clipping coefficient used to show; in pieces so the float64 copy stays small.

@@ -1,5 +1,5 @@
 // FSDP unit (see fsdp_unit.h): row-block sharding, one all-gather per gather, one
-// reduce-scatter per microbatch backward, gradient reduction in float32.
+// reduce-scatter per microbatch backward, gradient reduction in the gradient shard's dtype.
 #include "weft/parallel/fsdp_unit.h"
 
 #include <ATen/Functions.h>
@@ -89,8 +89,10 @@ void FsdpUnit::load_full(const std::function<at::Tensor(const ParamSpec&)>& full
 }
 
 void FsdpUnit::set_grad_target(const at::Tensor& g) {
-  WEFT_CHECK(g.numel() == shard_numel_ && g.scalar_type() == at::kFloat && g.is_contiguous(),
-             "unit {}: gradient shard must be contiguous float32 of {} elements", name_,
+  WEFT_CHECK(g.numel() == shard_numel_ &&
+                 (g.scalar_type() == at::kFloat || g.scalar_type() == at::kBFloat16) &&
+                 g.is_contiguous(),
+             "unit {}: gradient shard must be contiguous float32 or bf16 of {} elements", name_,
              shard_numel_);
   grad_target_ = g;
   std::fill(unwritten_.begin(), unwritten_.end(), 0);  // its owner's values count

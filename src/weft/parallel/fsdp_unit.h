@@ -1,6 +1,6 @@
 // An FSDP unit: a few parameters (at most one transformer layer) sharded row-wise over the
 // fsdp_shard group, gathered only while they compute, their gradients reduce-scattered in
-// float32 after each microbatch's backward.
+// float32 (bf16 with --grad-reduce-in-bf16) after each microbatch's backward.
 //
 // Sharding (FSDP2-style, chosen so every saved chunk is a box in the global tensor): parameter
 // p with R rows of `row_numel` elements is cut into D = shard-group-size blocks of
@@ -13,8 +13,8 @@
 //
 // Lifecycle per microbatch m (the stage sets the microbatch before forward and backward):
 // forward_weight() gathers lazily and counts a use of m; the stage calls reshard() after the
-// unit's forward; in backward, backward_weight() gathers lazily, grad_buffer() hands out float32
-// full-shape buffers, and the last grad_ready() of m reduce-scatters into the gradient shard
+// unit's forward; in backward, backward_weight() gathers lazily, grad_buffer() hands out
+// full-shape buffers in the gradient shard's dtype, and the last grad_ready() of m reduce-scatters into the gradient shard
 // and frees the full weights and buffers. So full weights exist only while the unit computes.
 #pragma once
 
@@ -44,7 +44,7 @@ struct ShardSegment {
 
 // Gradient reductions started by units' backward (reduce-scatter in flight while the backward of
 // earlier layers computes) and finished in start order: at most `depth` in flight, since each
-// holds a full-size float32 send buffer; drain() finishes all (the stage calls it at the end of
+// holds a full-size send buffer; drain() finishes all (the stage calls it at the end of
 // each microbatch's backward, before anything reads a gradient shard). Finishing in start order
 // keeps every shard's accumulation order, so results are bitwise those of blocking reductions.
 class GradReductionQueue {
@@ -88,8 +88,10 @@ class FsdpUnit : public ParamSource {
   // Fills the shard from each parameter's full float32 value (e.g. init_param).
   void load_full(const std::function<at::Tensor(const ParamSpec&)>& full_value);
 
-  // The float32 shard that reduced gradients accumulate into. Who owns it depends on the
-  // gradient mode (see optim/); read it only through grad_shard() in grad_access.h.
+  // The shard that reduced gradients accumulate into (float32, or bf16 with
+  // --grad-reduce-in-bf16; the full-shape buffers and the reductions take its dtype). Who owns
+  // it depends on the gradient mode (see optim/); read it only through grad_shard() in
+  // grad_access.h.
   void set_grad_target(const at::Tensor& g);
   const at::Tensor& grad_target() const { return grad_target_; }
 
@@ -141,7 +143,7 @@ class FsdpUnit : public ParamSource {
   at::Tensor param_shard_;
   at::Tensor grad_target_;
   std::vector<at::Tensor> full_;       // gathered weights (empty when resharded)
-  std::vector<at::Tensor> full_grad_;  // float32 full-shape gradient buffers of this backward
+  std::vector<at::Tensor> full_grad_;  // full-shape gradient buffers of this backward
   bool gathered_ = false;
   FsdpUnit* backward_prefetch_ = nullptr;
   GradReductionQueue* reduce_queue_ = nullptr;

@@ -334,11 +334,12 @@ TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, do
 
     // State: exactly what FsdpUnit and ShardedAdamW allocate.
     int64_t max_full = 0, max_full_grad = 0, max_send = 0;
+    const int64_t G = cfg.adam.grad_dtype == at::kBFloat16 ? 2 : 4;  // gradient bytes
     for (const UnitShape& u : units) {
       const int64_t S = u.shard_numel();
       rp.params += S;
       if (dtype != at::kFloat) rp.weights += S * B;
-      rp.grads += S * 4;
+      rp.grads += S * G;
       rp.master += S * 4;
       rp.exp_avg += S * dtype_bytes(cfg.adam.exp_avg_dtype);
       rp.exp_avg_sq += S * dtype_bytes(cfg.adam.exp_avg_sq_dtype);
@@ -346,12 +347,13 @@ TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, do
         max_full = std::max(max_full, u.D * S * B);
         int64_t full = 0;
         for (const auto& s : u.specs) full += numel(s);
-        max_full_grad = std::max(max_full_grad, full * 4);
-        max_send = std::max(max_send, u.D * S * 4 + S * 4);
+        max_full_grad = std::max(max_full_grad, full * G);
+        max_send = std::max(max_send, u.D * S * G + S * G);
       }
     }
     // The unit computing and the one prefetched are gathered at once; in backward a unit's
-    // float32 full-shape gradients, and two reduce-scatters in flight (send buffer + result).
+    // full-shape gradients (float32, bf16 with --grad-reduce-in-bf16), and two reduce-scatters
+    // in flight (send buffer + result).
     rp.gathered = (cfg.overlap_param_gather ? 2 : 1) * max_full;
     rp.comm = max_full_grad + (cfg.overlap_grad_reduce ? 2 : 1) * max_send;
     if (pp > 1) rp.comm += 2 * T * m.hidden_size * B;  // activation recv + gradient recv
@@ -462,7 +464,8 @@ std::string train_plan_text(const TrainPlan& p, const TrainConfig& cfg, double m
     };
     line("weights", r->weights,
          m.bf16 ? "bf16 shards" : "fp32: the master shard is the weight");
-    line("gradients", r->grads, "fp32 shards");
+    line("gradients", r->grads,
+         cfg.adam.grad_dtype == at::kBFloat16 ? "bf16 shards" : "fp32 shards");
     line("master weights", r->master, "fp32");
     line("Adam exp_avg", r->exp_avg, mdt(cfg.adam.exp_avg_dtype));
     line("Adam exp_avg_sq", r->exp_avg_sq, mdt(cfg.adam.exp_avg_sq_dtype));

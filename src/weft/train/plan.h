@@ -25,7 +25,8 @@ struct RankPlan {
   int stage = 0;
   int64_t params = 0;          // elements of this rank's shards (padding included)
   int64_t weights = 0;         // compute-dtype weight shards (0 with fp32: the master is the weight)
-  int64_t grads = 0;           // float32 gradient shards (main or decoupled)
+  int64_t grads = 0;           // gradient shards (main or decoupled; bf16 main ones with
+                               // --grad-reduce-in-bf16)
   int64_t master = 0;          // float32 master shards
   int64_t exp_avg = 0;         // first moments (--exp-avg-dtype)
   int64_t exp_avg_sq = 0;      // second moments (--exp-avg-sq-dtype)
