@@ -118,6 +118,23 @@ TEST(Parity, QkvBiasLayoutsMatchSingleRank) {
   }
 }
 
+// --decoupled-lr with a tied output layer: on pp > 1 the last stage's copy of the embedding must
+// step in the "decoupled" group like the first stage's embedding, or the copies part (the
+// embedding-copies check after every step) and the losses leave the single-rank run's. The
+// decoupled rate 5x --lr, its minimum above --min-lr. Seen to fail with the copy's spec not
+// marked embedding_or_output (its own group: the copies differ from iteration 1 on).
+TEST(Parity, DecoupledLrTiedAcrossStagesMatchesSingleRank) {
+  TrainConfig c = base_config(false);
+  c.lr.decoupled_lr = 5 * c.lr.lr;
+  c.lr.decoupled_min_lr = 2 * c.lr.min_lr + 1e-5;
+  auto ref = run_job(c, 1, /*self_only=*/true);
+  for (const Layout& l : kLayouts) {
+    if (l.tiny || l.pp == 1 || l.outer > 1 || l.world > test::world_size()) continue;
+    auto got = run_job(with_layout(c, l), l.world, false, test::expect_embedding_copies_equal);
+    if (test::world_rank() < l.world) expect_close(got, ref, 1e-5, l.name);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(TiedAndGradMode, Parity,
                          ::testing::Combine(::testing::Bool(), ::testing::Bool()),
                          [](const auto& info) {
