@@ -122,7 +122,7 @@ TEST(Parity, QkvBiasLayoutsMatchSingleRank) {
 // step in the "decoupled" group like the first stage's embedding, or the copies part (the
 // embedding-copies check after every step) and the losses leave the single-rank run's. The
 // decoupled rate 5x --lr, its minimum above --min-lr. Seen to fail with the copy's spec not
-// marked embedding_or_output (its own group: the copies differ from iteration 1 on).
+// marked embedding_or_output (the copies differ from iteration 2 on).
 TEST(Parity, DecoupledLrTiedAcrossStagesMatchesSingleRank) {
   TrainConfig c = base_config(false);
   c.lr.decoupled_lr = 5 * c.lr.lr;
