@@ -182,13 +182,17 @@ for g in 32 16; do
   [ $g = 16 ] && flag=(--grad-reduce-in-bf16)
   "$weft" plan "${model[@]}" --world-size 1 --bf16 "${flag[@]}" >"$tmp/plan$g.txt" 2>&1
   "$weft" plan "${model[@]}" --world-size 1 --bf16 "${flag[@]}" --json >"$tmp/plan$g.json" 2>&1
+  "$weft" plan "${model[@]}" --world-size 2 --bf16 "${flag[@]}" --json >"$tmp/plan${g}_dp2.json" 2>&1
 done
-python3 - "$tmp" <<'EOF' && ok "weft plan: bf16 gradient shards, half the bytes" || bad "weft plan: $(grep -h gradients "$tmp"/plan*.txt)"
+python3 - "$tmp" <<'EOF' && ok "weft plan: bf16 gradient shards and reduction buffers, half the bytes" || bad "weft plan: $(grep -h gradients "$tmp"/plan*.txt)"
 import json, sys
 d = sys.argv[1]
 line = lambda g: next(l for l in open(f"{d}/plan{g}.txt") if l.strip().startswith("gradients"))
 assert "fp32 shards" in line(32) and "bf16 shards" in line(16), (line(32), line(16))
 a, b = (json.load(open(f"{d}/plan{g}.json"))["rank_groups"][0]["grads"] for g in (32, 16))
+assert a == 2 * b and b > 0, (a, b)
+# dp 2: the full-shape gradients and the reduce-scatter buffers halve too
+a, b = (json.load(open(f"{d}/plan{g}_dp2.json"))["rank_groups"][0]["comm_buffers"] for g in (32, 16))
 assert a == 2 * b and b > 0, (a, b)
 EOF
 refuse "--grad-reduce-in-bf16 is not implemented with --use-precision-aware-optimizer" --bf16 \

@@ -769,6 +769,60 @@ TEST(ModelOps, LinearMatchesNativeAndDeliversGradWithoutInputGrad) {
   EXPECT_LE(rel_err(x16.grad(), dy.matmul(w0)), 0.03);
 }
 
+// A FullParams whose gradient buffers are bf16, as an FSDP unit's with --grad-reduce-in-bf16.
+class Bf16GradParams : public FullParams {
+ public:
+  at::Tensor grad_buffer(int index) override {
+    at::Tensor& b = bf16_[index];
+    if (!b.defined())
+      b = torch::zeros(spec(index).shape, value(index).options().dtype(torch::kBFloat16));
+    return b;
+  }
+  const at::Tensor& bf16_grad(int index) { return bf16_.at(index); }
+
+ private:
+  std::map<int, at::Tensor> bf16_;
+};
+
+// Into a bf16 gradient buffer the embedding's gradient is each token's rows summed in float32 and
+// rounded once, not rounded at every occurrence of the token (2048 occurrences of each of 4
+// tokens: rounding per occurrence is off by far more than one bf16 rounding); the RMSNorm scale's
+// too (products and sum in float32). Both against float64 sums of the same bf16 inputs: within
+// one rounding (2^-8 relative, elementwise). On every device the build has. Seen to fail with
+// the embedding's rows added into the bf16 buffer one occurrence at a time, and with the scale's
+// products and sum in bf16.
+TEST(ModelOps, Bf16GradientBuffersGetFloat32SumsRoundedOnce) {
+  std::vector<torch::Device> devices = {torch::kCPU};
+  if (torch::cuda::is_available()) devices.emplace_back(torch::kCUDA);
+  const auto within_one_rounding = [](const torch::Tensor& got, const torch::Tensor& want) {
+    const torch::Tensor g = got.to(torch::kDouble).cpu(), w = want.to(torch::kDouble).cpu();
+    return ((g - w).abs() <= w.abs() * std::ldexp(1.0, -8)).all().item<bool>();
+  };
+  for (const torch::Device dev : devices) {
+    SCOPED_TRACE(dev.str());
+    const auto bf16 = torch::TensorOptions().device(dev).dtype(torch::kBFloat16);
+    Bf16GradParams params;
+    const ParamHandle e =
+        params.add({"emb", {4, 64}, InitKind::kNormal, true}, torch::randn({4, 64}, bf16));
+    const ParamHandle w =
+        params.add({"norm", {64}, InitKind::kOnes, false}, torch::randn({64}, bf16));
+    const torch::Tensor tokens = torch::arange(8192, torch::TensorOptions().device(dev)) % 4;
+    const torch::Tensor dy = torch::randn({8192, 64}, bf16);
+    ops::embedding(tokens, e).backward(dy);
+    const torch::Tensor de_ref = torch::zeros({4, 64}, torch::kDouble)
+                                     .index_add_(0, tokens.cpu(), dy.to(torch::kDouble).cpu());
+    EXPECT_TRUE(within_one_rounding(params.bf16_grad(0), de_ref)) << "embedding";
+
+    // The norm's scale w: dw = sum over the tokens of dy * xhat, xhat the bf16 normalised row.
+    const torch::Tensor x = torch::randn({8192, 64}, bf16);
+    ops::rms_norm(x, w, 1e-5).backward(dy);
+    const torch::Tensor xf = x.to(torch::kFloat);
+    const torch::Tensor xhat = (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + 1e-5)).to(torch::kBFloat16);
+    const torch::Tensor dw_ref = (dy.to(torch::kDouble) * xhat.to(torch::kDouble)).sum(0);
+    EXPECT_TRUE(within_one_rounding(params.bf16_grad(1), dw_ref)) << "norm scale";
+  }
+}
+
 // --moe-router-dtype fp32: linear_in on bf16 input and weight computes the float32 product of
 // their float32 values (bitwise the native one), returns x's gradient in bf16 and accumulates W's
 // float32 gradient; plain linear refuses mixed dtypes instead of casting.

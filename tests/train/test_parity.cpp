@@ -423,11 +423,12 @@ TEST(Overlap, GradReduceChangesNothingButTiming) {
 }
 
 // --grad-reduce-in-bf16 with bf16 compute (Megatron's bf16 main_grad buffer). One microbatch on
-// one rank, clipping off: every gradient shard is bf16, within 2^-7 (two bf16 roundings) in norm
-// of the float32 run's gradient and not equal to it everywhere, and the grad norm is the float64
-// norm of those bf16 values. (On the CPU the bf16 GEMMs' products are rounded to bf16 in the
-// float32 run too; the embedding's and the norms' gradients, summed in float32 there, are where
-// the two runs differ, by ~2e-3 in norm.) Then every layout, with 8 microbatches accumulated and
+// one rank, clipping off: every gradient shard is bf16, within 2^-8 in norm of the float32 run's
+// gradient and not equal to it everywhere, and the grad norm is the float64 norm of those bf16
+// values. (On the CPU the bf16 GEMMs' products are rounded to bf16 in the float32 run too; the
+// embedding's and the norms' gradients, summed in float32 there, are where the two runs differ:
+// measured 2.1e-3 in norm for the tied embedding (its two gradients rounded, then their sum),
+// 1.3e-3 for the final norm, below 1.3e-5 elsewhere.) Then every layout, with 8 microbatches accumulated and
 // reduced in bf16 in its own order, agrees with the single-rank run of the flag: measured on the
 // CPU over 6 iterations, losses within 2.6e-4 relative and grad norms within 9.7e-3 (6.3e-3 in
 // iteration 1 on dp 8 of the tiny model, where a gradient has few elements); bounds 1e-3 and
@@ -456,7 +457,7 @@ TEST(GradReduceInBf16, ShardsHoldRoundedGradientsAndLayoutsAgree) {
     ASSERT_EQ(g16[k].scalar_type(), at::kBFloat16) << "unit " << k;
     const at::Tensor a = g32[k].to(at::kDouble).cpu(), b = g16[k].to(at::kDouble).cpu();
     const double rel = (b - a).norm().item<double>() / a.norm().item<double>();
-    EXPECT_LE(rel, std::ldexp(1.0, -7)) << "unit " << k << ": the bf16 gradient is off";
+    EXPECT_LE(rel, std::ldexp(1.0, -8)) << "unit " << k << ": the bf16 gradient is off";
     all_equal = all_equal && at::equal(a, b);
     norm16 += b.pow(2).sum().item<double>();
   }

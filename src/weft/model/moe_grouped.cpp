@@ -7,9 +7,9 @@
 // (an FSDP unit with a shard group of one rank keeps fc1 of every expert, then fc2 of every
 // expert, in one flat buffer), otherwise stacked into one temporary. Weight gradients come from
 // one grouped GEMM per projection too (ragged K: each expert's rows), in bf16 as the kernel
-// writes them, and are added into the float32 gradient buffers (one add when the buffers are
-// adjacent): each microbatch's weight gradient is rounded to bf16 once, as under PyTorch's
-// autocast, then accumulated in float32. Fewer, larger launches matter here: a per-expert loop
+// writes them, and are added into the gradient buffers (one add when the buffers are adjacent):
+// each microbatch's weight gradient is rounded to bf16 once, as under PyTorch's autocast, then
+// accumulated in float32 (in bf16 with --grad-reduce-in-bf16). Fewer, larger launches matter here: a per-expert loop
 // made the step host-bound.
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>

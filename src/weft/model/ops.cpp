@@ -176,10 +176,12 @@ struct ScaleFn : Function<ScaleFn> {
     at::Tensor dxhat;
     if (ctx->needs_input_grad(0)) dxhat = dy * h.source->backward_weight(h.index);
 
-    // dw = sum over every token of dy * xhat, in the buffer's dtype.
+    // dw = sum over every token of dy * xhat, in the buffer's dtype and at least float32 (a bf16
+    // buffer, --grad-reduce-in-bf16, gets the float32 sum rounded once).
     at::Tensor buf = fetch_grad_buffer(h, {n});
-    const auto acc = buf.scalar_type();
-    buf.add_((dy.reshape({-1, n}).to(acc) * xhat.reshape({-1, n}).to(acc)).sum(0));
+    const auto acc = at::promote_types(buf.scalar_type(), at::kFloat);
+    const at::Tensor dw = (dy.reshape({-1, n}).to(acc) * xhat.reshape({-1, n}).to(acc)).sum(0);
+    buf.add_(dw.to(buf.scalar_type()));
     h.source->grad_ready(h.index);
     return {dxhat, at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -278,13 +280,25 @@ struct EmbeddingFn : Function<EmbeddingFn> {
     // the CPU it is the other way round: index_put_ adds float32 with atomics across threads
     // above 32768 elements, while index_add_ sums each row in index order (libtorch 1.13: one
     // index after another; 2.x: as scatter_add_, sorted or split over columns).
-    const at::Tensor rows_dy = dy.reshape({-1, n}).to(buf.scalar_type());
-    if (buf.is_cuda()) {
-      c10::List<c10::optional<at::Tensor>> index;
-      index.push_back(c10::optional<at::Tensor>(tokens.reshape({-1})));
-      buf.index_put_(index, rows_dy, /*accumulate=*/true);
+    const auto add_rows = [](at::Tensor& into, const at::Tensor& ids, const at::Tensor& rows) {
+      if (into.is_cuda()) {
+        c10::List<c10::optional<at::Tensor>> index;
+        index.push_back(c10::optional<at::Tensor>(ids));
+        into.index_put_(index, rows, /*accumulate=*/true);
+      } else {
+        into.index_add_(0, ids, rows);
+      }
+    };
+    const at::Tensor ids = tokens.reshape({-1});
+    if (buf.scalar_type() == at::kBFloat16) {
+      // A bf16 buffer (--grad-reduce-in-bf16): each token's rows summed in float32 first, then
+      // added once per token, so that a frequent token is not rounded at every occurrence.
+      const auto [unique, inverse] = at::_unique(ids, /*sorted=*/true, /*return_inverse=*/true);
+      at::Tensor sums = at::zeros({unique.numel(), n}, dy.options().dtype(at::kFloat));
+      add_rows(sums, inverse, dy.reshape({-1, n}).to(at::kFloat));
+      add_rows(buf, unique, sums.to(buf.scalar_type()));
     } else {
-      buf.index_add_(0, tokens.reshape({-1}), rows_dy);
+      add_rows(buf, ids, dy.reshape({-1, n}).to(buf.scalar_type()));
     }
     h.source->grad_ready(h.index);
     return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};

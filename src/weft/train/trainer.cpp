@@ -916,7 +916,7 @@ Trainer::StateBytes Trainer::state_bytes(bool experts) const {
     const UnitOptimState& st = optimizer_->state(k);
     if (!u.param_shard().is_same(st.master))
       b.weights += u.param_shard().numel() * u.param_shard().element_size();
-    b.grads += u.grad_target().numel() * 4;
+    b.grads += u.grad_target().numel() * u.grad_target().element_size();
     b.optimizer += optimizer_->unit_state_bytes(k);
   }
   return b;
