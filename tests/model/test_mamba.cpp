@@ -140,9 +140,11 @@ TEST(MambaCuda, MixerMatchesRecurrenceFloat32) {
 // bf16 models run the scan's matmul operands in bf16 (float32 decays and accumulation). Against
 // the float64 scan (checked above against the recurrence): output and input gradients within
 // kBf16Tol of the largest value. bf16 keeps 8 bits, a relative rounding of 2^-9 = 0.2% per
-// operand; sums over a chunk average those out. Measured: see the test's output.
+// operand; sums over a chunk average those out. Measured (see the test's output): below 1% on
+// the earlier Intel CI machines; on an AMD EPYC one (no AVX512-BF16, libtorch 1.13's other bf16
+// GEMM path) 0.94% for the output and 1.24% for x's gradient, so the bound is 2%.
 void check_bf16_scan(const torch::Device& dev) {
-  constexpr double kBf16Tol = 1e-2;
+  constexpr double kBf16Tol = 2e-2;
   torch::manual_seed(11);
   const int64_t b = 2, s = 300, H = 8, P = 16, G = 2, N = 16;
   const torch::Tensor x = torch::randn({b, s, H, P}, torch::kDouble);
