@@ -132,7 +132,9 @@ bench1b)  # weft with float32 gradients (Megatron's default), then with --grad-r
     echo "weft $g rc=$?"; grep -E "parameters|bytes on" "$OUT/$w.log"; tail -2 "$OUT/$w.log" | cut -c1-400
     python3 bench/gpu/mfu.py --weft-jsonl "$OUT/$w.jsonl" | tee "$OUT/${w}_mfu.json"
   done
-  for mode in "" --compile; do
+  # BENCH1B_MODES: the PyTorch baselines, eager ("eager") and torch.compile ("--compile").
+  for mode in ${BENCH1B_MODES:-eager --compile}; do
+    [ "$mode" = eager ] && mode=""
     timeout 400 python3 bench/gpu/pytorch_llama.py $mode > "$OUT/pt$mode.json" 2> "$OUT/pt$mode.err"
     echo "pytorch $mode rc=$?: $(cat "$OUT/pt$mode.json")"; tail -3 "$OUT/pt$mode.err"
     TPS=$(python3 -c "import json;print(json.load(open('$OUT/pt$mode.json'))['tokens_per_sec'])" 2>/dev/null) \
