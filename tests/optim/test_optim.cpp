@@ -386,6 +386,30 @@ TEST(ShardedAdamW, StepOnDeviceEqualsHostStep) {
   }
 }
 
+// Parameters of odd sizes: range starts off the 16-byte grid and scalar tails in weft's AdamW
+// kernel; a no_decay parameter between two decay ones gives three ranges.
+const std::vector<ParamSpec> kOddSpecs = {{"a.w1", {37, 13}, InitKind::kNormal, true},
+                                          {"a.norm", {13}, InitKind::kOnes, false},
+                                          {"a.w2", {1001, 3}, InitKind::kNormal, true}};
+
+std::vector<at::Tensor> random_values(const std::vector<ParamSpec>& specs) {
+  std::vector<at::Tensor> w;
+  for (const ParamSpec& s : specs) w.push_back(at::randn(s.shape, at::kDouble));
+  return w;
+}
+
+// A bf16 unit of `specs` on one rank, its weights `w0` rounded to bf16.
+std::unique_ptr<FsdpUnit> bf16_unit(ProcessGroups& groups, const std::vector<ParamSpec>& specs,
+                                    const std::vector<at::Tensor>& w0, const c10::Device& dev) {
+  auto u = std::make_unique<FsdpUnit>("a", specs, groups.get("fsdp_shard"), at::kBFloat16, dev);
+  u->load_full([&](const ParamSpec& s) {
+    for (size_t i = 0; i < specs.size(); ++i)
+      if (specs[i].name == s.name) return w0[i].to(at::kBFloat16).to(dev);
+    return at::Tensor();
+  });
+  return u;
+}
+
 // The CUDA step (weft's one-pass kernel where WEFT_TEST_DEVICE=cuda, the host update elsewhere)
 // on a bfloat16 unit against the textbook AdamW in float64: the masters within float32 rounding,
 // and the bfloat16 weights the masters rounded, bitwise. Parameters of odd sizes put range
@@ -398,18 +422,10 @@ TEST(ShardedAdamW, StepOnDeviceEqualsHostStep) {
 TEST(ShardedAdamW, Bf16WeightsFollowTheMasters) {
   const c10::Device dev(test::test_device());
   OneRank one;
-  ProcessGroups& groups = one.groups;
-  const std::vector<ParamSpec> specs = {{"a.w1", {37, 13}, InitKind::kNormal, true},
-                                        {"a.norm", {13}, InitKind::kOnes, false},
-                                        {"a.w2", {1001, 3}, InitKind::kNormal, true}};
-  std::vector<at::Tensor> w0;
-  for (const ParamSpec& s : specs) w0.push_back(at::randn(s.shape, at::kDouble));
-  FsdpUnit unit("a", specs, groups.get("fsdp_shard"), at::kBFloat16, dev);
-  unit.load_full([&](const ParamSpec& s) {
-    for (size_t i = 0; i < specs.size(); ++i)
-      if (specs[i].name == s.name) return w0[i].to(at::kBFloat16).to(dev);
-    return at::Tensor();
-  });
+  const std::vector<ParamSpec>& specs = kOddSpecs;
+  const std::vector<at::Tensor> w0 = random_values(specs);
+  const std::unique_ptr<FsdpUnit> unit_ptr = bf16_unit(one.groups, specs, w0, dev);
+  FsdpUnit& unit = *unit_ptr;
   AdamWConfig cfg;
   cfg.beta2 = 0.95;  // the textbook reference's
   cfg.weight_decay = 0.1;
@@ -481,22 +497,9 @@ TEST(ShardedAdamW, Bf16WeightsFollowTheMasters) {
 TEST(ShardedAdamW, Bf16GradientShardUpdatesAsItsFloat32Values) {
   const c10::Device dev(test::test_device());
   OneRank one;
-  ProcessGroups& groups = one.groups;
-  const std::vector<ParamSpec> specs = {{"a.w1", {37, 13}, InitKind::kNormal, true},
-                                        {"a.norm", {13}, InitKind::kOnes, false},
-                                        {"a.w2", {1001, 3}, InitKind::kNormal, true}};
-  std::vector<at::Tensor> w0;
-  for (const ParamSpec& s : specs) w0.push_back(at::randn(s.shape, at::kDouble));
-  auto make_unit = [&] {
-    auto u = std::make_unique<FsdpUnit>("a", specs, groups.get("fsdp_shard"), at::kBFloat16, dev);
-    u->load_full([&](const ParamSpec& s) {
-      for (size_t i = 0; i < specs.size(); ++i)
-        if (specs[i].name == s.name) return w0[i].to(at::kBFloat16).to(dev);
-      return at::Tensor();
-    });
-    return u;
-  };
-  auto u32 = make_unit(), u16 = make_unit();
+  const std::vector<at::Tensor> w0 = random_values(kOddSpecs);
+  auto u32 = bf16_unit(one.groups, kOddSpecs, w0, dev);
+  auto u16 = bf16_unit(one.groups, kOddSpecs, w0, dev);
   AdamWConfig cfg;
   cfg.weight_decay = 0.1;
   cfg.eps = 0.05;  // of the order of the gradients, so that their scale shows in the update

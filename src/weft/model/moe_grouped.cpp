@@ -9,8 +9,8 @@
 // one grouped GEMM per projection too (ragged K: each expert's rows), in bf16 as the kernel
 // writes them, and are added into the gradient buffers (one add when the buffers are adjacent):
 // each microbatch's weight gradient is rounded to bf16 once, as under PyTorch's autocast, then
-// accumulated in float32 (in bf16 with --grad-reduce-in-bf16). Fewer, larger launches matter here: a per-expert loop
-// made the step host-bound.
+// accumulated in float32 (in bf16 with --grad-reduce-in-bf16). Fewer, larger launches matter
+// here: a per-expert loop made the step host-bound.
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>

@@ -133,7 +133,7 @@ void ShardedAdamW::step(double lr, double grad_multiplier) {
   }
   // The multiplier scales float32 gradients in place; a bf16 shard's pieces are widened first,
   // so that the update sees the same float32 values as from a float32 shard of those gradients.
-  const bool narrow_grads = !units_.empty() && grad_shard(*units_[0]).scalar_type() != at::kFloat;
+  const bool narrow_grads = !cfg_.precision_aware && cfg_.grad_dtype != at::kFloat;
   if (grad_multiplier != 1.0 && !narrow_grads)
     for (FsdpUnit* u : units_) grad_shard(*u).mul_(grad_multiplier);
   for (size_t k = 0; k < units_.size(); ++k) {

@@ -4,8 +4,8 @@
 // --exp-avg-dtype / --exp-avg-sq-dtype, as Megatron's precision-aware optimizer), and, in the
 // precision-aware gradient mode, the decoupled float32 gradient beside the master. With float32
 // compute the unit's weight shard is the master shard itself. The gradient shard is float32, or
-// bfloat16 with --grad-reduce-in-bf16; the update computes in float32 either way. Padding elements of a shard have
-// zero gradient and zero value, so the update leaves them zero.
+// bfloat16 with --grad-reduce-in-bf16; the update computes in float32 either way. Padding
+// elements of a shard have zero gradient and zero value, so the update leaves them zero.
 //
 // On CUDA with float32 moments the update is weft's one-pass kernel (fused_adamw.h: master,
 // moments and the rounded weights in one pass, one launch per range of a group); elsewhere an

@@ -3,7 +3,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include "weft/core/error.h"
 #include "weft/optim/adamw_kernel.h"
@@ -12,27 +14,28 @@
 namespace weft::fused_adamw {
 namespace {
 
-float* range_of(const at::Tensor& t, int64_t offset, int64_t numel, const char* what) {
-  WEFT_CHECK(t.is_cuda() && t.scalar_type() == at::kFloat && t.dim() == 1 && t.is_contiguous() &&
-                 offset >= 0 && offset + numel <= t.numel(),
-             "fused AdamW: {} must be a contiguous float32 CUDA vector holding elements "
-             "[{}, {})", what, offset, offset + numel);
-  return t.data_ptr<float>() + offset;
+// The address of element `offset` of `t`, checked to be a contiguous CUDA vector of a dtype in
+// `dtypes` (named in the message) holding [offset, offset + numel).
+const void* checked_range(const at::Tensor& t, int64_t offset, int64_t numel, const char* what,
+                          std::initializer_list<at::ScalarType> dtypes, const char* names) {
+  const bool dtype_ok = std::find(dtypes.begin(), dtypes.end(), t.scalar_type()) != dtypes.end();
+  WEFT_CHECK(t.is_cuda() && dtype_ok && t.dim() == 1 && t.is_contiguous() && offset >= 0 &&
+                 offset + numel <= t.numel(),
+             "fused AdamW: {} must be a contiguous {} CUDA vector holding elements [{}, {})", what,
+             names, offset, offset + numel);
+  return static_cast<const char*>(t.data_ptr()) + offset * static_cast<int64_t>(t.element_size());
 }
 
-// The gradient's range: float32 or bfloat16 (--grad-reduce-in-bf16), otherwise as range_of.
+float* range_of(const at::Tensor& t, int64_t offset, int64_t numel, const char* what) {
+  return static_cast<float*>(
+      const_cast<void*>(checked_range(t, offset, numel, what, {at::kFloat}, "float32")));
+}
+
+// The gradient's range: float32 or bfloat16 (--grad-reduce-in-bf16).
 const void* grad_range_of(const at::Tensor& g, int64_t offset, int64_t numel,
                           adamw_kernel::Grads* kind) {
-  if (g.scalar_type() != at::kBFloat16) {
-    *kind = adamw_kernel::Grads::kF32;
-    return range_of(g, offset, numel, "grad");
-  }
-  WEFT_CHECK(g.is_cuda() && g.dim() == 1 && g.is_contiguous() && offset >= 0 &&
-                 offset + numel <= g.numel(),
-             "fused AdamW: grad must be a contiguous float32 or bf16 CUDA vector holding "
-             "elements [{}, {})", offset, offset + numel);
-  *kind = adamw_kernel::Grads::kBF16;
-  return static_cast<const at::BFloat16*>(g.data_ptr()) + offset;
+  *kind = g.scalar_type() == at::kBFloat16 ? adamw_kernel::Grads::kBF16 : adamw_kernel::Grads::kF32;
+  return checked_range(g, offset, numel, "grad", {at::kFloat, at::kBFloat16}, "float32 or bf16");
 }
 
 }  // namespace

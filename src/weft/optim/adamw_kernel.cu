@@ -29,8 +29,10 @@ __device__ __forceinline__ void store_weight(void* w, int64_t i, float p) {
 // load, widened to float32.
 template <Grads G>
 __device__ __forceinline__ float load_grad(const void* g, int64_t i) {
-  if constexpr (G == Grads::kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(g)[i]);
-  else return static_cast<const float*>(g)[i];
+  if constexpr (G == Grads::kBF16)
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(g)[i]);
+  else
+    return static_cast<const float*>(g)[i];
 }
 template <Grads G>
 __device__ __forceinline__ float4 load_grad4(const void* g, int64_t i) {
