@@ -9,14 +9,7 @@
 # The corpus is generated here (awk, no python), the tokenizers and datasets are made with
 # `weft data train-tokenizer` and `weft data preprocess`, the broken files from them with dd.
 # Usage: bad_data_input.sh WEFT MPIRUN...
-set -u
-weft=$1
-shift
-mpirun=("$@")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-bad() { echo "FAIL $*"; fails=$((fails + 1)); }
+source "$(dirname "$0")/lib.sh" "$@"
 
 # --- a corpus, two tokenizers, a dataset ---------------------------------------------------------
 # words from syllables, drawn by a fixed LCG so the corpus is the same on every machine

@@ -14,15 +14,7 @@
 #   corpus logs 0;
 # - refusals: --eod-mask-loss without a tokenizer, a pad with CUDA graphs.
 # Usage: eod_mask_loss.sh WEFT MPIRUN...
-set -u
-weft=$1
-shift
-mpirun=("$@")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-bad() { echo "FAIL $*"; fails=$((fails + 1)); }
-ok() { echo "ok   $*"; }
+source "$(dirname "$0")/lib.sh" "$@"
 
 # Documents of 1-9 ids in 1..59; NullTokenizer V = 61, so the end of document is 60. zeros: the
 # same documents with every 7 written as 0 (no 0 otherwise); pads: nothing but 7 (no eod).
@@ -172,5 +164,4 @@ refuse "--eod-mask-loss needs the tokenizer's end-of-document id" --num-layers 2
 
 refuse "with the tokenizer's pad id 7" "${model[@]}" "${data[@]}" --null-tokenizer-pad-id 7 \
   --cuda-graph-impl local --device cuda
-[ "$fails" -eq 0 ] && echo "eod_mask_loss: all passed" || echo "eod_mask_loss: $fails failed"
-[ "$fails" -eq 0 ]
+finish

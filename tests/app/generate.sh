@@ -6,19 +6,7 @@
 # another. A tokenizer recorded in the checkpoint is checked (another one is refused unless
 # --force). Bad input ends with exit code 2 and one line naming the flag.
 # Usage: generate.sh WEFT MPIRUN...
-set -u
-weft=$1
-shift
-mpirun=("$@")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-check() {  # check WHAT GOT WANT
-  if [ "$2" == "$3" ]; then echo "ok   $1: $2"; else
-    echo "FAIL $1: got '$2', wanted '$3'"
-    fails=$((fails + 1))
-  fi
-}
+source "$(dirname "$0")/lib.sh" "$@"
 train() {  # train NP DIR FLAGS...
   local np=$1 dir=$2
   shift 2
@@ -150,4 +138,4 @@ expect "checksum mismatch" --load "$tmp/corrupt" --prompt-ids 1 --max-new-tokens
 past=$(gen --load "$d" --prompt-ids "$long" --greedy --max-new-tokens 16 --allow-past-seq-length)
 check "--allow-past-seq-length: ids generated" "$(echo "$past" | wc -w)" 16
 
-[ "$fails" -eq 0 ] || { echo "$fails case(s) failed"; exit 1; }
+finish

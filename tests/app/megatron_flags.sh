@@ -18,19 +18,11 @@
 #   --use-checkpoint-opt_param-scheduler continues the checkpoint's (the straight run's bits);
 #   a resume at another --global-batch-size continues the schedule's samples.
 # Usage: megatron_flags.sh WEFT MPIRUN...
-set -u
-weft=$1
-shift
-mpirun=("$@")
-tmp=$(mktemp -d /tmp/weft-megatron-flags-XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
+source "$(dirname "$0")/lib.sh" "$@"
 model=(--num-layers 3 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
        --group-query-attention --num-query-groups 2 --seq-length 16 --vocab-size 64
        --micro-batch-size 2 --global-batch-size 4 --eval-interval 0 --log-interval 1 --threads 1 --lr 1e-2
        --min-lr 1e-3 --lr-decay-style cosine --seed 3)
-ok() { echo "ok   $1"; }
-bad() { echo "FAIL $1"; fails=$((fails + 1)); }
 # run NAME FLAGS...: trains on one rank; the JSONL's (iteration, lr, loss) lines to NAME.txt.
 run() {
   local name=$1
@@ -302,5 +294,4 @@ for (it, lr, _, _), n in zip(rows, (16, 24)):
     want = 1e-3 + 0.5 * (math.cos(math.pi * (n - 4) / (32 - 4)) + 1) * 9e-3
     assert abs(float(lr) - want) <= 1e-15, (it, lr, want)
 EOF2
-echo "$fails failure(s)"
-[ "$fails" -eq 0 ]
+finish

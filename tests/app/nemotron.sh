@@ -15,15 +15,7 @@
 # - --swiglu beside --squared-relu is refused, as Megatron asserts;
 # - --moe-router-dtype fp32 under --bf16 trains and changes the losses.
 # Usage: nemotron.sh WEFT MPIRUN...
-set -u
-weft=$1
-shift
-mpirun=("$@")
-tmp=$(mktemp -d /tmp/weft-nemotron-XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-ok() { echo "ok   $1"; }
-bad() { echo "FAIL $1"; fails=$((fails + 1)); }
+source "$(dirname "$0")/lib.sh" "$@"
 model=(--hybrid-layer-pattern "M-*EM-E*" --squared-relu --position-embedding-type none
        --hidden-size 32 --num-attention-heads 4 --group-query-attention --num-query-groups 2 --seq-length 16
        --vocab-size 64 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 24
@@ -170,5 +162,4 @@ else
   bad "dense squared-ReLU run: $(tail -3 "$tmp/dense.log")"
 fi
 
-echo "$fails failure(s)"
-[ "$fails" -eq 0 ]
+finish

@@ -18,16 +18,10 @@
 #   gradient; without --bf16 it warns and changes no bit; with the precision-aware optimizer it
 #   is refused.
 # Usage: optimizer_flags.sh WEFT
-set -u
-weft=$1
-tmp=$(mktemp -d /tmp/weft-optimizer-flags-XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
+source "$(dirname "$0")/lib.sh" "$@"
 model=(--num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
        --seq-length 16 --vocab-size 64 --micro-batch-size 2 --global-batch-size 4
        --eval-interval 0 --log-interval 1 --threads 1 --lr 1e-2 --seed 3)
-ok() { echo "ok   $1"; }
-bad() { echo "FAIL $1"; fails=$((fails + 1)); }
 # run NAME FLAGS...: trains on one rank; the JSONL's (iteration, loss, grad norm, z-loss) to NAME.txt.
 run() {
   local name=$1
@@ -198,5 +192,4 @@ EOF
 refuse "--grad-reduce-in-bf16 is not implemented with --use-precision-aware-optimizer" --bf16 \
   --grad-reduce-in-bf16 --use-precision-aware-optimizer
 
-echo "$fails failure(s)"
-[ "$fails" -eq 0 ]
+finish

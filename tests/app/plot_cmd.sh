@@ -4,17 +4,7 @@
 # IHDR width and height read back); bad input exits 2 naming the file; without gnuplot on PATH
 # it refuses with one line saying so.
 # Usage: plot_cmd.sh WEFT
-set -u
-weft=$1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-check() {  # check WHAT GOT WANT
-  if [ "$2" == "$3" ]; then echo "ok   $1: $2"; else
-    echo "FAIL $1: got '$2', wanted '$3'"
-    fails=$((fails + 1))
-  fi
-}
+source "$(dirname "$0")/lib.sh" "$@"
 model=(--threads 1 --num-layers 2 --hidden-size 32 --ffn-hidden-size 64 --num-attention-heads 4
        --group-query-attention --num-query-groups 2 --seq-length 16 --vocab-size 64 --micro-batch-size 2
        --global-batch-size 4 --train-iters 6 --eval-interval 3 --eval-iters 1)
@@ -69,5 +59,4 @@ check "all-null columns: exit code" "$?" 0
 check "all-null columns: PNG signature" "$(od -An -tx1 -N8 "$tmp/nulls.png" 2>/dev/null | tr -d ' \n')" \
   89504e470d0a1a0a
 
-echo "plot_cmd: $fails failure(s)"
-[ $fails -eq 0 ]
+finish

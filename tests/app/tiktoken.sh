@@ -11,17 +11,9 @@
 #    pattern.
 # 3. Bad input: one error line naming the flag or the file's entry, exit 2.
 # Usage: tiktoken.sh WEFT MPIRUN...
-set -u
-weft=$1
-shift
-mpirun=("$@")
+source "$(dirname "$0")/lib.sh" "$@"
 here=$(cd "$(dirname "$0")" && pwd)
 ref=$here/../data/tiktoken_reference.py
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-bad() { echo "FAIL $*"; fails=$((fails + 1)); }
-ok() { echo "ok   $*"; }
 
 py=python3
 python3 -c 'import regex' 2>/dev/null || py=/usr/bin/python3
@@ -131,5 +123,4 @@ expect "--tiktoken-pattern is read by --tokenizer-type TikTokenizer only" data p
   --vocab-size 100 --tiktoken-pattern v1
 [ -e "$tmp/bad_text_document.bin" ] && bad "a refused preprocess left $tmp/bad_text_document.bin"
 
-[ "$fails" -eq 0 ] && echo "tiktoken: all passed" || echo "tiktoken: $fails failed"
-[ "$fails" -eq 0 ]
+finish

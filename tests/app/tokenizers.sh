@@ -13,17 +13,9 @@
 #    --null-tokenizer-eod-id) and its legacy one (V + 1 ids, eod V).
 # 3. Bad tokenizer input: one error line naming the flag, file or key, exit 2.
 # Usage: tokenizers.sh WEFT MPIRUN...
-set -u
-weft=$1
-shift
-mpirun=("$@")
+source "$(dirname "$0")/lib.sh" "$@"
 here=$(cd "$(dirname "$0")" && pwd)
 ref=$here/../data/bpe_reference.py
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-bad() { echo "FAIL $*"; fails=$((fails + 1)); }
-ok() { echo "ok   $*"; }
 
 # The reference needs Python's `regex` module: the python3 on PATH, else Debian's (where apt's
 # python3-regex lands when PATH leads to another Python).
@@ -384,5 +376,4 @@ expect "has $V tokens, more than --padded-vocab-size 100" train "${model[@]}" "$
 expect "--padded-vocab-size must be >= 1 (got 0)" train "${model[@]}" --mock-data \
   --padded-vocab-size 0
 
-[ "$fails" -eq 0 ] && echo "tokenizers: all passed" || echo "tokenizers: $fails failed"
-[ "$fails" -eq 0 ]
+finish
