@@ -290,13 +290,25 @@ struct EmbeddingFn : Function<EmbeddingFn> {
       }
     };
     const at::Tensor ids = tokens.reshape({-1});
-    if (buf.scalar_type() == at::kBFloat16) {
+    if (buf.scalar_type() == at::kBFloat16 && ids.numel() > 0) {
       // A bf16 buffer (--grad-reduce-in-bf16): each token's rows summed in float32 first, then
-      // added once per token, so that a frequent token is not rounded at every occurrence.
-      const auto [unique, inverse] = at::_unique(ids, /*sorted=*/true, /*return_inverse=*/true);
-      at::Tensor sums = at::zeros({unique.numel(), n}, dy.options().dtype(at::kFloat));
-      add_rows(sums, inverse, dy.reshape({-1, n}).to(at::kFloat));
-      add_rows(buf, unique, sums.to(buf.scalar_type()));
+      // added once per token, so that a frequent token is not rounded at every occurrence. The
+      // distinct tokens come from a sort and a running count rather than at::_unique, which
+      // reads their number on the host: no synchronisation, and a CUDA graph can record it.
+      // There is a slot per id; the slots past the last distinct token keep zero sums and add
+      // them to the smallest token's row (x + 0 is x).
+      const int64_t count = ids.numel();
+      const auto [sorted, order] = ids.sort();
+      const at::Tensor first = at::zeros({1}, ids.options());
+      const at::Tensor slot_sorted =
+          at::cat({first, sorted.slice(0, 1).ne(sorted.slice(0, 0, count - 1)).to(ids.scalar_type())})
+              .cumsum(0);
+      const at::Tensor slot = at::empty_like(ids).scatter_(0, order, slot_sorted);
+      const at::Tensor distinct =
+          sorted.narrow(0, 0, 1).expand({count}).clone().scatter_(0, slot_sorted, sorted);
+      at::Tensor sums = at::zeros({count, n}, dy.options().dtype(at::kFloat));
+      add_rows(sums, slot, dy.reshape({-1, n}).to(at::kFloat));
+      add_rows(buf, distinct, sums.to(buf.scalar_type()));
     } else {
       add_rows(buf, ids, dy.reshape({-1, n}).to(buf.scalar_type()));
     }
