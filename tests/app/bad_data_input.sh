@@ -175,10 +175,29 @@ for case in "--partitions 2|--partitions 2 without --keep-sequential-samples" \
     bad "preprocess $flags: exit $rc, wanted 2 and '$needle', nothing written: $err"
   fi
 done
-printf '{"text": "a b", "n": 1e309}\n' > "$tmp/big.jsonl"
-err=$("$weft" data preprocess --input "$tmp/big.jsonl" --output-prefix "$tmp/big" \
+# Python's json.loads (Megatron's preprocess_data.py) reads NaN, Infinity and numbers beyond
+# float64 in other fields: the same dataset as without them. A text key holding one is refused.
+printf '{"text": "1 2 3", "n": 1e309, "s": NaN}\n{"text": "4 5", "t": [Infinity, -Infinity]}\n' \
+  > "$tmp/py.jsonl"
+printf '{"text": "1 2 3"}\n{"text": "4 5"}\n' > "$tmp/strict.jsonl"
+for c in py strict; do
+  "$weft" data preprocess --input "$tmp/$c.jsonl" --output-prefix "$tmp/$c" \
+    --tokenizer-type NullTokenizer --vocab-size 64 >/dev/null 2>"$tmp/$c.err" ||
+    bad "preprocess $c.jsonl: $(cat "$tmp/$c.err")"
+done
+cmp -s "$tmp/py_text_document.bin" "$tmp/strict_text_document.bin" &&
+  cmp -s "$tmp/py_text_document.idx" "$tmp/strict_text_document.idx" &&
+  [ -s "$tmp/py_text_document.bin" ] && echo "ok   NaN, Infinity and 1e309 beside the text" ||
+  bad "NaN, Infinity or 1e309 beside the text changed the dataset"
+printf '{"text": NaN}\n' > "$tmp/nan.jsonl"
+err=$("$weft" data preprocess --input "$tmp/nan.jsonl" --output-prefix "$tmp/nan" \
       --tokenizer-type NullTokenizer --vocab-size 64 2>&1 >/dev/null)
-[ $? -eq 2 ] && printf '%s' "$err" | grep -qF "$tmp/big.jsonl:1: not valid JSON" &&
-  echo "ok   a number JSON cannot hold: $err" || bad "1e309 in a JSON line: $err"
+[ $? -eq 2 ] && printf '%s' "$err" | grep -qF "$tmp/nan.jsonl:1: key \"text\" is neither a string" &&
+  echo "ok   a text that is NaN: $err" || bad "NaN as the text: $err"
+printf '{"text": "a b", "n": 1e309 x}\n' > "$tmp/bad.jsonl"
+err=$("$weft" data preprocess --input "$tmp/bad.jsonl" --output-prefix "$tmp/bad" \
+      --tokenizer-type NullTokenizer --vocab-size 64 2>&1 >/dev/null)
+[ $? -eq 2 ] && printf '%s' "$err" | grep -qF "$tmp/bad.jsonl:1: not valid JSON" &&
+  echo "ok   not JSON even so: $err" || bad "a broken line with 1e309: $err"
 [ "$fails" -eq 0 ] || { echo "$fails case(s) failed"; exit 1; }
 echo "all $n refusals and the good runs behave"

@@ -21,6 +21,7 @@
 
 #include "weft/core/error.h"
 #include "weft/data/indexed_dataset.h"
+#include "weft/data/json_line.h"
 
 namespace weft {
 namespace {
@@ -57,8 +58,8 @@ void encode_batch(const PreprocessOptions& o, bool text_mode, const Tokenizer& t
     if (!text_mode) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank: no document
       try {
-        doc = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception& e) {  // parse_error; out_of_range (1e309)
+        doc = parse_json_line(line);
+      } catch (const nlohmann::json::exception& e) {  // parse_error or out_of_range
         fail_usage("{}:{}: not valid JSON ({})", o.input, line_no, e.what());
       }
       if (!doc.is_object()) fail_usage("{}:{}: a JSON line must be an object", o.input, line_no);
@@ -312,8 +313,8 @@ int64_t extract_training_text(const std::string& input, const std::vector<std::s
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     nlohmann::json doc;
     try {
-      doc = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+      doc = parse_json_line(line);
+    } catch (const nlohmann::json::exception& e) {
       fail_usage("{}:{}: not valid JSON ({})", input, line_no, e.what());
     }
     for (const auto& key : json_keys) {
