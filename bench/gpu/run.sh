@@ -107,7 +107,7 @@ build)
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DWEFT_BUILD_BENCH=ON "${WEFT_CMAKE_ARGS[@]}" \
     ${WEFT_PROTOBUF_PREFIX:+"-DCMAKE_PREFIX_PATH=$WEFT_TORCH_CMAKE;$WEFT_PROTOBUF_PREFIX"} \
     > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-  cmake --build $B -j 16 --target weft test_parity test_checkpoint test_model test_communicator bench_checkpoint test_moe test_moe_parity test_moe_checkpoint test_mamba test_optim test_recompute ${WEFT_EXTRA_TARGETS:-} -- -k 0 > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
+  cmake --build $B -j 16 --target weft test_parity test_checkpoint test_model test_communicator bench_checkpoint test_moe test_moe_parity test_moe_checkpoint test_mamba test_optim test_recompute test_trainer_units ${WEFT_EXTRA_TARGETS:-} -- -k 0 > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
   ./$B/app/weft --version
   ;;
 tests)
@@ -115,6 +115,10 @@ tests)
   # The optimizer on CUDA: the fused AdamW, its device-side skip and clipping multiplier.
   mpirun -np 1 --bind-to none ./$B/tests/optim/test_optim > "$OUT/test_optim.log" 2>&1
   echo "tests/optim/test_optim rc=$? $(grep -E 'PASSED|FAILED' "$OUT/test_optim.log" | sort | uniq -c | tr '\n' ' ')"
+  # CUDA graphs: replays equal the eager steps bit for bit (float32 and bf16 gradients).
+  mpirun -np 1 --bind-to none ./$B/tests/train/test_trainer_units --gtest_filter='CudaGraph.*' \
+    > "$OUT/test_trainer_units.log" 2>&1
+  echo "tests/train/test_trainer_units CudaGraph.* rc=$? $(grep -E 'PASSED|FAILED' "$OUT/test_trainer_units.log" | sort | uniq -c | tr '\n' ' ')"
   for t in tests/train/test_parity tests/checkpoint/test_checkpoint tests/model/test_model; do
     for np in 1 8; do
       [ "$t" = tests/model/test_model ] && [ $np = 8 ] && continue

@@ -102,18 +102,20 @@ TEST(TrainConfig, CudaGraphRefusals) {
 }
 
 // --cuda-graph-impl local replays what the eager steps ran: the same losses and gradient
-// norms, bit for bit, from the captured iteration on. Dense bf16, dense fp32 with two MTP
-// depths, and a hybrid Mamba-2 model; 4 microbatches per step, so one graph is replayed with
+// norms, bit for bit, from the captured iteration on. Dense bf16, dense bf16 with bf16
+// gradients (--grad-reduce-in-bf16: the embedding's sums need no host read), dense fp32 with two
+// MTP depths, and a hybrid Mamba-2 model; 4 microbatches per step, so one graph is replayed with
 // four different batches and accumulates their gradients. Runs with WEFT_TEST_DEVICE=cuda
 // (bench/gpu/run.sh tests); skipped on CPU, where there are no graphs.
 TEST(CudaGraph, ReplayEqualsEagerBitwise) {
   if (test::test_device() != "cuda" || !cuda_graphs_available())
     GTEST_SKIP() << "needs --device cuda and the CUDA build";
   if (test::world_rank() != 0) GTEST_SKIP() << "one rank";
-  for (const std::string variant : {"dense bf16", "dense mtp", "hybrid"}) {
+  for (const std::string variant : {"dense bf16", "bf16 grads", "dense mtp", "hybrid"}) {
     TrainConfig c = test::tiny_config({.num_layers = 2, .global_batch_size = 8,
                                        .train_iters = 6, .seed = 11});
-    if (variant == "dense bf16") c.model.bf16 = true;
+    if (variant == "dense bf16" || variant == "bf16 grads") c.model.bf16 = true;
+    if (variant == "bf16 grads") c.adam.grad_dtype = at::kBFloat16;
     if (variant == "dense mtp") c.model.mtp_num_layers = 2;
     if (variant == "hybrid") {
       c.model.mamba_state_dim = 8;
