@@ -46,12 +46,16 @@ __device__ __forceinline__ float4 load_grad4(const void* g, int64_t i) {
   }
 }
 
-// One element's update; p, m, v in and out.
+// One element's update; p, m, v in and out. Every rounding is spelled out (the _rn intrinsics
+// are never contracted into other operations): left to the compiler, the FMA contractions
+// differed between the kernel's instantiations, and the same float32 gradients read from a bf16
+// and from a float32 shard updated the master 1 ulp apart (test_optim on an H100).
 __device__ __forceinline__ void update(float& p, float& m, float& v, float g, const Constants& c) {
-  p -= c.lr_decay * p;
-  m = c.beta1 * m + c.one_minus_beta1 * g;
-  v = c.beta2 * v + c.one_minus_beta2 * g * g;
-  p -= c.step_size * m / (sqrtf(v) / c.bc2_sqrt + c.eps);
+  p = __fmaf_rn(-c.lr_decay, p, p);
+  m = __fmaf_rn(c.beta1, m, __fmul_rn(c.one_minus_beta1, g));
+  v = __fmaf_rn(c.beta2, v, __fmul_rn(__fmul_rn(c.one_minus_beta2, g), g));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), c.bc2_sqrt), c.eps);
+  p = __fsub_rn(p, __fdiv_rn(__fmul_rn(c.step_size, m), denom));
 }
 
 // Elements [0, n4 * 4) in float4 accesses (every pointer 16-byte aligned, the bfloat16 weights
@@ -72,10 +76,10 @@ __global__ void __launch_bounds__(kThreads)
     const float4 g = load_grad4<G>(grad, i);
     float4 m = reinterpret_cast<const float4*>(exp_avg)[i];
     float4 v = reinterpret_cast<const float4*>(exp_avg_sq)[i];
-    update(p.x, m.x, v.x, g.x / scale, c);
-    update(p.y, m.y, v.y, g.y / scale, c);
-    update(p.z, m.z, v.z, g.z / scale, c);
-    update(p.w, m.w, v.w, g.w / scale, c);
+    update(p.x, m.x, v.x, __fdiv_rn(g.x, scale), c);
+    update(p.y, m.y, v.y, __fdiv_rn(g.y, scale), c);
+    update(p.z, m.z, v.z, __fdiv_rn(g.z, scale), c);
+    update(p.w, m.w, v.w, __fdiv_rn(g.w, scale), c);
     reinterpret_cast<float4*>(master)[i] = p;
     reinterpret_cast<float4*>(exp_avg)[i] = m;
     reinterpret_cast<float4*>(exp_avg_sq)[i] = v;
@@ -91,7 +95,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int64_t i = n4 * 4 + first; i < n; i += stride) {
     float p = master[i], m = exp_avg[i], v = exp_avg_sq[i];
-    update(p, m, v, load_grad<G>(grad, i) / scale, c);
+    update(p, m, v, __fdiv_rn(load_grad<G>(grad, i), scale), c);
     master[i] = p;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
