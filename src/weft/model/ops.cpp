@@ -291,12 +291,14 @@ struct EmbeddingFn : Function<EmbeddingFn> {
     };
     const at::Tensor ids = tokens.reshape({-1});
     if (buf.scalar_type() == at::kBFloat16 && ids.numel() > 0) {
-      // A bf16 buffer (--grad-reduce-in-bf16): each token's rows summed in float32 first, then
-      // added once per token, so that a frequent token is not rounded at every occurrence. The
+      // A bf16 buffer (--grad-reduce-in-bf16): each token's rows summed in float32, added to its
+      // row and rounded once, so that a frequent token is not rounded at every occurrence. The
       // distinct tokens come from a sort and a running count rather than at::_unique, which
       // reads their number on the host: no synchronisation, and a CUDA graph can record it.
-      // There is a slot per id; the slots past the last distinct token keep zero sums and add
-      // them to the smallest token's row (x + 0 is x).
+      // There is a slot per id; the slots past the last distinct token repeat the first slot's
+      // token and new row, so that every write to that row carries the same value. The rows are
+      // written, not accumulated: index_put_'s accumulation runs the repeats of one index in
+      // sequence (4.8 ms for 8192 ids at 0.8B on an H100).
       const int64_t count = ids.numel();
       const auto [sorted, order] = ids.sort();
       const at::Tensor first = at::zeros({1}, ids.options());
@@ -308,7 +310,13 @@ struct EmbeddingFn : Function<EmbeddingFn> {
           sorted.narrow(0, 0, 1).expand({count}).clone().scatter_(0, slot_sorted, sorted);
       at::Tensor sums = at::zeros({count, n}, dy.options().dtype(at::kFloat));
       add_rows(sums, slot, dy.reshape({-1, n}).to(at::kFloat));
-      add_rows(buf, distinct, sums.to(buf.scalar_type()));
+      at::Tensor rows = buf.index_select(0, distinct).to(at::kFloat).add_(sums).to(buf.scalar_type());
+      const at::Tensor padding =
+          at::arange(count, ids.options()).gt(slot_sorted.narrow(0, count - 1, 1)).unsqueeze(1);
+      rows = at::where(padding, rows.narrow(0, 0, 1), rows);
+      c10::List<c10::optional<at::Tensor>> index;
+      index.push_back(c10::optional<at::Tensor>(distinct));
+      buf.index_put_(index, rows, /*accumulate=*/false);
     } else {
       add_rows(buf, ids, dy.reshape({-1, n}).to(buf.scalar_type()));
     }
