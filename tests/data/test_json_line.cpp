@@ -30,10 +30,14 @@ TEST(JsonLine, StringsAndEscapesAreLeftAlone) {
 }
 
 TEST(JsonLine, WhatIsNotJsonStaysRefused) {
+  // Python refuses these too: malformed numbers stay malformed even where a prefix overflows.
   for (const char* bad : {R"({"text": "a" "b"})", R"({"text": nan})", R"({"text": +Infinity})",
-                          R"({"text": 'a'})", R"({"text": "a")"}) {
+                          R"({"text": 'a'})", R"({"text": "a")", R"({"n": 1e309e5})",
+                          R"({"n": 01e309})", R"({"n": 1.e309})", R"({"n": 1e309-})",
+                          R"({"n": 1e309.5})", R"({"n": -})"}) {
     EXPECT_THROW(parse_json_line(bad), nlohmann::json::exception) << bad;
   }
+  EXPECT_THROW(parse_json_line(std::string("{\"n\": 1e309\0}", 13)), nlohmann::json::exception);
   try {
     parse_json_line(R"({"n": NaN, "text": })");
     FAIL() << "parsed";

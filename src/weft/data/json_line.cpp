@@ -4,10 +4,45 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 
 namespace weft {
+namespace {
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+// Whether `s` is one JSON number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? (Python's json
+// reads the same grammar).
+bool is_json_number(std::string_view s) {
+  size_t i = 0;
+  const auto digits = [&] {
+    const size_t start = i;
+    while (i < s.size() && is_digit(s[i])) ++i;
+    return i > start;
+  };
+  if (i < s.size() && s[i] == '-') ++i;
+  if (i < s.size() && s[i] == '0') {
+    ++i;
+  } else if (!digits()) {
+    return false;
+  }
+  if (i < s.size() && s[i] == '.' && (++i, !digits())) return false;
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+    if (!digits()) return false;
+  }
+  return i == s.size();
+}
+
+// Whether the number `s` (a JSON number) lies beyond float64's range.
+bool overflows(const std::string& s) {
+  errno = 0;
+  const double v = std::strtod(s.c_str(), nullptr);
+  return errno == ERANGE && std::isinf(v);
+}
+
+}  // namespace
 
 std::string python_json_to_strict(std::string_view s) {
   static constexpr std::string_view kLiterals[] = {"-Infinity", "Infinity", "NaN"};
@@ -44,14 +79,13 @@ std::string python_json_to_strict(std::string_view s) {
       }
     }
     if (literal) continue;
-    if (c == '-' || (c >= '0' && c <= '9')) {
+    if (c == '-' || is_digit(c)) {
       size_t j = i + 1;
-      while (j < s.size() && ((s[j] >= '0' && s[j] <= '9') || std::strchr(".eE+-", s[j]) != nullptr))
+      while (j < s.size() && (is_digit(s[j]) || s[j] == '.' || s[j] == 'e' || s[j] == 'E' ||
+                              s[j] == '+' || s[j] == '-'))
         ++j;
       const std::string number(s.substr(i, j - i));
-      errno = 0;
-      const double v = std::strtod(number.c_str(), nullptr);
-      out += errno == ERANGE && std::isinf(v) ? std::string("null") : number;
+      out += is_json_number(number) && overflows(number) ? std::string("null") : number;
       i = j;
       continue;
     }
