@@ -255,6 +255,55 @@ struct AddRmsNormFn : Function<AddRmsNormFn> {
 
 // --- embedding: y = W[tokens] --------------------------------------------------------------------
 
+// into[ids[i]] = rows[i] (accumulate: +=) through index_put_.
+void put_rows(at::Tensor& into, const at::Tensor& ids, const at::Tensor& rows, bool accumulate) {
+  c10::List<c10::optional<at::Tensor>> index;
+  index.push_back(c10::optional<at::Tensor>(ids));
+  into.index_put_(index, rows, accumulate);
+}
+
+// The sum over repeated tokens in a fixed order (invariant 3, bitwise resume). On CUDA,
+// index_put_ with accumulate is the sort-based kernel (index_add_ would use atomics); on
+// the CPU it is the other way round: index_put_ adds float32 with atomics across threads
+// above 32768 elements, while index_add_ sums each row in index order (libtorch 1.13: one
+// index after another; 2.x: as scatter_add_, sorted or split over columns).
+void add_rows(at::Tensor& into, const at::Tensor& ids, const at::Tensor& rows) {
+  if (into.is_cuda())
+    put_rows(into, ids, rows, /*accumulate=*/true);
+  else
+    into.index_add_(0, ids, rows);
+}
+
+// Adds dy_rows [tokens, n] into the rows `ids` of a bf16 buffer (--grad-reduce-in-bf16): each
+// token's rows summed in float32, added to its row and rounded once, so that a frequent token
+// is not rounded at every occurrence. The distinct tokens come from a sort and a running count rather than at::_unique, which
+// reads their number on the host: no synchronisation, and a CUDA graph can record it.
+// There is a slot per id; the slots past the last distinct token are padding: padding
+// slot j names the j-th sorted id again and carries that id's new row, so that every
+// write to a row carries the same value and each row is named at most as often as its
+// token occurs. The rows are written, not accumulated: index_put_'s accumulation (and
+// under deterministic algorithms its write too) runs the repeats of one index in
+// sequence, 4.8 ms at 0.8B on an H100 when all the padding named one row.
+void add_rows_rounded_once(at::Tensor& buf, const at::Tensor& ids, const at::Tensor& dy_rows) {
+  const at::Tensor id64 = ids.to(at::kLong);  // scatter_ indexes with int64
+  const int64_t count = id64.numel();
+  const auto [sorted, order] = id64.sort();
+  const at::Tensor first = at::zeros({1}, id64.options());
+  const at::Tensor slot_sorted =
+      at::cat({first, sorted.slice(0, 1).ne(sorted.slice(0, 0, count - 1)).to(at::kLong)})
+          .cumsum(0);
+  const at::Tensor slot = at::empty_like(id64).scatter_(0, order, slot_sorted);
+  const at::Tensor padding =
+      at::arange(count, id64.options()).gt(slot_sorted.narrow(0, count - 1, 1));
+  const at::Tensor distinct =
+      sorted.clone().scatter_(0, slot_sorted, sorted);  // slots past the last keep sorted[j]
+  at::Tensor sums = at::zeros({count, dy_rows.size(1)}, dy_rows.options().dtype(at::kFloat));
+  add_rows(sums, slot, dy_rows.to(at::kFloat));
+  at::Tensor rows = buf.index_select(0, distinct).to(at::kFloat).add_(sums).to(buf.scalar_type());
+  rows = at::where(padding.unsqueeze(1), rows.index_select(0, slot_sorted), rows);
+  put_rows(buf, distinct, rows, /*accumulate=*/false);
+}
+
 struct EmbeddingFn : Function<EmbeddingFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& tokens,
                             const c10::optional<at::Tensor>& /*anchor*/, const WeightRef& w,
@@ -275,51 +324,9 @@ struct EmbeddingFn : Function<EmbeddingFn> {
     const int64_t n = dy.size(-1);
 
     at::Tensor buf = fetch_grad_buffer(h, {rows, n});
-    // The sum over repeated tokens in a fixed order (invariant 3, bitwise resume). On CUDA,
-    // index_put_ with accumulate is the sort-based kernel (index_add_ would use atomics); on
-    // the CPU it is the other way round: index_put_ adds float32 with atomics across threads
-    // above 32768 elements, while index_add_ sums each row in index order (libtorch 1.13: one
-    // index after another; 2.x: as scatter_add_, sorted or split over columns).
-    const auto add_rows = [](at::Tensor& into, const at::Tensor& ids, const at::Tensor& rows) {
-      if (into.is_cuda()) {
-        c10::List<c10::optional<at::Tensor>> index;
-        index.push_back(c10::optional<at::Tensor>(ids));
-        into.index_put_(index, rows, /*accumulate=*/true);
-      } else {
-        into.index_add_(0, ids, rows);
-      }
-    };
     const at::Tensor ids = tokens.reshape({-1});
     if (buf.scalar_type() == at::kBFloat16 && ids.numel() > 0) {
-      // A bf16 buffer (--grad-reduce-in-bf16): each token's rows summed in float32, added to its
-      // row and rounded once, so that a frequent token is not rounded at every occurrence. The
-      // distinct tokens come from a sort and a running count rather than at::_unique, which
-      // reads their number on the host: no synchronisation, and a CUDA graph can record it.
-      // There is a slot per id; the slots past the last distinct token are padding: padding
-      // slot j names the j-th sorted id again and carries that id's new row, so that every
-      // write to a row carries the same value and each row is named at most as often as its
-      // token occurs. The rows are written, not accumulated: index_put_'s accumulation (and
-      // under deterministic algorithms its write too) runs the repeats of one index in
-      // sequence, 4.8 ms at 0.8B on an H100 when all the padding named one row.
-      const at::Tensor id64 = ids.to(at::kLong);  // scatter_ indexes with int64
-      const int64_t count = id64.numel();
-      const auto [sorted, order] = id64.sort();
-      const at::Tensor first = at::zeros({1}, id64.options());
-      const at::Tensor slot_sorted =
-          at::cat({first, sorted.slice(0, 1).ne(sorted.slice(0, 0, count - 1)).to(at::kLong)})
-              .cumsum(0);
-      const at::Tensor slot = at::empty_like(id64).scatter_(0, order, slot_sorted);
-      const at::Tensor padding =
-          at::arange(count, id64.options()).gt(slot_sorted.narrow(0, count - 1, 1));
-      const at::Tensor distinct =
-          sorted.clone().scatter_(0, slot_sorted, sorted);  // slots past the last keep sorted[j]
-      at::Tensor sums = at::zeros({count, n}, dy.options().dtype(at::kFloat));
-      add_rows(sums, slot, dy.reshape({-1, n}).to(at::kFloat));
-      at::Tensor rows = buf.index_select(0, distinct).to(at::kFloat).add_(sums).to(buf.scalar_type());
-      rows = at::where(padding.unsqueeze(1), rows.index_select(0, slot_sorted), rows);
-      c10::List<c10::optional<at::Tensor>> index;
-      index.push_back(c10::optional<at::Tensor>(distinct));
-      buf.index_put_(index, rows, /*accumulate=*/false);
+      add_rows_rounded_once(buf, ids, dy.reshape({-1, n}));
     } else {
       add_rows(buf, ids, dy.reshape({-1, n}).to(buf.scalar_type()));
     }
