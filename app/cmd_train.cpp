@@ -241,6 +241,12 @@ void add_flags(CLI::App* c, TrainArgs* a) {
                 "samples per step over all replicas (default: --micro-batch-size x the data-"
                 "parallel size, as Megatron)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  c->add_option("--step-batch-size-schedule", t.step_batch_size_schedule,
+                "the global batch by consumed tokens, Megatron's \"THRESHOLD:BS ...\" (e.g. "
+                "\"0:768 250B:1536\"; K, M, B, T suffixes): a step uses the batch of the last "
+                "threshold at or below the tokens consumed before it; instead of "
+                "--global-batch-size")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   opt("--train-iters", t.train_iters, "iterations to train");
   opt("--seed", t.seed, "seed for initialisation and the data order");
   c->get_option("--seed")->check([](const std::string& v) {  // else "-1" wraps around
@@ -813,6 +819,9 @@ void resolve_train_args(TrainArgs* a) {
   if (a->app->get_option("--ffn-hidden-size")->count() == 0 && !model_from_checkpoint)
     default_ffn_hidden_size(&t.model, pattern);
   a->global_batch_given = a->app->get_option("--global-batch-size")->count() > 0;
+  if (a->global_batch_given && a->app->get_option("--step-batch-size-schedule")->count() > 0)
+    fail_usage("--step-batch-size-schedule and --global-batch-size both give the training batch; "
+               "give one (Megatron refuses both too)");
   check_recipe_flags(a->recipe, t.model.seq_length);
   a->megatron_warnings = check_megatron_flags(a->megatron);
   if (!layers_ignored.empty()) a->megatron_warnings.push_back(layers_ignored);
@@ -1072,10 +1081,11 @@ void default_global_batch_size(TrainConfig* t, int world_size) {
 
 void resolve_train_samples(TrainConfig* t) {
   if (t->train_samples < 0 || t->global_batch_size < 1) return;  // validation names the batch
-  if (t->train_samples < t->global_batch_size)
+  if (t->train_samples < t->global_batch_size && t->step_batch_size_schedule.empty())
     fail_usage("--train-samples {} is less than one global batch (--global-batch-size {})",
                t->train_samples, t->global_batch_size);
-  const int64_t iters = t->train_samples / t->global_batch_size;
+  // Megatron's: train_samples / the batch, or the steps a schedule takes to reach it.
+  const int64_t iters = train_batches(*t).iterations_for(t->train_samples);
   if (iters > std::numeric_limits<int>::max())
     fail_usage("--train-samples {} gives {} iterations, more than weft counts", t->train_samples,
                iters);

@@ -128,7 +128,9 @@ constexpr Refused kRefused[] = {
     {"--pipeline-model-parallel-layout", 1,
      "give uneven stages with --decoder-first/last-pipeline-num-layers (or '|' in "
      "--hybrid-layer-pattern)"},
-    {"--rampup-batch-size", 3, "weft trains at one --global-batch-size"},
+    {"--rampup-batch-size", 3,
+     "deprecated in Megatron, which now ignores it with a warning; give the ramp as "
+     "--step-batch-size-schedule \"0:START TOKENS:BATCH ...\""},
     {"--moe-expert-capacity-factor", 1, "weft's experts take every routed token (no dropping)"},
     {"--moe-pad-expert-input-to-capacity", 0, "weft's experts take every routed token"},
     {"--moe-input-jitter-eps", 1, "weft's router adds no input noise"},

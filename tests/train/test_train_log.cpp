@@ -86,11 +86,13 @@ TEST(TrainLog, MfuAndEta) {
   TrainLog log(cfg, /*world_size=*/4, /*writer_rank=*/false);
   IterationStats s;
   s.tokens_per_sec = 1000;
+  s.global_batch = 16;
   // 619008 FLOPs/token * 1000 tokens/s / (4 devices * 2e6 FLOP/s) = 77.376
   EXPECT_DOUBLE_EQ(log.mfu(s), 619008.0 * 1000 / 8e6);
   // The mean of the last 10 step times, times the iterations left.
   for (int it = 1; it <= 12; ++it) {
     s.iteration = it;
+    s.consumed_samples = 16 * it;
     s.ms = it <= 2 ? 10000 : 100;  // two slow first steps fall out of the window
     log.record(s);
   }
@@ -151,6 +153,7 @@ TEST(TrainLog, ConsoleLineAveragesTheInterval) {
   auto line = [&](int it, double loss, double ms, bool skipped) {
     IterationStats s;
     s.iteration = it;
+    s.global_batch = 4;
     s.lm_loss = skipped ? std::numeric_limits<double>::quiet_NaN() : loss;
     s.ms = ms;
     s.grad_norm = it;

@@ -245,8 +245,10 @@ TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, do
   };
 
   TrainPlan plan;
-  plan.microbatches = cfg.global_batch_size / (cfg.micro_batch_size * mesh.dp());
-  plan.tokens_per_step = static_cast<int64_t>(cfg.global_batch_size) * m.seq_length;
+  // Under a --step-batch-size-schedule: its largest batch, the step with the most microbatches.
+  const int batch = train_batches(cfg).largest_batch();
+  plan.microbatches = batch / (cfg.micro_batch_size * mesh.dp());
+  plan.tokens_per_step = static_cast<int64_t>(batch) * m.seq_length;
   for (const ParamSpec& s : all_param_specs(m)) plan.total_params += numel(s);
   plan.checkpoint_bytes =
       plan.total_params * (B + 4 + dtype_bytes(cfg.adam.exp_avg_dtype) +
@@ -453,9 +455,12 @@ std::string train_plan_text(const TrainPlan& p, const TrainConfig& cfg, double m
   auto mdt = [](c10::ScalarType t) { return t == at::kBFloat16 ? "bf16" : "fp32"; };
   std::string out = fmt::format(
       "weft plan: {} parameters | {} microbatch(es) of {} x {} tokens per step and dp rank | "
-      "{} compute, fp32 master, moments {}/{}\n",
+      "{} compute, fp32 master, moments {}/{}{}\n",
       p.total_params, p.microbatches, cfg.micro_batch_size, m.seq_length, dt,
-      mdt(cfg.adam.exp_avg_dtype), mdt(cfg.adam.exp_avg_sq_dtype));
+      mdt(cfg.adam.exp_avg_dtype), mdt(cfg.adam.exp_avg_sq_dtype),
+      cfg.step_batch_size_schedule.empty()
+          ? ""
+          : " (the largest batch of --step-batch-size-schedule)");
   for (const auto& [ranks, r] : rank_groups(p)) {
     out += fmt::format("ranks {} (stage {}): {} parameters in shards\n", rank_list(ranks),
                        r->stage, r->params);

@@ -62,7 +62,7 @@ void validate_data_config(const TrainConfig& c) {
 
 TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank)
     : vocab_(c.model.vocab_size) {
-  const int64_t train_samples = static_cast<int64_t>(c.train_iters) * c.global_batch_size;
+  const int64_t train_samples = train_batches(c).samples_after(0, c.train_iters);
   // Megatron's get_train_valid_test_num_samples: one evaluation per --eval-interval plus the
   // one at the end of training on the valid split; one on the test split.
   const int64_t eval_batches = wants_eval(c) ? static_cast<int64_t>(c.eval_iters) : 0;

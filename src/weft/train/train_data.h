@@ -4,7 +4,8 @@
 //
 // Sources: Megatron indexed datasets through GPTDataset sampling (--data-path, --split,
 // --data-cache-path) or mock data (--mock-data, or no --data-path). As in Megatron, the train
-// split is asked for train_iters x global_batch samples, the valid split for
+// split is asked for train_iters x global_batch samples (under a --step-batch-size-schedule the
+// samples of its train_iters steps), the valid split for
 // (train_iters / eval_interval + 1) x eval_iters x global_batch (each evaluation reads the next
 // eval_iters global batches: Trainer::valid_first_sample) and the test split for eval_iters x
 // global_batch (read once, at the end of training). Which samples an evaluation reads depends

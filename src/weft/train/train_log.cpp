@@ -32,6 +32,7 @@ std::string format_eta(double seconds) {
 TrainLog::TrainLog(const TrainConfig& cfg, int world_size, bool writer_rank)
     : cfg_(cfg),
       world_size_(world_size),
+      batches_(train_batches(cfg)),
       flops_per_token_(model_flops_per_token(cfg.model)),
       peak_flops_(cfg.peak_tflops >= 0 ? cfg.peak_tflops * 1e12
                                        : default_peak_flops(cfg.device, cfg.model.bf16)) {
@@ -42,9 +43,10 @@ TrainLog::TrainLog(const TrainConfig& cfg, int world_size, bool writer_rank)
 TrainLog::~TrainLog() = default;
 
 void TrainLog::record(const IterationStats& s) {
-  recent_ms_.push_back(s.ms);
-  if (recent_ms_.size() > kEtaWindow) recent_ms_.pop_front();
+  recent_.emplace_back(s.ms, s.global_batch);
+  if (recent_.size() > kEtaWindow) recent_.pop_front();
   last_iteration_ = s.iteration;
+  last_consumed_ = s.consumed_samples;
 }
 
 double TrainLog::mfu(const IterationStats& s) const {
@@ -53,10 +55,16 @@ double TrainLog::mfu(const IterationStats& s) const {
 }
 
 double TrainLog::eta_seconds() const {
-  if (recent_ms_.empty()) return 0;
-  const double mean_ms =
-      std::accumulate(recent_ms_.begin(), recent_ms_.end(), 0.0) / recent_ms_.size();
-  return std::max(0, cfg_.train_iters - last_iteration_) * mean_ms / 1000.0;
+  if (recent_.empty()) return 0;
+  double ms = 0, samples = 0;
+  for (const auto& [m, n] : recent_) {
+    ms += m;
+    samples += n;
+  }
+  const int left = std::max(0, cfg_.train_iters - last_iteration_);
+  if (samples <= 0) return left * ms / recent_.size() / 1000.0;
+  const int64_t todo = batches_.samples_after(last_consumed_, left) - last_consumed_;
+  return static_cast<double>(todo) * ms / samples / 1000.0;
 }
 
 std::string TrainLog::line_fields(const IterationStats& s) const {
@@ -78,12 +86,12 @@ std::string TrainLog::console_line(const IterationStats& s, bool first_of_run,
     in.z += s.z_loss;
   }
   in.ms += s.ms;
+  in.samples += s.global_batch;
   if (s.iteration % cfg_.log_interval != 0 && !first_of_run) return {};
   const double n = std::max(1, in.advanced);
   IterationStats mean = s;  // the interval's time per iteration, for tokens/s and MFU
   mean.ms = in.ms / (in.advanced + in.skipped);
-  mean.tokens_per_sec =
-      static_cast<double>(cfg_.global_batch_size) * cfg_.model.seq_length / (mean.ms / 1000.0);
+  mean.tokens_per_sec = in.samples * cfg_.model.seq_length / (in.ms / 1000.0);
   // An interval of skipped iterations only has no loss to average: its line leaves the losses
   // out, as Megatron's does (it prints a loss only where its interval mean is > 0).
   std::string losses;
@@ -100,7 +108,7 @@ std::string TrainLog::console_line(const IterationStats& s, bool first_of_run,
       "size: {:>5} |{} grad norm: {:.3f} | number of skipped iterations: {:>3} | number of nan "
       "iterations: {:>3} | peak memory (MB): {:.1f}\n",
       now_string(), s.iteration, cfg_.train_iters, s.consumed_samples, mean.ms,
-      mean.tokens_per_sec, line_fields(mean), s.lr, cfg_.global_batch_size, losses, s.grad_norm,
+      mean.tokens_per_sec, line_fields(mean), s.lr, s.global_batch, losses, s.grad_norm,
       in.skipped, in.skipped, peak_memory_mb);
   if (s.iteration % cfg_.log_interval == 0) in = Interval{};
   return line;
@@ -121,11 +129,11 @@ std::string TrainLog::jsonl_line(const IterationStats& s) const {
   return fmt::format(
       "{{\"iteration\": {}, \"consumed_samples\": {}, \"lm_loss\": {}, \"aux_loss\": {}, "
       "\"mtp_loss\": {}, \"z_loss\": {}, \"grad_norm\": {}, \"lr\": {}, \"tokens_per_sec\": {}, "
-      "\"ms\": {}, \"skipped\": {}, \"mfu\": {}, \"eta_s\": {}}}\n",
+      "\"ms\": {}, \"skipped\": {}, \"mfu\": {}, \"eta_s\": {}, \"global_batch_size\": {}}}\n",
       s.iteration, s.consumed_samples, jsonl_number(s.lm_loss), jsonl_number(s.aux_loss),
       jsonl_number(s.mtp_loss), jsonl_number(s.z_loss), jsonl_number(s.grad_norm), jsonl_number(s.lr),
       jsonl_number(s.tokens_per_sec), jsonl_number(s.ms), s.skipped ? "true" : "false",
-      m >= 0 ? jsonl_number(m) : "null", jsonl_number(eta_seconds()));
+      m >= 0 ? jsonl_number(m) : "null", jsonl_number(eta_seconds()), s.global_batch);
 }
 
 void TrainLog::tensorboard_iteration(const IterationStats& s, int skipped, int nan,
@@ -137,7 +145,7 @@ void TrainLog::tensorboard_iteration(const IterationStats& s, int skipped, int n
     tb_->add_scalar(tag + " vs samples", v, samples);
   };
   both("learning-rate", s.lr);
-  both("batch-size", cfg_.global_batch_size);
+  both("batch-size", s.global_batch);
   both("lm loss", s.lm_loss);
   if (cfg_.model.moe()) tb_->add_scalar("load_balancing_loss", s.aux_loss, it);
   if (cfg_.model.moe() && cfg_.model.moe_z_loss_coeff > 0) tb_->add_scalar("z_loss", s.z_loss, it);

@@ -39,7 +39,8 @@ class TrainLog {
   // The iteration's model FLOPs utilisation: flops per token x tokens/s / (world x peak);
   // < 0 when no peak is known (CPU without --peak-tflops).
   double mfu(const IterationStats& s) const;
-  // Seconds left: the iterations to --train-iters times the mean of the last 10 step times.
+  // Seconds left: the samples of the steps to --train-iters (under a batch schedule, its
+  // batches) at the rate of the last 10 steps.
   double eta_seconds() const;
   // " MFU: 41.2% | ETA: 0h01m02s |" for the log line (MFU only with a peak).
   std::string line_fields(const IterationStats& s) const;
@@ -72,10 +73,12 @@ class TrainLog {
   int world_size_;
   double flops_per_token_;
   double peak_flops_;  // per device; 0: unknown
-  std::deque<double> recent_ms_;
+  BatchSchedule batches_;
+  std::deque<std::pair<double, int>> recent_;  // (ms, samples) of the last steps
   int last_iteration_ = 0;
+  int64_t last_consumed_ = 0;
   struct Interval {  // console_line's sums since its last line
-    double lm = 0, aux = 0, mtp = 0, z = 0, ms = 0;
+    double lm = 0, aux = 0, mtp = 0, z = 0, ms = 0, samples = 0;
     int advanced = 0, skipped = 0;
   } interval_;
   std::unique_ptr<TensorBoardWriter> tb_;

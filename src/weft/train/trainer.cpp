@@ -107,11 +107,18 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
               {"decoupled_lr", c.lr.decoupled_lr}, {"decoupled_min_lr", c.lr.decoupled_min_lr}}},
       {"train_samples", c.train_samples},
       {"micro_batch_size", c.micro_batch_size}, {"global_batch_size", c.global_batch_size},
+      {"step_batch_size_schedule", c.step_batch_size_schedule},
       {"train_iters", c.train_iters}, {"overlap_param_gather", c.overlap_param_gather},
       {"overlap_grad_reduce", c.overlap_grad_reduce}, {"seed", c.seed}, {"device", c.device},
       {"save_interval", c.save_interval},
       {"data", {{"mock_data", c.data_path.empty()}, {"data_path", c.data_path}, {"split", c.split},
                 {"eval_interval", c.eval_interval}, {"eval_iters", c.eval_iters}}}};
+}
+
+BatchSchedule train_batches(const TrainConfig& c) {
+  return c.step_batch_size_schedule.empty()
+             ? BatchSchedule::constant(c.global_batch_size)
+             : BatchSchedule::parse(c.step_batch_size_schedule, c.model.seq_length);
 }
 
 nlohmann::json layout_to_json(const Mesh& mesh, const TrainConfig& c) {
@@ -229,6 +236,11 @@ void validate_train_config(const TrainConfig& c, int world_size) {
     fail_usage("--global-batch-size {} is not divisible by --micro-batch-size * dp = {}*{} = {}",
                c.global_batch_size, c.micro_batch_size, mesh.dp(), per_step);
   if (c.train_iters < 0) fail_usage("--train-iters must be >= 0");
+  if (!c.step_batch_size_schedule.empty()) {
+    const BatchSchedule b = train_batches(c);
+    // A run from sample 0; a resumed one is checked at its checkpoint's samples (Trainer).
+    if (c.load.empty() || c.finetune) b.check_reachable(0, c.train_iters, c.micro_batch_size, mesh.dp());
+  }
   if (c.clip_grad < 0) fail_usage("--clip-grad must be >= 0");
   if (c.device != "cpu" && c.device != "cuda")
     fail_usage("--device must be cpu or cuda (got '{}')", c.device);
@@ -354,14 +366,25 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   if (groups.rank() == 0 && !cfg_.quiet && !data_->no_test_reason().empty())
     fmt::print(stderr, "weft train: warning: no evaluation on the test split at the end: {}\n",
                data_->no_test_reason());
+  batches_ = train_batches(cfg_);
   if (cfg_.lr.decay_iters < 0) cfg_.lr.decay_iters = cfg_.train_iters;
   if (cfg_.lr.sample_based && cfg_.lr.decay_samples < 0)
     cfg_.lr.decay_samples = cfg_.train_samples;
   cfg_.lr.global_batch = cfg_.global_batch_size;  // the schedule counts samples, as Megatron's
+  if (batches_.from_flag() && !cfg_.lr.sample_based) {
+    // Lengths in iterations under a batch schedule: the samples those iterations consume from
+    // the start. (Megatron multiplies them by --global-batch-size, which is micro-batch x dp
+    // there, and would decay the rate over a fraction of the iterations asked for.)
+    LrScheduleConfig& l = cfg_.lr;
+    l.sample_based = true;
+    l.decay_samples = batches_.samples_after(0, l.decay_iters);
+    l.warmup_samples = batches_.samples_after(0, l.warmup_iters);
+  }
   resolve_weight_decay(&cfg_.lr, cfg_.adam.weight_decay);
-  cfg_.lr.wd_incr_samples = cfg_.lr.sample_based
-                                ? static_cast<double>(cfg_.train_samples)
-                                : static_cast<double>(cfg_.train_iters) * cfg_.global_batch_size;
+  cfg_.lr.wd_incr_samples =
+      cfg_.train_samples >= 0 && cfg_.lr.sample_based
+          ? static_cast<double>(cfg_.train_samples)
+          : static_cast<double>(batches_.samples_after(0, cfg_.train_iters));
   const Mesh& mesh = groups.mesh();
   StageOptions so;
   so.dtype = cfg_.model.bf16 ? at::kBFloat16 : at::kFloat;
@@ -376,7 +399,6 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   for (auto& u : stage_->units()) units.push_back(u.get());
   cfg_.adam.decoupled_lr = cfg_.lr.decoupled_lr != -1;  // the embedding and output's own group
   optimizer_ = std::make_unique<ShardedAdamW>(units, cfg_.adam);
-  num_microbatches_ = cfg_.global_batch_size / (cfg_.micro_batch_size * mesh.dp());
   if (cfg_.cuda_graph_impl == "local") graphed_ = std::make_unique<GraphedMicrobatches>();
   // The first gradient write of a step overwrites instead of adding into zeros (no zeroing
   // pass; the weight-gradient GEMMs run with beta 0). Not with graphs: their replays repeat
@@ -409,6 +431,10 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
     nlohmann::json meta = ckpt_load(req, *stage_, *optimizer_, groups);
     if (meta.is_null() && cfg_.finetune)
       fail_usage("--finetune: --load {} holds no checkpoint (no tracker file)", cfg_.load);
+    if (!meta.is_null() && !cfg_.finetune && batches_.from_flag())  // every rank alike
+      batches_.check_reachable(meta.value("consumed_samples", int64_t{0}),
+                               cfg_.train_iters - meta.value("iteration", 0),
+                               cfg_.micro_batch_size, mesh.dp());
     if (!meta.is_null() && cfg_.finetune) {
       check_tokenizer(meta);  // weights only: iteration, samples and counters start at 0
       if (groups.rank() == 0 && !cfg_.quiet)
@@ -420,10 +446,8 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
       warn_if_other_data(meta);
       iteration_ = meta.value("iteration", 0);
       consumed_samples_ = meta.value("consumed_samples", int64_t{0});
-      if (!cfg_.no_load_optim) {  // the schedule continues from the checkpoint's samples
-        lr_base_steps_ = optimizer_->steps();
-        lr_base_samples_ = checkpoint_scheduler_samples(meta, lr_base_steps_);
-      }
+      if (!cfg_.no_load_optim)  // the schedule continues from the checkpoint's samples
+        scheduler_samples_ = checkpoint_scheduler_samples(meta, optimizer_->steps());
       skipped_iters_ = meta.value("skipped_iterations", 0);
       nan_iters_ = meta.value("nan_iterations", 0);
       last_saved_ = iteration_;
@@ -435,8 +459,8 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   }
 }
 
-int64_t Trainer::scheduler_samples() const {
-  return lr_base_samples_ + (optimizer_->steps() - lr_base_steps_) * cfg_.global_batch_size;
+int Trainer::microbatches_at(int64_t consumed) const {
+  return batches_.batch_at(consumed) / (cfg_.micro_batch_size * groups_.mesh().dp());
 }
 
 void Trainer::check_save_space() const {
@@ -510,7 +534,7 @@ void Trainer::save() {
                        {"wd_incr_style", cfg_.lr.wd_style},
                        {"decoupled_lr", cfg_.lr.decoupled_lr},
                        {"decoupled_min_lr", cfg_.lr.decoupled_min_lr},
-                       {"num_steps", scheduler_samples()},
+                       {"num_steps", scheduler_samples_},
                        {"iteration", iteration_}};
   // The weight decay's increment length only where it increases (a constant one has none to
   // compare; a checkpoint saved again at once by a shorter run stays the same bytes).
@@ -579,16 +603,17 @@ Microbatch Trainer::microbatch(int m) const {
 }
 
 Microbatch Trainer::fetch_microbatch(int64_t consumed, int m) const {
-  const int64_t per_rank = static_cast<int64_t>(cfg_.micro_batch_size) * num_microbatches_;
+  const int64_t per_rank = static_cast<int64_t>(cfg_.micro_batch_size) * microbatches_at(consumed);
   const int64_t first = consumed + dp_rank_ * per_rank + static_cast<int64_t>(m) * cfg_.micro_batch_size;
+  const int64_t batch = batches_.batch_at(consumed);
   Microbatch b;
   if (!stage_->is_first() && !stage_->is_last()) {  // a middle stage: no data, its LossOptions
-    add_loss_mask(&b, DataSplit::kTrain, consumed, cfg_.global_batch_size);
+    add_loss_mask(&b, DataSplit::kTrain, consumed, batch);
     return b;
   }
   data_->fetch(DataSplit::kTrain, first, cfg_.micro_batch_size, stage_->options().device,
                &b.tokens, &b.labels);
-  add_loss_mask(&b, DataSplit::kTrain, consumed, cfg_.global_batch_size);
+  add_loss_mask(&b, DataSplit::kTrain, consumed, batch);
   return b;
 }
 
@@ -627,9 +652,10 @@ void Trainer::prefetch_next_step(int it) {
   prefetched_for_ = -1;
   if (it >= cfg_.train_iters) return;  // the training split holds train_iters batches
   if (!stage_->is_first() && !stage_->is_last()) return;  // middle stages read no batch
-  const int64_t next = consumed_samples_ + cfg_.global_batch_size;
+  const int64_t next = consumed_samples_ + batches_.batch_at(consumed_samples_);
   try {
-    for (int m = 0; m < num_microbatches_; ++m) prefetched_.push_back(fetch_microbatch(next, m));
+    for (int m = 0, n = microbatches_at(next); m < n; ++m)
+      prefetched_.push_back(fetch_microbatch(next, m));
   } catch (const std::exception&) {
     // A bad batch (e.g. a token id outside the vocabulary) is the next step's error, raised by
     // its own fetch: this step still logs, saves and exits as it would have.
@@ -643,7 +669,7 @@ void Trainer::dump_first_batch() const {
   // Samples [consumed, consumed + global batch): the batch the next train_step reads, in
   // sample order (the dp ranks' microbatches are consecutive ranges of it).
   at::Tensor tokens, labels;
-  data_->fetch(DataSplit::kTrain, consumed_samples_, cfg_.global_batch_size,
+  data_->fetch(DataSplit::kTrain, consumed_samples_, batches_.batch_at(consumed_samples_),
                c10::Device(c10::kCPU), &tokens, &labels);
   const at::Tensor both = at::stack({tokens, labels}).to(at::kLong).contiguous();
   std::string header = fmt::format("{{'descr': '<i8', 'fortran_order': False, 'shape': ({}, {}, {}), }}",
@@ -739,7 +765,10 @@ double Trainer::evaluate(DataSplit split, int64_t first_sample) {
   WEFT_CHECK(split == DataSplit::kTest ? data_->has_test() : data_->has_valid(),
              "evaluate() without that split (--eval-iters/--eval-interval, --split)");
   at::NoGradGuard no_grad;
-  const int64_t per_rank = static_cast<int64_t>(cfg_.micro_batch_size) * num_microbatches_;
+  // --global-batch-size samples per evaluation iteration (micro-batch x dp under a
+  // --step-batch-size-schedule, as Megatron's eval batch).
+  const int microbatches = cfg_.global_batch_size / (cfg_.micro_batch_size * groups_.mesh().dp());
+  const int64_t per_rank = static_cast<int64_t>(cfg_.micro_batch_size) * microbatches;
   const double loss_scale = 1.0 / (static_cast<double>(cfg_.global_batch_size) *
                                    cfg_.model.seq_length * cfg_.eval_iters);
   const c10::Device dev = stage_->options().device;
@@ -755,7 +784,7 @@ double Trainer::evaluate(DataSplit split, int64_t first_sample) {
                     static_cast<int64_t>(cfg_.global_batch_size) * cfg_.eval_iters);
       return b;
     };
-    sum.add_(run_forward_only(*stage_, *groups_.get("pp"), num_microbatches_,
+    sum.add_(run_forward_only(*stage_, *groups_.get("pp"), microbatches,
                               cfg_.micro_batch_size, batch, loss_scale));
   }
   groups_.world().all_reduce(sum, ReduceOp::kSum);
@@ -768,7 +797,7 @@ IterationStats Trainer::train_step() {
   // The rate of the updates made so far (lr_schedule.h: Megatron's scheduler, which skipped
   // iterations do not advance); the log shows the rate after this iteration's update.
   // The weight decay and the decoupled rate follow the same position.
-  const double samples = static_cast<double>(scheduler_samples());
+  const double samples = static_cast<double>(scheduler_samples_);
   const double lr = lr_at(cfg_.lr, samples);
   optimizer_->set_weight_decay(wd_at(cfg_.lr, samples));
   if (cfg_.lr.decoupled_lr != -1)
@@ -779,14 +808,15 @@ IterationStats Trainer::train_step() {
     fail_usage("WEFT_FAULT train.usage_error: injected on this rank only, at iteration {}", it);
   optimizer_->zero_grad();
 
-  const double loss_scale =
-      1.0 / (static_cast<double>(cfg_.global_batch_size) * cfg_.model.seq_length);
+  const int global_batch = batches_.batch_at(consumed_samples_);
+  const int num_microbatches = microbatches_at(consumed_samples_);
+  const double loss_scale = 1.0 / (static_cast<double>(global_batch) * cfg_.model.seq_length);
   // --cuda-graph-impl local: eager for the warm-up steps of this process, then replayed.
   const auto batch = [this](int m) { return microbatch(m); };
   const at::Tensor losses =
       graphed_ && steps_run_ >= cfg_.cuda_graph_warmup_steps
-          ? graphed_->run(*stage_, num_microbatches_, batch, loss_scale)
-          : run_1f1b(*stage_, *groups_.get("pp"), num_microbatches_, cfg_.micro_batch_size,
+          ? graphed_->run(*stage_, num_microbatches, batch, loss_scale)
+          : run_1f1b(*stage_, *groups_.get("pp"), num_microbatches, cfg_.micro_batch_size,
                      batch, loss_scale);
   ++steps_run_;
   fault_point("train.after_backward", groups_.rank(), it);  // crash and hang tests
@@ -855,13 +885,14 @@ IterationStats Trainer::train_step() {
   // save's snapshot copies, evaluation) is queued on the same stream and so runs after the
   // update. The step time below is the host's; since every step waits for its own losses, in
   // the steady state it equals the device's time per step.
-  s.lr = lr_at(cfg_.lr, static_cast<double>(scheduler_samples()));
+  if (!s.skipped) scheduler_samples_ += global_batch;  // the update was made
+  s.lr = lr_at(cfg_.lr, static_cast<double>(scheduler_samples_));
   iteration_ = it;
-  consumed_samples_ += cfg_.global_batch_size;
+  consumed_samples_ += global_batch;
   s.consumed_samples = consumed_samples_;
+  s.global_batch = global_batch;
   s.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  s.tokens_per_sec =
-      static_cast<double>(cfg_.global_batch_size) * cfg_.model.seq_length / (s.ms / 1000.0);
+  s.tokens_per_sec = static_cast<double>(global_batch) * cfg_.model.seq_length / (s.ms / 1000.0);
   return s;
 }
 
@@ -872,7 +903,14 @@ std::string Trainer::summary() const {
       "weft train: world {} order {} | pp {} dp {} (fsdp shard {} x replicate {}) | "
       "{} microbatches of {} per step\n",
       mesh.world_size(), mesh.order(), mesh.pp(), mesh.dp(), mesh.dp() / mesh.dp_outer(),
-      mesh.dp_outer(), num_microbatches_, cfg_.micro_batch_size);
+      mesh.dp_outer(), microbatches_at(consumed_samples_), cfg_.micro_batch_size);
+  if (batches_.from_flag()) {
+    std::vector<std::string> steps;
+    for (const auto& [threshold, batch] : batches_.entries())
+      steps.push_back(fmt::format("{} from sample {} ({} tokens)", batch, threshold,
+                                  threshold * cfg_.model.seq_length));
+    out += fmt::format("  --step-batch-size-schedule: global batch {}\n", fmt::join(steps, ", "));
+  }
   std::vector<std::string> kinds = {"pp", "dp", "fsdp_shard", "fsdp_replicate", "embedding"};
   if (cfg_.model.moe())
     for (const char* k : {"ep", "edp", "expert_fsdp_shard", "expert_fsdp_replicate"})
@@ -1032,6 +1070,16 @@ std::vector<IterationStats> Trainer::train() {
     finish_save(false);  // commits a pending --async-save once every rank has written it
     if (!cfg_.save.empty() && cfg_.save_interval > 0 && iteration_ % cfg_.save_interval == 0)
       save();
+    // As Megatron: a checkpoint before the first step of a new batch size (the restart point
+    // of a run that is rescaled there).
+    if (!cfg_.save.empty() && last_saved_ != iteration_ && iteration_ < cfg_.train_iters &&
+        batches_.batch_at(consumed_samples_) != s.global_batch) {
+      if (rank0 && !cfg_.quiet)
+        fmt::print("weft train: the global batch changes from {} to {} after iteration {}: "
+                   "saving a checkpoint\n", s.global_batch, batches_.batch_at(consumed_samples_),
+                   iteration_);
+      save();
+    }
     // Every rank takes the same exit decision: one all-reduce of the local reasons.
     const double minutes =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - kProcessStart).count() /

@@ -31,6 +31,7 @@
 #include "weft/optim/lr_schedule.h"
 #include "weft/parallel/pipeline_stage.h"
 #include "weft/parallel/schedule.h"
+#include "weft/train/batch_schedule.h"
 #include "weft/train/profiler.h"
 #include "weft/train/train_data.h"
 
@@ -45,10 +46,15 @@ struct TrainConfig {
   AdamWConfig adam;
   LrScheduleConfig lr;
   int micro_batch_size = 2;     // --micro-batch-size
-  int global_batch_size = 16;   // --global-batch-size
+  int global_batch_size = 16;   // --global-batch-size (also the evaluation's batch)
+  // --step-batch-size-schedule (empty: none): the training batch by consumed samples
+  // (batch_schedule.h); then --global-batch-size is not given and stays micro-batch x dp, the
+  // evaluation's batch, as in Megatron.
+  std::string step_batch_size_schedule;
   int train_iters = 10;         // --train-iters
   // --train-samples (-1: not given): the run's length in samples, Megatron's sample-based
-  // training; the commands set train_iters = train_samples / global_batch_size
+  // training; the commands set train_iters = train_samples / global_batch_size, or with a
+  // --step-batch-size-schedule the steps that reach train_samples
   // (resolve_train_samples) and the schedule counts samples (lr.sample_based).
   int64_t train_samples = -1;
   uint64_t seed = 1234;         // --seed
@@ -142,6 +148,7 @@ class TrainLog;
 struct IterationStats {
   int iteration = 0;
   int64_t consumed_samples = 0;
+  int global_batch = 0;  // the samples of this step
   double lm_loss = 0;
   double aux_loss = 0;   // load-balancing loss, mean over MoE layers (without the coefficient)
   double z_loss = 0;     // router z-loss, mean over MoE layers (without the coefficient)
@@ -152,6 +159,9 @@ struct IterationStats {
   double tokens_per_sec = 0;
   bool skipped = false;
 };
+
+// The training batch per step: --step-batch-size-schedule, else --global-batch-size.
+BatchSchedule train_batches(const TrainConfig& cfg);
 
 // Throws UsageError naming the flag for anything the trainer cannot run. Local: no collectives.
 void validate_train_config(const TrainConfig& cfg, int world_size);
@@ -206,6 +216,8 @@ class Trainer {
   Microbatch microbatch(int m) const;
   // Microbatch m of the step whose first sample (over all dp ranks) is `consumed`.
   Microbatch fetch_microbatch(int64_t consumed, int m) const;
+  // The microbatches per data-parallel rank of the step that starts at `consumed` samples.
+  int microbatches_at(int64_t consumed) const;
   // Microbatch b's LossOptions: --calculate-per-token-loss, and with --eod-mask-loss or a pad
   // (pad_token) its mask (from its tokens and labels; pad ids become 0) and the logged loss's
   // scale, 1 / the unmasked positions of the `count` samples from `first` (cached for the last
@@ -248,7 +260,7 @@ class Trainer {
   std::unique_ptr<PipelineStage> stage_;
   std::unique_ptr<ShardedAdamW> optimizer_;
   std::unique_ptr<TrainData> data_;
-  int num_microbatches_ = 1;
+  BatchSchedule batches_ = BatchSchedule::constant(1);  // the training batch per step
   int64_t prefetched_for_ = -1;         // the consumed samples the prefetched step starts at
   mutable std::tuple<DataSplit, int64_t, int64_t> log_scale_span_{DataSplit::kTrain, -1, 0};
   mutable double log_scale_ = 0;        // add_loss_mask's for log_scale_span_
@@ -260,10 +272,9 @@ class Trainer {
   int iteration_ = 0;
   int64_t consumed_samples_ = 0;
   // The learning-rate schedule's position, Megatron's num_steps: the samples of the updates
-  // made, counted from a resumed checkpoint's (lr_base_samples_ at lr_base_steps_ optimizer
-  // steps), so that a resume at another --global-batch-size continues it.
-  int64_t lr_base_samples_ = 0, lr_base_steps_ = 0;
-  int64_t scheduler_samples() const;
+  // made (each adds its step's batch), counted on from a resumed checkpoint's, so that a
+  // resume at another --global-batch-size continues it.
+  int64_t scheduler_samples_ = 0;
   int skipped_iters_ = 0;
   int nan_iters_ = 0;
   int consecutive_skipped_ = 0;  // for --max-skipped-iterations
