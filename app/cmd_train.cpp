@@ -819,9 +819,13 @@ void resolve_train_args(TrainArgs* a) {
   if (a->app->get_option("--ffn-hidden-size")->count() == 0 && !model_from_checkpoint)
     default_ffn_hidden_size(&t.model, pattern);
   a->global_batch_given = a->app->get_option("--global-batch-size")->count() > 0;
-  if (a->global_batch_given && a->app->get_option("--step-batch-size-schedule")->count() > 0)
-    fail_usage("--step-batch-size-schedule and --global-batch-size both give the training batch; "
-               "give one (Megatron refuses both too)");
+  if (a->app->get_option("--step-batch-size-schedule")->count() > 0) {
+    if (a->global_batch_given)
+      fail_usage("--step-batch-size-schedule and --global-batch-size both give the training "
+                 "batch; give one (Megatron refuses both too)");
+    if (t.step_batch_size_schedule.empty())
+      fail_usage("--step-batch-size-schedule is empty; give at least \"0:BATCH_SIZE\"");
+  }
   check_recipe_flags(a->recipe, t.model.seq_length);
   a->megatron_warnings = check_megatron_flags(a->megatron);
   if (!layers_ignored.empty()) a->megatron_warnings.push_back(layers_ignored);

@@ -174,9 +174,14 @@ Runs check_runs(const TrainFlags& f, const VerifyArgs& v, int world) {
   // Every run saves into the work directory (verify_resume sets the paths once it exists); a
   // placeholder until then, so that the flags that need a --save (--async-save) are validated
   // as they will run.
-  base.save = after.save = "<verify-resume workdir>";
+  base.save = after.save = after.load = "<verify-resume workdir>";
   validate_train_config(base, world);
   validate_train_config(after, world);
+  // The restarted run starts at --at's samples: the batches it uses from there must divide its
+  // layout (a run may be resumed on more ranks at a change of a --step-batch-size-schedule).
+  if (const int d2 = data_parallel_size(after.layout, world); d2 > 0)
+    train_batches(after).check_reachable(train_batches(base).samples_after(0, v.at), v.to - v.at,
+                                         after.micro_batch_size, d2);
   return {base, after};
 }
 

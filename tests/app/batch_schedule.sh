@@ -62,10 +62,13 @@ check "batches and consumed samples" "$(cut -d' ' -f4,5 "$tmp/sched.txt" | tr '\
 grep -q "global batch size:     8" "$tmp/sched.log" && ok "the log line names the batch" ||
   bad "no 'global batch size: 8' in the log"
 
-# Linear decay over --train-iters 5: the samples of those steps (4+4+8+8+8 = 32); the JSONL's
-# rate is the one after each update: lr (1 - samples / 32).
-run decay 1 --micro-batch-size 2 --step-batch-size-schedule "0:4 128:8" --train-iters 5
-want=$(python3 -c "print(' '.join(repr(1e-2 * (1 - n / 32.0)) for n in (4, 8, 16, 24, 32)))")
+# Warmup over --lr-warmup-iters 2 and linear decay over --train-iters 5, in the samples of those
+# steps (4+4 = 8 and 4+4+8+8+8 = 32); the JSONL's rate is the one after each update:
+# lr n / 8 in the warmup, then lr (1 - (n - 8) / (32 - 8)).
+run decay 1 --micro-batch-size 2 --step-batch-size-schedule "0:4 128:8" --train-iters 5 \
+  --lr-warmup-iters 2
+want=$(python3 -c "
+print(' '.join(repr(1e-2 * n / 8 if n <= 8 else 1e-2 * (1 - (n - 8) / 24.0)) for n in (4, 8, 16, 24, 32)))")
 got=$(python3 -c "
 import sys
 print(' '.join(repr(float(l.split()[5])) for l in open(sys.argv[1])))" "$tmp/decay.txt")
@@ -73,7 +76,7 @@ python3 -c "
 import sys
 a, b = sys.argv[1].split(), sys.argv[2].split()
 sys.exit(0 if len(a) == len(b) == 5 and all(abs(float(x) - float(y)) <= 1e-15 for x, y in zip(a, b)) else 1)" \
-  "$got" "$want" && ok "learning rate over the scheduled samples: $got" ||
+  "$got" "$want" && ok "warmup and decay over the scheduled samples: $got" ||
   bad "learning rate: got '$got', wanted '$want'"
 # --train-samples 100: 4, 4, 8 and six steps of 16 reach 112 >= 100: 9 iterations.
 run samples 1 --micro-batch-size 2 --step-batch-size-schedule "0:4 128:8 0.256K:16" \
@@ -94,6 +97,12 @@ vr() {
 }
 vr "same layout"
 vr "into pp 2" --load-layout "--pipeline-model-parallel-size 2"
+# Scaled up at --at: pp 2 (dp 1) trains batch 1 from sample 0, dp 2 resumes at batch 2.
+out=$(timeout 300 "${mpirun[@]}" -np 2 "$weft" verify-resume "${model[@]}" --micro-batch-size 1 \
+      --step-batch-size-schedule "0:1 32:2" --at 2 --to 4 --pipeline-model-parallel-size 2 \
+      --load-layout "--pipeline-model-parallel-size 1" 2>&1)
+grep -q "^verify-resume: PASS" <<<"$out" && ok "verify-resume scaled up at the change" ||
+  bad "verify-resume scaled up at the change: $(grep -m3 'verify-resume\|error' <<<"$out")"
 
 # Scaled up mid-run: 1 rank trains 2 steps of batch 2 (saved at the change), 4 ranks (micro-batch
 # 2 x dp 4) resume at batch 8; the same 4 ranks from the start would meet batch 2.
@@ -103,6 +112,10 @@ run up4 4 "${up[@]}" --load "$tmp/up"
 check "the resumed, scaled-up run" "$(cut -d' ' -f1,4,5 "$tmp/up4.txt" | tr '\n' ' ')" "3 12 8 4 20 8 "
 refused "fresh run on 4 ranks" 4 "--step-batch-size-schedule: the batch size 2 (the step at sample 0" \
   "${up[@]}"
+mkdir -p "$tmp/none"
+refused "--load without a checkpoint" 1 "--step-batch-size-schedule: the batch size 3 (the step at sample 0" \
+  --step-batch-size-schedule "0:3" --load "$tmp/none" --save "$tmp/none"
+refused "an empty schedule" 1 "--step-batch-size-schedule is empty" --step-batch-size-schedule ""
 refused "with --global-batch-size" 1 \
   "--step-batch-size-schedule and --global-batch-size both give the training batch" \
   --step-batch-size-schedule "0:4" --global-batch-size 4

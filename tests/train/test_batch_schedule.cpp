@@ -108,6 +108,11 @@ TEST(BatchSchedule, RefusesWhatMegatronRefuses) {
   EXPECT_NE(err("0:4 nan:8").find("not a number"), std::string::npos);
   EXPECT_NE(err("0:4 :8").find("a number is missing"), std::string::npos);
   EXPECT_NE(err("  ").find("is empty"), std::string::npos);
+  // Python's float(): '_' only between digits, one sign.
+  EXPECT_EQ(BatchSchedule::parse("0:4 1_000:8", 1).entries()[1].first, 1000);
+  EXPECT_EQ(BatchSchedule::parse("+0:4", 1).entries()[0].first, 0);
+  for (const char* bad : {"0:4 _1000:8", "0:4 1__0:8", "0:4 1_K:8", "0:4 1K_:8", "+-0:4"})
+    EXPECT_NE(err(bad).find("not a number"), std::string::npos) << bad;
   for (const std::string& e : {err("0:0"), err("8:4")})
     EXPECT_EQ(e.rfind("--step-batch-size-schedule", 0), 0u) << e;
 }

@@ -99,6 +99,12 @@ TEST(TrainConfig, CudaGraphRefusals) {
   c.cuda_graph_impl = "local";
   c.cuda_graph_warmup_steps = 0;
   expect_usage(v(1), "--cuda-graph-warmup-steps must be >= 1 (got 0)");
+  c.cuda_graph_warmup_steps = 1;
+  // One batch throughout replays one loss scale; a schedule that changes it cannot.
+  c.step_batch_size_schedule = "0:16";
+  EXPECT_NO_THROW(v(1)());
+  c.step_batch_size_schedule = "0:16 1M:32";
+  expect_usage(v(1), "does not support a --step-batch-size-schedule that changes the batch");
 }
 
 // --cuda-graph-impl local replays what the eager steps ran: the same losses and gradient

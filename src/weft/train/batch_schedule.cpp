@@ -15,15 +15,20 @@ namespace {
 constexpr const char* kFlag = "--step-batch-size-schedule";
 
 // Megatron's _parse_numeric_value: strip, upper-case, one K/M/B/T suffix, float(value) x the
-// multiplier, truncated. Python's float() also takes '_' between digits and a leading '+'.
+// multiplier, truncated. Python's float() also takes '_' between two digits and a leading '+'.
 int64_t parse_number(std::string s, const std::string& entry) {
   auto bad = [&](const char* why) -> int64_t {
     fail_usage("{} entry '{}': {} (expected THRESHOLD:BATCH_SIZE, each a number with an optional "
                "K, M, B or T suffix)", kFlag, entry, why);
   };
+  auto digit = [&](size_t i) {
+    return i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]));
+  };
   std::string t;
-  for (char c : s)
-    if (c != '_') t += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '_') t += static_cast<char>(std::toupper(static_cast<unsigned char>(s[i])));
+    else if (i == 0 || !digit(i - 1) || !digit(i + 1)) return bad("not a number");
+  }
   double mult = 1;
   if (!t.empty()) {
     switch (t.back()) {
@@ -35,7 +40,10 @@ int64_t parse_number(std::string s, const std::string& entry) {
     }
     if (mult != 1) t.pop_back();
   }
-  if (!t.empty() && t.front() == '+') t.erase(0, 1);
+  if (!t.empty() && t.front() == '+') {
+    t.erase(0, 1);
+    if (!t.empty() && (t.front() == '-' || t.front() == '+')) return bad("not a number");
+  }
   if (t.empty()) return bad("a number is missing");
   double v = 0;
   const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);

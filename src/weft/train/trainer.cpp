@@ -153,6 +153,10 @@ void validate_cuda_graph(const TrainConfig& c, const Mesh& mesh) {
     fail_usage("--cuda-graph-impl local does not support routed experts (--num-experts {}): "
                "routing decides shapes from the data, which a graph cannot replay",
                c.model.num_experts);
+  if (!c.step_batch_size_schedule.empty() && train_batches(c).entries().size() > 1)
+    fail_usage("--cuda-graph-impl local does not support a --step-batch-size-schedule that "
+               "changes the batch: the graph replays one loss scale, 1 / (the global batch x "
+               "--seq-length), captured at its first step");
   if (c.eod_mask_loss)
     fail_usage("--cuda-graph-impl local does not support --eod-mask-loss: the graph replays one "
                "microbatch without its loss mask");
@@ -238,7 +242,8 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   if (c.train_iters < 0) fail_usage("--train-iters must be >= 0");
   if (!c.step_batch_size_schedule.empty()) {
     const BatchSchedule b = train_batches(c);
-    // A run from sample 0; a resumed one is checked at its checkpoint's samples (Trainer).
+    // A run from sample 0; with --load (not --finetune) the Trainer checks from where the
+    // checkpoint, if there is one, starts the run.
     if (c.load.empty() || c.finetune) b.check_reachable(0, c.train_iters, c.micro_batch_size, mesh.dp());
   }
   if (c.clip_grad < 0) fail_usage("--clip-grad must be >= 0");
@@ -431,10 +436,7 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
     nlohmann::json meta = ckpt_load(req, *stage_, *optimizer_, groups);
     if (meta.is_null() && cfg_.finetune)
       fail_usage("--finetune: --load {} holds no checkpoint (no tracker file)", cfg_.load);
-    if (!meta.is_null() && !cfg_.finetune && batches_.from_flag())  // every rank alike
-      batches_.check_reachable(meta.value("consumed_samples", int64_t{0}),
-                               cfg_.train_iters - meta.value("iteration", 0),
-                               cfg_.micro_batch_size, mesh.dp());
+
     if (!meta.is_null() && cfg_.finetune) {
       check_tokenizer(meta);  // weights only: iteration, samples and counters start at 0
       if (groups.rank() == 0 && !cfg_.quiet)
@@ -457,6 +459,12 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
                    cfg_.no_load_optim ? "; --no-load-optim: a fresh optimizer" : "");
     }
   }
+  // The batches the steps of this run will use, from where it starts (a checkpoint's samples,
+  // or 0), on every rank alike. Earlier entries are not checked: a run may be resumed on more
+  // ranks at a change of the batch.
+  if (batches_.from_flag())
+    batches_.check_reachable(consumed_samples_, cfg_.train_iters - iteration_,
+                             cfg_.micro_batch_size, mesh.dp());
 }
 
 int Trainer::microbatches_at(int64_t consumed) const {
