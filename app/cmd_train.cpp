@@ -416,6 +416,13 @@ void add_flags(CLI::App* c, TrainArgs* a) {
                 "P1 P2 ... by the datasets' sizes (Megatron's)")
       ->expected(1, -1);
   opt("--split", t.split, "train,valid,test weights over each dataset's documents");
+  const char* split_flags[3] = {"--train-data-path", "--valid-data-path", "--test-data-path"};
+  for (int i = 0; i < 3; ++i)
+    c->add_option(split_flags[i], t.split_data_path[i],
+                  fmt::format("the {} split's dataset prefixes, all their documents (weighted or "
+                              "by size, as --data-path), instead of --data-path and --split",
+                              i == 0 ? "train" : i == 1 ? "valid" : "test"))
+        ->expected(1, -1);
   opt("--data-cache-path", t.data_cache_path, "where the sample index caches go (default: beside the data)");
   opt("--eval-interval", t.eval_interval, "evaluate on the valid split every N iterations (0: never)");
   opt("--eval-iters", t.eval_iters, "global batches per evaluation");

@@ -60,10 +60,10 @@ void check_weights(const std::vector<double>& w, const char* flag, const std::st
     fail_usage("{} \"{}\": the weights' sum is not finite; give smaller weights", flag, value);
 }
 
-void check_prefix_files(const std::string& prefix) {
+void check_prefix_files(const std::string& prefix, const std::string& flag) {
   for (const std::string& f : {idx_path(prefix), bin_path(prefix)}) {
     if (!std::filesystem::exists(f)) {
-      fail_usage("--data-path: {} does not exist (dataset prefix \"{}\" needs {} and {})", f,
+      fail_usage("{}: {} does not exist (dataset prefix \"{}\" needs {} and {})", flag, f,
                  prefix, idx_path(prefix), bin_path(prefix));
     }
   }
@@ -234,8 +234,8 @@ int64_t document_tokens(const IndexedDataset& data, int64_t d) {
 // The samples one epoch of the split of `prefix` holds, (tokens - 1) / seq_length: Megatron's
 // GPTDataset length for one epoch, its weight in a blend by size.
 int64_t epoch_samples(int seq_length, const std::array<double, 3>& split_weights, DataSplit split,
-                      const std::string& prefix) {
-  check_prefix_files(prefix);
+                      const std::string& prefix, const std::string& flag) {
+  check_prefix_files(prefix, flag);
   const IndexedDataset data(prefix);
   const auto [begin, end] = split_documents(data, split_weights, split);
   int64_t tokens = 0;
@@ -249,11 +249,11 @@ std::unique_ptr<GptSplitDataset> make_split_dataset(const GptDataConfig& cfg,
                                                     DataSplit split, int64_t dataset,
                                                     const std::string& prefix,
                                                     int64_t num_samples) {
-  check_prefix_files(prefix);
+  check_prefix_files(prefix, cfg.flag);
   auto data = std::make_shared<const IndexedDataset>(prefix);
   const int64_t all_docs = data->num_documents();
   if (all_docs == 0 || data->num_sequences() == 0) {
-    fail_usage("--data-path: {} holds no documents (an empty dataset)", idx_path(prefix));
+    fail_usage("{}: {} holds no documents (an empty dataset)", cfg.flag, idx_path(prefix));
   }
   const auto [begin, end] = split_documents(*data, split_weights, split);
   const int seq = cfg.seq_length;
@@ -317,7 +317,8 @@ std::unique_ptr<GptSplitDataset> make_split_dataset(const GptDataConfig& cfg,
 }  // namespace
 
 std::vector<std::pair<double, std::string>> parse_data_path(const std::vector<std::string>& args,
-                                                            bool* weighted) {
+                                                            bool* weighted,
+                                                            const std::string& flag) {
   if (weighted) *weighted = false;
   std::vector<std::string> tok;
   std::string joined;
@@ -328,7 +329,7 @@ std::vector<std::pair<double, std::string>> parse_data_path(const std::vector<st
       joined += (joined.empty() ? "" : " ") + t;
     }
   }
-  if (tok.empty()) fail_usage("--data-path: no dataset prefix given");
+  if (tok.empty()) fail_usage("{}: no dataset prefix given", flag);
   std::vector<std::pair<double, std::string>> out;
   size_t numbers = 0;
   for (size_t i = 0; i < tok.size(); i += 2) {
@@ -344,15 +345,15 @@ std::vector<std::pair<double, std::string>> parse_data_path(const std::vector<st
       weights.push_back(w);
       out.emplace_back(w, tok[i + 1]);
     }
-    check_weights(weights, "--data-path", joined);
+    check_weights(weights, flag.c_str(), joined);
     if (weighted) *weighted = true;
     return out;
   }
   if (numbers > 0) {
     fail_usage(
-        "--data-path \"{}\": weights and prefixes must alternate (\"W1 P1 W2 P2 ...\"), or "
+        "{} \"{}\": weights and prefixes must alternate (\"W1 P1 W2 P2 ...\"), or "
         "give prefixes only; found {} numbers among {} elements",
-        joined, numbers, tok.size());
+        flag, joined, numbers, tok.size());
   }
   for (const std::string& p : tok) out.emplace_back(1.0, p);
   return out;
@@ -391,13 +392,13 @@ std::array<double, 3> parse_split(const std::string& value) {
 std::unique_ptr<TokenDataset> make_gpt_dataset(const GptDataConfig& cfg, DataSplit split,
                                                int64_t num_samples) {
   if (cfg.seq_length <= 0) fail_usage("--seq-length must be positive (got {})", cfg.seq_length);
-  if (cfg.blend.empty()) fail_usage("--data-path: no dataset prefix given");
+  if (cfg.blend.empty()) fail_usage("{}: no dataset prefix given", cfg.flag);
   if (num_samples < 0) fail("make_gpt_dataset: {} samples asked", num_samples);
   const std::array<double, 3> split_weights = normalized_split(cfg.split);
   std::vector<double> weights;
   for (const auto& [w, p] : cfg.blend)
     weights.push_back(cfg.blend_by_size ? static_cast<double>(epoch_samples(
-                                              cfg.seq_length, split_weights, split, p))
+                                              cfg.seq_length, split_weights, split, p, cfg.flag))
                                         : w);
   // A dataset whose split holds no sample cannot be weighed by its size: refused as in a
   // weighted blend (the trainer skips a test split on this error alone).
@@ -406,15 +407,15 @@ std::unique_ptr<TokenDataset> make_gpt_dataset(const GptDataConfig& cfg, DataSpl
       throw EmptySplitError(fmt::format(
           "--split {},{},{} and --seq-length {}: the {} split of {} holds fewer tokens than one "
           "sample, yet {} samples of the blend by size are asked of it; give the split a larger "
-          "share, a shorter --seq-length, or leave the dataset out of --data-path",
+          "share, a shorter --seq-length, or leave the dataset out of {}",
           split_weights[0], split_weights[1], split_weights[2], cfg.seq_length, split_name(split),
-          cfg.blend[j].second, num_samples));
-  if (!cfg.blend_by_size) check_weights(weights, "--data-path", cfg.blend.front().second);
+          cfg.blend[j].second, num_samples, cfg.flag));
+  if (!cfg.blend_by_size) check_weights(weights, cfg.flag.c_str(), cfg.blend.front().second);
   double sum = 0;
   for (double w : weights) sum += w;
   std::vector<size_t> kept;
   for (size_t j = 0; j < cfg.blend.size(); ++j) {
-    check_prefix_files(cfg.blend[j].second);
+    check_prefix_files(cfg.blend[j].second, cfg.flag);
     if (weights[j] > 0) kept.push_back(j);
   }
   if (kept.size() == 1) {
@@ -461,7 +462,7 @@ std::unique_ptr<TokenDataset> make_gpt_dataset(const GptDataConfig& cfg, DataSpl
 nlohmann::json gpt_data_identity(const GptDataConfig& cfg) {
   nlohmann::json blend = nlohmann::json::array();
   for (const auto& [w, prefix] : cfg.blend) {
-    check_prefix_files(prefix);
+    check_prefix_files(prefix, cfg.flag);
     const std::string idx = idx_path(prefix);
     blend.push_back({{"prefix", prefix},
                      {"weight", w},

@@ -12,7 +12,9 @@
 //     ceil(ceil(w * N) * 1.005) samples, and sample i taken from the dataset furthest below its
 //     share, w * max(i, 1) - taken (Megatron's BlendedDataset and build_blending_indices);
 //   - --data-path "P1 P2" (no weights) blends them by size, as Megatron: each split weighs each
-//     dataset by the samples one epoch of its split holds, (tokens - 1) / seq_length.
+//     dataset by the samples one epoch of its split holds, (tokens - 1) / seq_length;
+//   - --train-data-path, --valid-data-path, --test-data-path: each split's own blend, with the
+//     split weights of that split alone (all of its documents; the trainer's gpt_config).
 // Sample i is a function of (files, weights, split, seq_length, seed, i): never of the layout,
 // and never of the sample count asked for (a resume with another --train-iters reads the same
 // samples; asking for more only appends). Shuffles use weft's own fixed PRNG and Fisher-Yates
@@ -42,7 +44,8 @@ namespace weft {
 // or not finite, or weights that sum to zero. A zero weight is allowed: that dataset's files
 // are checked, but it is never sampled.
 std::vector<std::pair<double, std::string>> parse_data_path(const std::vector<std::string>& args,
-                                                            bool* weighted = nullptr);
+                                                            bool* weighted = nullptr,
+                                                            const std::string& flag = "--data-path");
 // --split "969,30,1" (also "98,2,0", "1", "99,1"): normalised to three weights; throws
 // UsageError naming --split.
 std::array<double, 3> parse_split(const std::string& value);
@@ -66,6 +69,7 @@ struct GptDataConfig {
   int seq_length = 0;                                  // --seq-length
   uint64_t seed = 1234;                                // --seed
   std::string cache_path;                              // --data-cache-path ("" = beside the data)
+  std::string flag = "--data-path";  // the flag that gave the blend, for error messages
 };
 
 // The dataset of one split, asked for at least `num_samples` samples (epochs are added until

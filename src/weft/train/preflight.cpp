@@ -137,7 +137,7 @@ void check_train_paths(const TrainConfig& c, int rank) {
   // race with the removal of what each created.
   if (rank != 0) return;
   if (!c.save.empty()) check_writable_dir(c.save, "--save");
-  if (!c.data_cache_path.empty() && !c.data_path.empty())
+  if (!c.data_cache_path.empty() && c.real_data())
     check_writable_dir(c.data_cache_path, "--data-cache-path");
   if (c.profile.enabled && c.profile.pytorch && !c.profile.dir.empty())
     check_writable_dir(c.profile.dir, "--profile-dir");

@@ -22,12 +22,26 @@ namespace {
 constexpr uint64_t kMockValidSeedOffset = 0x5EED5EEDull;
 constexpr uint64_t kMockTestSeedOffset = 0x7E575EEDull;
 
-GptDataConfig gpt_config(const TrainConfig& c) {
+constexpr const char* kSplitFlags[3] = {"--train-data-path", "--valid-data-path",
+                                        "--test-data-path"};
+
+// The sampling of `split`: --data-path cut by --split, or with per-split paths (Megatron's
+// blend_per_split) that split's own blend over all of its documents: the split's share 1,
+// the others 0, as Megatron's builder spoofs the split ranges.
+GptDataConfig gpt_config(const TrainConfig& c, DataSplit split = DataSplit::kTrain) {
   GptDataConfig g;
   bool weighted = false;
-  g.blend = parse_data_path(c.data_path, &weighted);
+  const int i = static_cast<int>(split);
+  g.flag = c.per_split_data() ? kSplitFlags[i] : "--data-path";
+  g.blend = parse_data_path(c.per_split_data() ? c.split_data_path[i] : c.data_path, &weighted,
+                            g.flag);
   g.blend_by_size = !weighted && g.blend.size() > 1;
-  g.split = parse_split(c.split);
+  if (c.per_split_data()) {
+    g.split = {0, 0, 0};
+    g.split[i] = 1;
+  } else {
+    g.split = parse_split(c.split);
+  }
   g.seq_length = c.model.seq_length;
   g.seed = c.seed;
   g.cache_path = c.data_cache_path;
@@ -41,17 +55,30 @@ bool wants_eval(const TrainConfig& c) { return c.eval_interval > 0 && c.eval_ite
 void validate_data_config(const TrainConfig& c) {
   if (c.eval_interval < 0) fail_usage("--eval-interval must be >= 0 (got {})", c.eval_interval);
   if (c.eval_iters < 0) fail_usage("--eval-iters must be >= 0 (got {})", c.eval_iters);
-  if (c.data_path.empty()) {
+  if (!c.real_data()) {
     if (!c.data_cache_path.empty()) fail_usage("--data-cache-path needs --data-path");
     return;
   }
-  if (c.mock_data) fail_usage("--mock-data and --data-path both given; choose one");
-  const GptDataConfig g = gpt_config(c);  // parses --data-path and --split
-  for (const auto& [w, prefix] : g.blend)
-    for (const std::string& f : {idx_path(prefix), bin_path(prefix)})
-      if (!std::filesystem::is_regular_file(f))
-        fail_usage("--data-path: {} does not exist (a dataset prefix P needs P.idx and P.bin, "
-                   "written by `weft data preprocess`)", f);
+  // One data source, as Megatron asserts.
+  if (c.mock_data)
+    fail_usage("--mock-data and {} both given; choose one",
+               c.data_path.empty() ? "--train-data-path/--valid-data-path/--test-data-path"
+                                   : "--data-path");
+  if (c.per_split_data() && !c.data_path.empty())
+    fail_usage("--data-path and --train/valid/test-data-path both given; give one data source "
+               "(Megatron asserts the same)");
+  if (c.per_split_data() && c.split_data_path[0].empty())
+    fail_usage("--valid-data-path/--test-data-path without --train-data-path: the training "
+               "split needs its own data");
+  for (int i = 0; i < 3; ++i) {
+    if (c.per_split_data() ? c.split_data_path[i].empty() : i > 0) continue;
+    const GptDataConfig g = gpt_config(c, static_cast<DataSplit>(i));  // parses the blend, --split
+    for (const auto& [w, prefix] : g.blend)
+      for (const std::string& f : {idx_path(prefix), bin_path(prefix)})
+        if (!std::filesystem::is_regular_file(f))
+          fail_usage("{}: {} does not exist (a dataset prefix P needs P.idx and P.bin, "
+                     "written by `weft data preprocess`)", g.flag, f);
+  }
   if (!c.data_cache_path.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(c.data_cache_path, ec);
@@ -70,7 +97,7 @@ TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank)
       eval_batches * (c.eval_interval > 0 ? c.train_iters / c.eval_interval + 1 : 0) *
       c.global_batch_size;
   const int64_t test_samples = eval_batches * c.global_batch_size;
-  if (c.data_path.empty()) {
+  if (!c.real_data()) {
     train_ = std::make_unique<MockDataset>(c.seed, c.model.vocab_size, c.model.seq_length);
     if (valid_samples > 0)
       valid_ = std::make_unique<MockDataset>(c.seed + kMockValidSeedOffset, c.model.vocab_size,
@@ -81,20 +108,23 @@ TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank)
     identity_ = {{"kind", "mock"}, {"seed", c.seed}};
     return;
   }
+  const bool per_split = c.per_split_data();
   const GptDataConfig g = gpt_config(c);
   check_ids_ = true;
+  if (per_split)  // a split without its path is not evaluated, as in Megatron
+    for (int i = 0; i < 3; ++i) flags_[i] = kSplitFlags[i];
   auto build = [&] {
     train_ = make_gpt_dataset(g, DataSplit::kTrain, train_samples);
-    if (valid_samples > 0) valid_ = make_gpt_dataset(g, DataSplit::kValid, valid_samples);
+    if (valid_samples > 0 && (!per_split || !c.split_data_path[1].empty()))
+      valid_ = make_gpt_dataset(gpt_config(c, DataSplit::kValid), DataSplit::kValid, valid_samples);
     // The test split is evaluated where --split gives it a share that holds the samples, as
     // Megatron builds it only for a non-zero share; a share too small (a few documents of a
     // small corpus) skips the test evaluation with its reason instead of failing the run. The
     // outcome is the same on every rank (the same files).
     test_.reset();
-    no_test_reason_.clear();
-    if (test_samples > 0 && g.split[2] > 0) {
+    if (test_samples > 0 && (per_split ? !c.split_data_path[2].empty() : g.split[2] > 0)) {
       try {
-        test_ = make_gpt_dataset(g, DataSplit::kTest, test_samples);
+        test_ = make_gpt_dataset(gpt_config(c, DataSplit::kTest), DataSplit::kTest, test_samples);
       } catch (const EmptySplitError& e) {
         no_test_reason_ = e.what();
       }
@@ -117,7 +147,15 @@ TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank)
     if (failed.item<float>() > 0)
       throw UsageError("building the datasets failed on rank 0 (see its message)");
   }
-  identity_ = gpt_data_identity(g);
+  if (per_split) {
+    // Each split's blend; "blend" stays the training split's, which a resume compares.
+    identity_ = gpt_data_identity(g);
+    for (int i = 1; i < 3; ++i)
+      if (!c.split_data_path[i].empty())
+        identity_[i == 1 ? "valid" : "test"] = gpt_data_identity(gpt_config(c, static_cast<DataSplit>(i)));
+  } else {
+    identity_ = gpt_data_identity(g);
+  }
   identity_["kind"] = "gpt";
 }
 
@@ -154,9 +192,9 @@ void TrainData::fetch(DataSplit split, int64_t first, int count, c10::Device dev
     const int64_t lo = std::min(tokens->min().item<int64_t>(), labels->min().item<int64_t>());
     const int64_t hi = std::max(tokens->max().item<int64_t>(), labels->max().item<int64_t>());
     if (lo < 0 || hi >= vocab_)
-      fail_usage("--data-path: {} sample {} holds token id {}, outside the model's vocabulary "
+      fail_usage("{}: {} sample {} holds token id {}, outside the model's vocabulary "
                  "of {} (--vocab-size); the data was tokenized with another tokenizer",
-                 split == DataSplit::kTrain   ? "train"
+                 flags_[static_cast<int>(split)], split == DataSplit::kTrain   ? "train"
                  : split == DataSplit::kValid ? "valid"
                                               : "test",
                  first, lo < 0 ? lo : hi, vocab_);

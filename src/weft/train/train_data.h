@@ -72,6 +72,7 @@ class TrainData {
   std::unique_ptr<TokenDataset> train_, valid_, test_;
   std::string no_test_reason_;
   nlohmann::json identity_;
+  const char* flags_[3] = {"--data-path", "--data-path", "--data-path"};  // for error messages
   int64_t vocab_ = 0;
   bool check_ids_ = false;
 };

@@ -111,7 +111,10 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
       {"train_iters", c.train_iters}, {"overlap_param_gather", c.overlap_param_gather},
       {"overlap_grad_reduce", c.overlap_grad_reduce}, {"seed", c.seed}, {"device", c.device},
       {"save_interval", c.save_interval},
-      {"data", {{"mock_data", c.data_path.empty()}, {"data_path", c.data_path}, {"split", c.split},
+      {"data", {{"mock_data", !c.real_data()}, {"data_path", c.data_path}, {"split", c.split},
+                {"train_data_path", c.split_data_path[0]},
+                {"valid_data_path", c.split_data_path[1]},
+                {"test_data_path", c.split_data_path[2]},
                 {"eval_interval", c.eval_interval}, {"eval_iters", c.eval_iters}}}};
 }
 
@@ -757,8 +760,10 @@ void Trainer::warn_if_other_data(const nlohmann::json& meta) const {
   // The files are compared by size and hash, not by path (data moved or named relative).
   auto without_paths = [](nlohmann::json d) {
     d.erase("consumed_samples");
-    if (d.contains("blend") && d["blend"].is_array())
-      for (auto& b : d["blend"]) b.erase("prefix");
+    for (nlohmann::json* s : {&d, d.contains("valid") ? &d["valid"] : nullptr,
+                              d.contains("test") ? &d["test"] : nullptr})
+      if (s && s->contains("blend") && (*s)["blend"].is_array())
+        for (auto& b : (*s)["blend"]) b.erase("prefix");
     return d;
   };
   const nlohmann::json saved = without_paths(meta.value("data", nlohmann::json::object()));

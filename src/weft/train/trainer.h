@@ -15,6 +15,7 @@
 // over the expert groups complete the sum over every data-parallel rank.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -100,6 +101,13 @@ struct TrainConfig {
   bool mock_data = false;              // --mock-data
   std::vector<std::string> data_path;  // --data-path [W1] P1 [W2 P2 ...]
   std::string split = "969,30,1";      // --split
+  // --train-data-path, --valid-data-path, --test-data-path (Megatron's): each split from its
+  // own blend, all of its documents, instead of --data-path and --split. [kTrain, kValid, kTest]
+  std::array<std::vector<std::string>, 3> split_data_path;
+  bool per_split_data() const {
+    return !split_data_path[0].empty() || !split_data_path[1].empty() || !split_data_path[2].empty();
+  }
+  bool real_data() const { return !data_path.empty() || per_split_data(); }
   std::string data_cache_path;         // --data-cache-path ("": beside the data)
   int eval_interval = 1000;            // --eval-interval (0: never)
   int eval_iters = 100;                // --eval-iters (global batches per evaluation)

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# --train-data-path, --valid-data-path, --test-data-path (Megatron's blend per split) end to end,
+# on three NullTokenizer corpora A, B, C:
+# - training on --train-data-path A is training on --data-path A --split 1,0,0 bit for bit (the
+#   training split is all of A's documents either way), also on 2 ranks;
+# - the evaluations read B (valid) and C (test): with --lr 0 the model never changes, so the
+#   validation losses differ from those of a run that validates on A, and the test line is
+#   there only with --test-data-path; a blend by weights per split trains;
+# - refusals name the flag: --data-path beside them, --valid-data-path without
+#   --train-data-path, --mock-data beside them, a missing prefix.
+# Usage: split_data_path.sh WEFT MPIRUN...
+source "$(dirname "$0")/lib.sh" "$@"
+
+python3 - "$tmp" <<'EOF'
+import json, random, sys
+for name, seed in (("A", 3), ("B", 4), ("C", 5)):
+    rng = random.Random(seed)
+    with open(f"{sys.argv[1]}/{name}.jsonl", "w") as f:
+        for _ in range(300):
+            doc = [rng.randrange(1, 60) for _ in range(rng.randint(3, 20))]
+            f.write(json.dumps({"text": " ".join(map(str, doc))}) + "\n")
+EOF
+for c in A B C; do
+  "$weft" data preprocess --input "$tmp/$c.jsonl" --output-prefix "$tmp/$c" --append-eod \
+    --tokenizer-type NullTokenizer --vocab-size 61 >"$tmp/pre.log" 2>&1 ||
+    { echo "preprocess $c failed: $(tail -1 "$tmp/pre.log")"; exit 1; }
+done
+A=$tmp/A_text_document B=$tmp/B_text_document C=$tmp/C_text_document
+model=(--num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
+       --seq-length 16 --vocab-size 64 --micro-batch-size 2 --global-batch-size 4
+       --train-iters 4 --log-interval 1 --threads 1 --eval-iters 1 --seed 5)
+# run NAME NP FLAGS...: the JSONL's training lines to NAME.train, validation lines to NAME.valid.
+run() {
+  local name=$1 np=$2
+  shift 2
+  if ! timeout 180 "${mpirun[@]}" -np "$np" "$weft" train "${model[@]}" \
+       --log-jsonl "$tmp/$name.jsonl" "$@" >"$tmp/$name.log" 2>&1; then
+    bad "$name: weft train $* failed: $(grep -m3 error "$tmp/$name.log")"
+    return
+  fi
+  python3 - "$tmp/$name.jsonl" "$tmp/$name" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+with open(sys.argv[2] + ".train", "w") as f:
+    for r in rows:
+        if "lm_loss" in r: print(r["iteration"], repr(r["lm_loss"]), repr(r["grad_norm"]), file=f)
+with open(sys.argv[2] + ".valid", "w") as f:
+    for r in rows:
+        for k in ("valid_lm_loss", "test_lm_loss"):
+            if k in r: print(k, r["iteration"], repr(r[k]), file=f)
+EOF
+}
+run split 1 --train-data-path "$A" --eval-interval 0
+run whole 1 --data-path "$A" --split 1,0,0 --eval-interval 0
+check "--train-data-path A against --data-path A --split 1,0,0 (iterations, bitwise)" \
+  "$(cmp -s "$tmp/split.train" "$tmp/whole.train" && wc -l <"$tmp/split.train")" 4
+run split2 2 --train-data-path "$A" --eval-interval 0
+run whole2 2 --data-path "$A" --split 1,0,0 --eval-interval 0
+check "the same on 2 ranks" "$(cmp -s "$tmp/split2.train" "$tmp/whole2.train" && wc -l <"$tmp/split2.train")" 4
+
+run vb 1 --lr 0 --train-data-path "$A" --valid-data-path "$B" --test-data-path "$C" --eval-interval 2
+run va 1 --lr 0 --train-data-path "$A" --valid-data-path "$A" --eval-interval 2
+check "evaluations with B and C: valid at 2 and 4, a test at 4" \
+  "$(cut -d' ' -f1,2 "$tmp/vb.valid" | tr '\n' ' ')" "valid_lm_loss 2 valid_lm_loss 4 test_lm_loss 4 "
+check "without --test-data-path: no test" "$(cut -d' ' -f1,2 "$tmp/va.valid" | tr '\n' ' ')" \
+  "valid_lm_loss 2 valid_lm_loss 4 "
+if [ -s "$tmp/vb.valid" ] && [ "$(grep '^valid' "$tmp/vb.valid")" != "$(grep '^valid' "$tmp/va.valid")" ]; then
+  ok "the validation reads B, not A"
+else
+  bad "validation losses with B equal those with A"
+fi
+check "the training is the same whichever split validates" \
+  "$(cmp -s "$tmp/vb.train" "$tmp/va.train" && echo same)" same
+run blend 1 --train-data-path 0.7 "$A" 0.3 "$C" --valid-data-path "$B" "$C" --eval-interval 2
+check "weighted and by-size blends per split" "$(grep -c . "$tmp/blend.valid" 2>/dev/null)" 2
+
+# refused WHAT WANT FLAGS...: exit 2 and WANT in the output.
+refused() {
+  local what=$1 want=$2
+  shift 2
+  local out rc
+  out=$(timeout 60 "$weft" train "${model[@]}" "$@" 2>&1)
+  rc=$?
+  if [ $rc -eq 2 ] && grep -qF -- "$want" <<<"$out"; then ok "$what: refused: $want"
+  else bad "$what: exit $rc, wanted 2 and '$want': $(grep -m2 -i error <<<"$out")"; fi
+}
+refused "--data-path beside them" "--data-path and --train/valid/test-data-path both given" \
+  --data-path "$A" --valid-data-path "$B"
+refused "valid without train" "--valid-data-path/--test-data-path without --train-data-path" \
+  --valid-data-path "$B"
+refused "--mock-data beside them" "--mock-data and --train-data-path/--valid-data-path/--test-data-path both given" \
+  --mock-data --train-data-path "$A"
+refused "a missing prefix" "--valid-data-path: $tmp/nothing.idx does not exist" \
+  --train-data-path "$A" --valid-data-path "$tmp/nothing"
+finish
