@@ -826,6 +826,9 @@ void resolve_train_args(TrainArgs* a) {
   if (a->app->get_option("--ffn-hidden-size")->count() == 0 && !model_from_checkpoint)
     default_ffn_hidden_size(&t.model, pattern);
   a->global_batch_given = a->app->get_option("--global-batch-size")->count() > 0;
+  if (t.per_split_data() && a->app->get_option("--split")->count() > 0)
+    fail_usage("--split with --train/valid/test-data-path: each split reads all of its own "
+               "datasets; drop --split (Megatron refuses both too)");
   if (a->app->get_option("--step-batch-size-schedule")->count() > 0) {
     if (a->global_batch_given)
       fail_usage("--step-batch-size-schedule and --global-batch-size both give the training "

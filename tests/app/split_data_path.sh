@@ -5,9 +5,11 @@
 #   training split is all of A's documents either way), also on 2 ranks;
 # - the evaluations read B (valid) and C (test): with --lr 0 the model never changes, so the
 #   validation losses differ from those of a run that validates on A, and the test line is
-#   there only with --test-data-path; a blend by weights per split trains;
+#   there only with --test-data-path and reads it, pp 2 evaluates as 1 rank, a blend by
+#   weights per split trains, a resume that adds a validation set does not warn of other data;
 # - refusals name the flag: --data-path beside them, --valid-data-path without
-#   --train-data-path, --mock-data beside them, a missing prefix.
+#   --train-data-path, --mock-data or --split beside them, a missing prefix, a test set too
+#   small for one sample.
 # Usage: split_data_path.sh WEFT MPIRUN...
 source "$(dirname "$0")/lib.sh" "$@"
 
@@ -71,6 +73,28 @@ else
 fi
 check "the training is the same whichever split validates" \
   "$(cmp -s "$tmp/vb.train" "$tmp/va.train" && echo same)" same
+# The test split reads C: the same test loss whichever set validates; another with B.
+run vc 1 --lr 0 --train-data-path "$A" --valid-data-path "$C" --test-data-path "$C" --eval-interval 2
+run tb 1 --lr 0 --train-data-path "$A" --valid-data-path "$B" --test-data-path "$B" --eval-interval 2
+tl() { grep '^test_lm_loss' "$tmp/$1.valid"; }
+if [ -n "$(tl vb)" ] && [ "$(tl vb)" == "$(tl vc)" ] && [ "$(tl vb)" != "$(tl tb)" ]; then
+  ok "the test reads --test-data-path: $(tl vb)"
+else
+  bad "test losses: C/B-valid '$(tl vb)', C/C-valid '$(tl vc)', B '$(tl tb)'"
+fi
+# Validation on 2 ranks reads the same samples (pp 2: one model, another layout).
+run vb2 2 --lr 0 --train-data-path "$A" --valid-data-path "$B" --test-data-path "$C" --eval-interval 2 \
+  --pipeline-model-parallel-size 2
+python3 - "$tmp/vb.valid" "$tmp/vb2.valid" <<'EOF' && ok "the evaluations on pp 2 equal 1 rank's" || bad "evaluations on pp 2 differ"
+import sys
+a, b = ([l.split() for l in open(f)] for f in sys.argv[1:])
+sys.exit(0 if len(a) == len(b) == 3 and all(x[:2] == y[:2] and abs(float(x[2]) - float(y[2])) <= 1e-6 * abs(float(x[2])) for x, y in zip(a, b)) else 1)
+EOF
+# A resume that adds a validation set trains on: no warning about other data.
+run r1 1 --train-data-path "$A" --eval-interval 0 --train-iters 2 --save "$tmp/ck"
+run r2 1 --train-data-path "$A" --valid-data-path "$B" --eval-interval 2 --load "$tmp/ck"
+if grep -q "other data" "$tmp/r2.log"; then bad "a resume adding --valid-data-path warns about other data"
+else ok "a resume adding --valid-data-path does not warn"; fi
 run blend 1 --train-data-path 0.7 "$A" 0.3 "$C" --valid-data-path "$B" "$C" --eval-interval 2
 check "weighted and by-size blends per split" "$(grep -c . "$tmp/blend.valid" 2>/dev/null)" 2
 
@@ -92,4 +116,14 @@ refused "--mock-data beside them" "--mock-data and --train-data-path/--valid-dat
   --mock-data --train-data-path "$A"
 refused "a missing prefix" "--valid-data-path: $tmp/nothing.idx does not exist" \
   --train-data-path "$A" --valid-data-path "$tmp/nothing"
+refused "a missing test prefix" "--test-data-path: $tmp/nothing.idx does not exist" \
+  --train-data-path "$A" --test-data-path "$tmp/nothing"
+refused "--split beside them" "--split with --train/valid/test-data-path" \
+  --train-data-path "$A" --split 1,1,1
+printf '{"text": "1 2"}\n' >"$tmp/tiny.jsonl"
+"$weft" data preprocess --input "$tmp/tiny.jsonl" --output-prefix "$tmp/tiny" --append-eod \
+  --tokenizer-type NullTokenizer --vocab-size 61 >"$tmp/pre.log" 2>&1
+refused "a test set smaller than one sample" \
+  "--test-data-path: $tmp/tiny_text_document holds 3 tokens, fewer than one sample" \
+  --train-data-path "$A" --test-data-path "$tmp/tiny_text_document" --eval-interval 2
 finish

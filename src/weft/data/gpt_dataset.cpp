@@ -259,6 +259,9 @@ std::unique_ptr<GptSplitDataset> make_split_dataset(const GptDataConfig& cfg,
   const int seq = cfg.seq_length;
   if (num_samples == 0) return std::make_unique<GptSplitDataset>(data, nullptr, seq, 0, 0, 0);
   if (begin == end) {
+    if (cfg.flag != "--data-path")  // a split of its own: all of the dataset's documents
+      fail_usage("{}: {} holds no documents, yet {} samples are asked of it", cfg.flag, prefix,
+                 num_samples);
     throw EmptySplitError(fmt::format(
         "--split {},{},{}: the {} split of {} ({} documents) is empty, yet {} samples are "
         "asked of it; give the split a larger share",
@@ -272,6 +275,9 @@ std::unique_ptr<GptSplitDataset> make_split_dataset(const GptDataConfig& cfg,
     tokens += doc_lengths[d - begin];
   }
   if (tokens < seq + 1) {
+    if (cfg.flag != "--data-path")
+      fail_usage("{}: {} holds {} tokens, fewer than one sample (seq_length + 1 = {}); use more "
+                 "data or a shorter --seq-length", cfg.flag, prefix, tokens, seq + 1);
     throw EmptySplitError(fmt::format(
         "--seq-length {}: the {} split of {} holds {} tokens, fewer than one sample "
         "(seq_length + 1 = {}); use more data, a larger --split share or a shorter "
@@ -403,7 +409,11 @@ std::unique_ptr<TokenDataset> make_gpt_dataset(const GptDataConfig& cfg, DataSpl
   // A dataset whose split holds no sample cannot be weighed by its size: refused as in a
   // weighted blend (the trainer skips a test split on this error alone).
   for (size_t j = 0; cfg.blend_by_size && num_samples > 0 && j < weights.size(); ++j)
-    if (weights[j] == 0)
+    if (weights[j] == 0 && cfg.flag != "--data-path")
+      fail_usage("{}: {} holds fewer tokens than one sample (--seq-length {}), so it cannot be "
+                 "weighed by its size; leave it out or give weights", cfg.flag,
+                 cfg.blend[j].second, cfg.seq_length);
+    else if (weights[j] == 0)
       throw EmptySplitError(fmt::format(
           "--split {},{},{} and --seq-length {}: the {} split of {} holds fewer tokens than one "
           "sample, yet {} samples of the blend by size are asked of it; give the split a larger "

@@ -105,11 +105,11 @@ uint64_t data_hash64(const void* data, size_t bytes, uint64_t seed) {
 
 uint64_t data_hash64_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail_usage("--data-path: cannot open {} ({})", path, errno_text());
+  if (fd < 0) fail_usage("dataset: cannot open {} ({})", path, errno_text());
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
-    fail_usage("--data-path: cannot stat {} ({})", path, errno_text());
+    fail_usage("dataset: cannot stat {} ({})", path, errno_text());
   }
   // The cache key, the split datasets and the checkpoint identity all hash the same .idx: hash
   // each file version once per process (keyed by inode, size and modification time).
@@ -135,7 +135,7 @@ uint64_t data_hash64_file(const std::string& path) {
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
       ::close(fd);
-      fail_usage("--data-path: read of {} failed ({})", path, r < 0 ? errno_text() : "short file");
+      fail_usage("dataset: read of {} failed ({})", path, r < 0 ? errno_text() : "short file");
     }
     done += static_cast<uint64_t>(r);
     have += static_cast<size_t>(r);

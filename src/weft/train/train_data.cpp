@@ -56,7 +56,8 @@ void validate_data_config(const TrainConfig& c) {
   if (c.eval_interval < 0) fail_usage("--eval-interval must be >= 0 (got {})", c.eval_interval);
   if (c.eval_iters < 0) fail_usage("--eval-iters must be >= 0 (got {})", c.eval_iters);
   if (!c.real_data()) {
-    if (!c.data_cache_path.empty()) fail_usage("--data-cache-path needs --data-path");
+    if (!c.data_cache_path.empty())
+      fail_usage("--data-cache-path needs --data-path (or --train-data-path)");
     return;
   }
   // One data source, as Megatron asserts.

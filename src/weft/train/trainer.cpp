@@ -758,12 +758,13 @@ int64_t Trainer::valid_first_sample(int iteration) const {
 
 void Trainer::warn_if_other_data(const nlohmann::json& meta) const {
   // The files are compared by size and hash, not by path (data moved or named relative).
+  // Only the training stream counts: per-split paths' "valid" and "test" sets may change.
   auto without_paths = [](nlohmann::json d) {
     d.erase("consumed_samples");
-    for (nlohmann::json* s : {&d, d.contains("valid") ? &d["valid"] : nullptr,
-                              d.contains("test") ? &d["test"] : nullptr})
-      if (s && s->contains("blend") && (*s)["blend"].is_array())
-        for (auto& b : (*s)["blend"]) b.erase("prefix");
+    d.erase("valid");
+    d.erase("test");
+    if (d.contains("blend") && d["blend"].is_array())
+      for (auto& b : d["blend"]) b.erase("prefix");
     return d;
   };
   const nlohmann::json saved = without_paths(meta.value("data", nlohmann::json::object()));
