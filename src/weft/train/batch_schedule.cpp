@@ -152,8 +152,7 @@ int64_t BatchSchedule::iterations_for(int64_t train_samples) const {
 void BatchSchedule::check_reachable(int64_t consumed, int64_t iterations, int micro_batch,
                                     int dp) const {
   const int64_t per_step = static_cast<int64_t>(micro_batch) * dp;
-  const int64_t first = consumed;
-  const int64_t end = samples_after(consumed, iterations);
+  const int64_t first = consumed, steps = iterations;
   while (iterations > 0) {  // the batches the steps of this run use, segment by segment
     const int b = batch_at(consumed);
     if (b % per_step != 0) {
@@ -162,7 +161,8 @@ void BatchSchedule::check_reachable(int64_t consumed, int64_t iterations, int mi
                    "{}*{} = {}", b, micro_batch, dp, per_step);
       fail_usage("{}: the batch size {} (the step at sample {}; this run trains samples "
                  "{}..{}) is not divisible by --micro-batch-size * dp = {}*{} = {}",
-                 kFlag, b, consumed, first, end - 1, micro_batch, dp, per_step);
+                 kFlag, b, consumed, first, samples_after(first, steps) - 1, micro_batch, dp,
+                 per_step);
     }
     const int64_t n = steps_below_next(consumed, iterations);
     consumed += n * b;

@@ -156,7 +156,7 @@ void validate_cuda_graph(const TrainConfig& c, const Mesh& mesh) {
     fail_usage("--cuda-graph-impl local does not support routed experts (--num-experts {}): "
                "routing decides shapes from the data, which a graph cannot replay",
                c.model.num_experts);
-  if (!c.step_batch_size_schedule.empty() && train_batches(c).entries().size() > 1)
+  if (train_batches(c).entries().size() > 1)
     fail_usage("--cuda-graph-impl local does not support a --step-batch-size-schedule that "
                "changes the batch: the graph replays one loss scale, 1 / (the global batch x "
                "--seq-length), captured at its first step");
@@ -439,7 +439,6 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
     nlohmann::json meta = ckpt_load(req, *stage_, *optimizer_, groups);
     if (meta.is_null() && cfg_.finetune)
       fail_usage("--finetune: --load {} holds no checkpoint (no tracker file)", cfg_.load);
-
     if (!meta.is_null() && cfg_.finetune) {
       check_tokenizer(meta);  // weights only: iteration, samples and counters start at 0
       if (groups.rank() == 0 && !cfg_.quiet)
@@ -614,9 +613,9 @@ Microbatch Trainer::microbatch(int m) const {
 }
 
 Microbatch Trainer::fetch_microbatch(int64_t consumed, int m) const {
-  const int64_t per_rank = static_cast<int64_t>(cfg_.micro_batch_size) * microbatches_at(consumed);
-  const int64_t first = consumed + dp_rank_ * per_rank + static_cast<int64_t>(m) * cfg_.micro_batch_size;
   const int64_t batch = batches_.batch_at(consumed);
+  const int64_t per_rank = batch / groups_.mesh().dp();  // its microbatches x micro-batch
+  const int64_t first = consumed + dp_rank_ * per_rank + static_cast<int64_t>(m) * cfg_.micro_batch_size;
   Microbatch b;
   if (!stage_->is_first() && !stage_->is_last()) {  // a middle stage: no data, its LossOptions
     add_loss_mask(&b, DataSplit::kTrain, consumed, batch);
