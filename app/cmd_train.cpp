@@ -426,6 +426,15 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--data-cache-path", t.data_cache_path, "where the sample index caches go (default: beside the data)");
   opt("--eval-interval", t.eval_interval, "evaluate on the valid split every N iterations (0: never)");
   opt("--eval-iters", t.eval_iters, "global batches per evaluation");
+  opt("--eval-global-batch-size", t.eval_global_batch_size,
+      "samples per evaluation iteration (default: --global-batch-size)");
+  opt("--eval-micro-batch-size", t.eval_micro_batch_size,
+      "samples per evaluation microbatch and rank (default: --micro-batch-size)");
+  opt("--start-eval-at-iter", t.start_eval_at_iter,
+      "the evaluations every --eval-interval begin at this iteration");
+  c->add_flag("--skip-train", t.skip_train,
+              "evaluate the valid and test splits once (from their first sample) instead of "
+              "training; with --load, its model");
   add_tokenizer_flags(c, &a->tokenizer);
   opt("--make-vocab-size-divisible-by", a->vocab_divisible_by,
       "pad the tokenizer's vocabulary to a multiple of this");
@@ -849,6 +858,18 @@ void resolve_train_args(TrainArgs* a) {
                "weft: that optimizer's decoupled gradient is float32");
   else if (a->grad_reduce_in_bf16)
     t.adam.grad_dtype = at::kBFloat16;
+  // Megatron's --skip-train reads no optimizer state (it warns likewise).
+  if (t.skip_train && !t.load.empty() && !t.no_load_optim) {
+    t.no_load_optim = true;
+    a->megatron_warnings.push_back("--skip-train: enabling --no-load-optim (as Megatron)");
+  }
+  if (t.skip_train && !t.save.empty()) {
+    a->megatron_warnings.push_back("--save has no effect with --skip-train: nothing trains, "
+                                   "nothing is saved (as in Megatron)");
+    t.save.clear();
+    t.save_interval = 0;
+    t.async_save = false;
+  }
   if (query_groups_ignored && ignored_groups != a->cfg.model.num_query_groups)
     a->megatron_warnings.push_back(
         model_from_checkpoint
@@ -910,6 +931,8 @@ std::vector<std::string> ignored_flag_warnings(const TrainConfig& t) {
       (!WEFT_HAS_GROUPED_MM || t.device != "cuda" || !m.bf16))
     out.push_back("--moe-grouped-gemm has no effect here: it needs --device cuda, --bf16 and a "
                   "libtorch with torch._grouped_mm (>= 2.8); the experts run one GEMM chain each");
+  if (t.start_eval_at_iter >= 0 && t.eval_interval == 0)
+    out.push_back("--start-eval-at-iter has no effect with --eval-interval 0");
   if (t.load.empty() && (t.no_load_optim || t.no_load_rng))
     out.push_back(fmt::format("{} has no effect without --load",
                               t.no_load_optim ? "--no-load-optim" : "--no-load-rng"));

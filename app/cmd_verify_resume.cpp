@@ -144,6 +144,7 @@ Runs check_runs(const TrainFlags& f, const VerifyArgs& v, int world) {
   auto refuse = [](bool given, const char* flag, const char* why) {
     if (given) fail_usage("verify-resume sets {} itself ({}); drop it", flag, why);
   };
+  if (f.cfg.skip_train) fail_usage("--skip-train: verify-resume trains, saves and resumes; drop it");
   refuse(!f.cfg.save.empty(), "--save", "its checkpoints go to --workdir");
   refuse(f.cfg.save_interval != 0, "--save-interval", "it saves at --at and --to");
   refuse(!f.cfg.log_jsonl.empty(), "--log-jsonl", "it compares the runs' iterations itself");

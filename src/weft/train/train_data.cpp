@@ -48,7 +48,10 @@ GptDataConfig gpt_config(const TrainConfig& c, DataSplit split = DataSplit::kTra
   return g;
 }
 
-bool wants_eval(const TrainConfig& c) { return c.eval_interval > 0 && c.eval_iters > 0; }
+// --skip-train evaluates once whatever --eval-interval says (Megatron's do_valid).
+bool wants_eval(const TrainConfig& c) {
+  return (c.eval_interval > 0 || c.skip_train) && c.eval_iters > 0;
+}
 
 }  // namespace
 
@@ -90,14 +93,16 @@ void validate_data_config(const TrainConfig& c) {
 
 TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank)
     : vocab_(c.model.vocab_size) {
-  const int64_t train_samples = train_batches(c).samples_after(0, c.train_iters);
-  // Megatron's get_train_valid_test_num_samples: one evaluation per --eval-interval plus the
-  // one at the end of training on the valid split; one on the test split.
-  const int64_t eval_batches = wants_eval(c) ? static_cast<int64_t>(c.eval_iters) : 0;
+  const int64_t train_samples =
+      c.skip_train ? 0 : train_batches(c).samples_after(0, c.train_iters);
+  // Megatron's get_train_valid_test_num_samples: one evaluation per --eval-interval from
+  // --start-eval-at-iter on plus the one at the end of training on the valid split (with
+  // --skip-train that one alone); one on the test split.
+  const int64_t eval_batches =
+      wants_eval(c) ? static_cast<int64_t>(c.eval_iters) * c.eval_global_batch() : 0;
   const int64_t valid_samples =
-      eval_batches * (c.eval_interval > 0 ? c.train_iters / c.eval_interval + 1 : 0) *
-      c.global_batch_size;
-  const int64_t test_samples = eval_batches * c.global_batch_size;
+      eval_batches * (c.skip_train ? 1 : c.evaluations_through(c.train_iters) + 1);
+  const int64_t test_samples = eval_batches;
   if (!c.real_data()) {
     train_ = std::make_unique<MockDataset>(c.seed, c.model.vocab_size, c.model.seq_length);
     if (valid_samples > 0)

@@ -32,10 +32,10 @@ std::string format_eta(double seconds) {
 TrainLog::TrainLog(const TrainConfig& cfg, int world_size, bool writer_rank)
     : cfg_(cfg),
       world_size_(world_size),
-      batches_(train_batches(cfg)),
       flops_per_token_(model_flops_per_token(cfg.model)),
       peak_flops_(cfg.peak_tflops >= 0 ? cfg.peak_tflops * 1e12
-                                       : default_peak_flops(cfg.device, cfg.model.bf16)) {
+                                       : default_peak_flops(cfg.device, cfg.model.bf16)),
+      batches_(train_batches(cfg)) {
   if (writer_rank && !cfg.tensorboard_dir.empty())
     tb_ = std::make_unique<TensorBoardWriter>(cfg.tensorboard_dir);
 }

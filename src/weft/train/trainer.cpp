@@ -115,7 +115,10 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
                 {"train_data_path", c.split_data_path[0]},
                 {"valid_data_path", c.split_data_path[1]},
                 {"test_data_path", c.split_data_path[2]},
-                {"eval_interval", c.eval_interval}, {"eval_iters", c.eval_iters}}}};
+                {"eval_interval", c.eval_interval}, {"eval_iters", c.eval_iters},
+                {"eval_global_batch_size", c.eval_global_batch()},
+                {"eval_micro_batch_size", c.eval_micro_batch()},
+                {"start_eval_at_iter", c.start_eval_at_iter}}}};
 }
 
 BatchSchedule train_batches(const TrainConfig& c) {
@@ -243,6 +246,19 @@ void validate_train_config(const TrainConfig& c, int world_size) {
     fail_usage("--global-batch-size {} is not divisible by --micro-batch-size * dp = {}*{} = {}",
                c.global_batch_size, c.micro_batch_size, mesh.dp(), per_step);
   if (c.train_iters < 0) fail_usage("--train-iters must be >= 0");
+  // The evaluation's batch, as Megatron's validate_args.
+  if (c.eval_global_batch_size != -1 && c.eval_global_batch_size < 1)
+    fail_usage("--eval-global-batch-size must be >= 1 (got {})", c.eval_global_batch_size);
+  if (c.eval_micro_batch_size != -1 && c.eval_micro_batch_size < 1)
+    fail_usage("--eval-micro-batch-size must be >= 1 (got {})", c.eval_micro_batch_size);
+  if (const int per_eval = c.eval_micro_batch() * mesh.dp(); c.eval_global_batch() % per_eval)
+    fail_usage("--eval-global-batch-size {} is not divisible by --eval-micro-batch-size * dp = "
+               "{}*{} = {} (they default to --global-batch-size and --micro-batch-size)",
+               c.eval_global_batch(), c.eval_micro_batch(), mesh.dp(), per_eval);
+  if (c.skip_train && c.eval_iters == 0)
+    fail_usage("--skip-train with --eval-iters 0: nothing to evaluate");
+  if (c.start_eval_at_iter != -1 && c.start_eval_at_iter < 0)
+    fail_usage("--start-eval-at-iter must be >= 0 (got {})", c.start_eval_at_iter);
   if (!c.step_batch_size_schedule.empty()) {
     const BatchSchedule b = train_batches(c);
     // A run from sample 0; with --load (not --finetune) the Trainer checks from where the
@@ -447,7 +463,7 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
                    meta.value("iteration", 0));
     } else if (!meta.is_null()) {
       check_tokenizer(meta);
-      warn_if_other_data(meta);
+      if (!cfg_.skip_train) warn_if_other_data(meta);  // evaluating other data is the point
       iteration_ = meta.value("iteration", 0);
       consumed_samples_ = meta.value("consumed_samples", int64_t{0});
       if (!cfg_.no_load_optim)  // the schedule continues from the checkpoint's samples
@@ -750,9 +766,7 @@ void Trainer::check_tokenizer(const nlohmann::json& meta) const {
 
 int64_t Trainer::valid_first_sample(int iteration) const {
   // The evaluations before this one: those at the multiples of --eval-interval below it.
-  if (cfg_.eval_interval <= 0 || iteration < 1) return 0;
-  const int64_t before = (iteration - 1) / cfg_.eval_interval;
-  return before * cfg_.eval_iters * cfg_.global_batch_size;
+  return cfg_.evaluations_through(iteration - 1) * cfg_.eval_iters * cfg_.eval_global_batch();
 }
 
 void Trainer::warn_if_other_data(const nlohmann::json& meta) const {
@@ -778,27 +792,27 @@ double Trainer::evaluate(DataSplit split, int64_t first_sample) {
   WEFT_CHECK(split == DataSplit::kTest ? data_->has_test() : data_->has_valid(),
              "evaluate() without that split (--eval-iters/--eval-interval, --split)");
   at::NoGradGuard no_grad;
-  // --global-batch-size samples per evaluation iteration (micro-batch x dp under a
+  // --eval-global-batch-size samples per evaluation iteration in microbatches of
+  // --eval-micro-batch-size (defaults: the training's; micro-batch x dp under a
   // --step-batch-size-schedule, as Megatron's eval batch).
-  const int microbatches = cfg_.global_batch_size / (cfg_.micro_batch_size * groups_.mesh().dp());
-  const int64_t per_rank = static_cast<int64_t>(cfg_.micro_batch_size) * microbatches;
-  const double loss_scale = 1.0 / (static_cast<double>(cfg_.global_batch_size) *
-                                   cfg_.model.seq_length * cfg_.eval_iters);
+  const int gbs = cfg_.eval_global_batch(), mbs = cfg_.eval_micro_batch();
+  const int microbatches = gbs / (mbs * groups_.mesh().dp());
+  const int64_t per_rank = static_cast<int64_t>(mbs) * microbatches;
+  const double loss_scale =
+      1.0 / (static_cast<double>(gbs) * cfg_.model.seq_length * cfg_.eval_iters);
   const c10::Device dev = stage_->options().device;
   at::Tensor sum = at::zeros_like(stage_->losses());  // [lm, aux, mtp, z]
   for (int k = 0; k < cfg_.eval_iters; ++k) {
     auto batch = [&](int m) {
-      const int64_t first = first_sample + static_cast<int64_t>(k) * cfg_.global_batch_size +
-                            dp_rank_ * per_rank + static_cast<int64_t>(m) * cfg_.micro_batch_size;
+      const int64_t first = first_sample + static_cast<int64_t>(k) * gbs + dp_rank_ * per_rank +
+                            static_cast<int64_t>(m) * mbs;
       Microbatch b;
       if (stage_->is_first() || stage_->is_last())
-        data_->fetch(split, first, cfg_.micro_batch_size, dev, &b.tokens, &b.labels);
-      add_loss_mask(&b, split, first_sample,
-                    static_cast<int64_t>(cfg_.global_batch_size) * cfg_.eval_iters);
+        data_->fetch(split, first, mbs, dev, &b.tokens, &b.labels);
+      add_loss_mask(&b, split, first_sample, static_cast<int64_t>(gbs) * cfg_.eval_iters);
       return b;
     };
-    sum.add_(run_forward_only(*stage_, *groups_.get("pp"), microbatches,
-                              cfg_.micro_batch_size, batch, loss_scale));
+    sum.add_(run_forward_only(*stage_, *groups_.get("pp"), microbatches, mbs, batch, loss_scale));
   }
   groups_.world().all_reduce(sum, ReduceOp::kSum);
   return sum[0].item<double>();
@@ -978,11 +992,11 @@ Trainer::StateBytes Trainer::state_bytes(bool experts) const {
 // tags at the same step as the last validation loss.
 void Trainer::report_validation(const std::string& when, FILE* jsonl, DataSplit split) {
   const bool test = split == DataSplit::kTest;
-  const double loss = evaluate(split, test ? 0 : valid_first_sample(iteration_));
+  const double loss = evaluate(split, test || cfg_.skip_train ? 0 : valid_first_sample(iteration_));
   const double ppl = std::exp(std::min(20.0, loss));  // as Megatron: capped at exp(20)
   if (!test) last_valid_loss_ = loss;
   if (groups_.rank() != 0) return;
-  if (log_ && !test) log_->tensorboard_validation(iteration_, consumed_samples_, loss, ppl);
+  if (log_ && !test && !cfg_.skip_train) log_->tensorboard_validation(iteration_, consumed_samples_, loss, ppl);
   if (!cfg_.quiet) {
     const std::string line = fmt::format(" validation loss at {} | lm loss value: {:.6E} | lm "
                                          "loss PPL: {:.6E} | ", when, loss, ppl);
@@ -1049,6 +1063,15 @@ std::vector<IterationStats> Trainer::train() {
   IterationProfiler profiler(cfg_.profile, groups_.rank());
   bool exiting = false;
   const int first_iteration = iteration_ + 1;  // of this run (a resumed one starts later)
+  if (cfg_.skip_train) {  // Megatron's: the valid and test splits from their first samples
+    if (rank0 && !cfg_.quiet) fmt::print("weft train: skipping training (--skip-train is on)\n");
+    if (data_->has_valid())
+      report_validation(fmt::format("iteration {} on validation set", iteration_), jsonl);
+    if (data_->has_test())
+      report_validation(fmt::format("iteration {} on test set", iteration_), jsonl,
+                        DataSplit::kTest);
+    return all;
+  }
   while (iteration_ < cfg_.train_iters && !exiting) {
     profiler.before_iteration(iteration_ + 1);
     IterationStats s = train_step();
@@ -1078,7 +1101,7 @@ std::vector<IterationStats> Trainer::train() {
       fail("--max-skipped-iterations {}: iterations {}..{} were all skipped (non-finite loss or "
            "gradients); stopped without saving a checkpoint", cfg_.max_skipped_iterations,
            s.iteration - consecutive_skipped_ + 1, s.iteration);
-    if (data_->has_valid() && iteration_ % cfg_.eval_interval == 0)
+    if (data_->has_valid() && cfg_.evaluates_at(iteration_))
       report_validation(fmt::format("iteration {}", iteration_), jsonl);
     finish_save(false);  // commits a pending --async-save once every rank has written it
     if (!cfg_.save.empty() && cfg_.save_interval > 0 && iteration_ % cfg_.save_interval == 0)
@@ -1118,7 +1141,7 @@ std::vector<IterationStats> Trainer::train() {
   // Megatron; the end of --train-iters evaluates after saving.
   if (!cfg_.save.empty() && last_saved_ != iteration_ && iteration_ > 0) save();
   wait_for_save();  // every exit path finishes the pending --async-save
-  if (!exiting && data_->has_valid() && iteration_ > 0 && iteration_ % cfg_.eval_interval != 0)
+  if (!exiting && data_->has_valid() && iteration_ > 0 && !cfg_.evaluates_at(iteration_))
     report_validation(fmt::format("iteration {} on validation set", iteration_), jsonl);
   if (!exiting && data_->has_test() && iteration_ > 0)
     report_validation(fmt::format("iteration {} on test set", iteration_), jsonl, DataSplit::kTest);

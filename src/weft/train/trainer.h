@@ -15,6 +15,7 @@
 // over the expert groups complete the sum over every data-parallel rank.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdio>
@@ -111,6 +112,31 @@ struct TrainConfig {
   std::string data_cache_path;         // --data-cache-path ("": beside the data)
   int eval_interval = 1000;            // --eval-interval (0: never)
   int eval_iters = 100;                // --eval-iters (global batches per evaluation)
+  // Megatron's ValidationConfig: the evaluation's own batch (-1: --global-batch-size and
+  // --micro-batch-size; evaluate() reads eval_global_batch() samples per eval iteration);
+  // --start-eval-at-iter N: the evaluations every --eval-interval begin at iteration N (-1: from
+  // the first); --skip-train: no training, the valid and test splits evaluated once
+  // (Trainer::evaluate_only).
+  int eval_global_batch_size = -1;     // --eval-global-batch-size
+  int eval_micro_batch_size = -1;      // --eval-micro-batch-size
+  int start_eval_at_iter = -1;         // --start-eval-at-iter
+  bool skip_train = false;             // --skip-train
+  int eval_global_batch() const {
+    return eval_global_batch_size > 0 ? eval_global_batch_size : global_batch_size;
+  }
+  int eval_micro_batch() const {
+    return eval_micro_batch_size > 0 ? eval_micro_batch_size : micro_batch_size;
+  }
+  // Whether the evaluation due at `iteration` (a multiple of --eval-interval) runs.
+  bool evaluates_at(int iteration) const {
+    return eval_interval > 0 && iteration % eval_interval == 0 && iteration >= start_eval_at_iter;
+  }
+  // The evaluations every --eval-interval among iterations 1..iteration.
+  int64_t evaluations_through(int iteration) const {
+    if (eval_interval <= 0 || iteration < 1) return 0;
+    const int first = std::max(start_eval_at_iter, 1);
+    return std::max(0, iteration / eval_interval - (first - 1) / eval_interval);
+  }
   // The tokenizer's identity (Tokenizer::identity(); null without --tokenizer-model), stored
   // in checkpoints; a load with another tokenizer is refused unless override_tokenizer.
   nlohmann::json tokenizer_identity;
