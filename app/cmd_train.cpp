@@ -29,6 +29,7 @@
 #include "weft/core/compat.h"
 #include "weft/core/error.h"
 #include "weft/core/hash.h"
+#include "weft/data/gpt_dataset.h"
 #include "weft/data/tokenizer.h"
 #include "weft/model/fused.h"
 #include "weft/model/hybrid.h"
@@ -432,6 +433,14 @@ void add_flags(CLI::App* c, TrainArgs* a) {
       "samples per evaluation microbatch and rank (default: --micro-batch-size)");
   opt("--start-eval-at-iter", t.start_eval_at_iter,
       "the evaluations every --eval-interval begin at this iteration");
+  c->add_flag("--full-validation", t.full_validation,
+              "each validation reads every sample of one pass over each validation dataset "
+              "(instead of --eval-iters batches)");
+  c->add_flag("--multiple-validation-sets", t.multiple_validation_sets,
+              "with --full-validation: each dataset of --valid-data-path is its own validation set");
+  c->add_option("--validation-set-names", t.validation_set_names,
+                "names of the --multiple-validation-sets sets (default 0, 1, ...)")
+      ->expected(1, -1);
   c->add_flag("--skip-train", t.skip_train,
               "evaluate the valid and test splits once (from their first sample) instead of "
               "training; with --load, its model");
@@ -863,10 +872,9 @@ void resolve_train_args(TrainArgs* a) {
     t.no_load_optim = true;
     a->megatron_warnings.push_back("--skip-train: enabling --no-load-optim (as Megatron)");
   }
-  if (t.skip_train && !t.save.empty()) {
+  if (t.skip_train && !t.save.empty()) {  // kept: a --load equal to it may hold nothing yet
     a->megatron_warnings.push_back("--save has no effect with --skip-train: nothing trains, "
                                    "nothing is saved (as in Megatron)");
-    t.save.clear();
     t.save_interval = 0;
     t.async_save = false;
   }
@@ -931,6 +939,17 @@ std::vector<std::string> ignored_flag_warnings(const TrainConfig& t) {
       (!WEFT_HAS_GROUPED_MM || t.device != "cuda" || !m.bf16))
     out.push_back("--moe-grouped-gemm has no effect here: it needs --device cuda, --bf16 and a "
                   "libtorch with torch._grouped_mm (>= 2.8); the experts run one GEMM chain each");
+  if (t.full_validation && !t.multiple_validation_sets && t.real_data()) {
+    // Megatron's full validation reads each dataset whole; weights have nothing to weigh.
+    const bool per_split = t.per_split_data();
+    bool weighted = false;
+    parse_data_path(per_split ? t.split_data_path[1] : t.data_path, &weighted,
+                    per_split ? "--valid-data-path" : "--data-path");
+    if (weighted && (!per_split || !t.split_data_path[1].empty()))
+      out.push_back(fmt::format("the weights of {} have no effect on --full-validation: every "
+                                "sample of each dataset's validation documents counts once",
+                                per_split ? "--valid-data-path" : "--data-path"));
+  }
   if (t.start_eval_at_iter >= 0 && t.eval_interval == 0)
     out.push_back("--start-eval-at-iter has no effect with --eval-interval 0");
   if (t.load.empty() && (t.no_load_optim || t.no_load_rng))

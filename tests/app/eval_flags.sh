@@ -9,7 +9,8 @@
 #   - --start-eval-at-iter 3 (and 4) with --eval-interval 2 over 7 iterations evaluates at 4, 6
 #     and 7 the batches F (no start) evaluates at 2, 4 and 6; started at 8 only the final
 #     evaluation runs, on F@2's batch; stopped at 5 and resumed, the evaluations at 6 and 7 are
-#     the uninterrupted run's;
+#     the uninterrupted run's; a checkpoint's count of valid samples read is continued by a
+#     resume that starts its evaluations later;
 #   - --skip-train with --load of a trained checkpoint evaluates the valid and test splits from
 #     their first samples, as the first evaluation of the run that trained it (also on pp 2),
 #     writes no checkpoint, and says so;
@@ -45,6 +46,12 @@ run e8 "${trained[@]}" --start-eval-at-iter 8
 run f "${trained[@]}"
 run es "${trained[@]}" --start-eval-at-iter 3 --save "$dir/ck-e" --save-interval 5 --exit-interval 5
 run er np 2 "${trained[@]}" --start-eval-at-iter 3 --load "$dir/ck-e" --pipeline-model-parallel-size 2
+# The checkpoint carries the valid samples read (Megatron's consumed_valid_samples): 4 iterations
+# evaluated at 2 and 4, resumed to 8 with --start-eval-at-iter 6, evaluate at 6 and 8 the
+# batches after those (F's at 6 and 7), not again the first ones.
+run k --train-iters 4 --eval-interval 2 --eval-iters 1 --lr 0 --save "$dir/ck-k"
+run kr --train-iters 8 --eval-interval 2 --eval-iters 1 --lr 0 --load "$dir/ck-k" \
+  --start-eval-at-iter 6
 # A trained model (--lr 1e-2), evaluated at its last iteration from the first valid sample.
 # --skip-train reads from the first samples whatever --eval-interval would have read before
 # iteration 3 (interval 1: two evaluations).
@@ -70,7 +77,7 @@ def losses(name, key):
 close = lambda x, y: x is not None and y is not None and abs(x - y) <= 1e-6 * abs(y)
 def same(x, y):
     return sorted(x) == sorted(y) and all(close(x[i], y[i]) for i in y)
-v = {n: losses(n, "valid_lm_loss") for n in ["c", "d", "d2", "d4", "e", "e4", "e8", "f", "er", "g", "h", "h2"]}
+v = {n: losses(n, "valid_lm_loss") for n in ["c", "d", "d2", "d4", "e", "e4", "e8", "f", "er", "g", "h", "h2", "kr"]}
 t = {n: losses(n, "test_lm_loss") for n in ["c", "d", "d2", "g", "h", "h2"]}
 train = {n: losses(n, "lm_loss") for n in ["c", "d", "e", "f", "h"]}
 f = v["f"]
@@ -90,6 +97,8 @@ checks = [
     ("start 3, resumed at 5 on pp 2: at 6 and 7 as uninterrupted", sorted(v["er"]) == [6, 7] and
      close(v["er"][6], v["e"][6]) and close(v["er"][7], v["e"][7])),
     ("the start changes no training loss", train["e"] == train["f"]),
+    ("resumed with a later start: the valid samples after the checkpoint's", sorted(v["kr"]) ==
+     [6, 8] and close(v["kr"][6], f[6]) and close(v["kr"][8], f[7])),
     ("G evaluates at 3 (its first evaluation, valid from sample 0)", sorted(v["g"]) == [3]),
     ("--skip-train: the valid split from sample 0 as G@3", sorted(v["h"]) == [3] and
      close(v["h"][3], v["g"][3])),

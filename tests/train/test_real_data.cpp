@@ -350,8 +350,8 @@ TEST(RealData, ValidationLoss) {
   double reported = -1, again = -2;
   run_job(t, 4, false, nullptr, nullptr, [&](Trainer& tr, const ProcessGroups&) {
     reported = tr.last_validation_loss();
-    EXPECT_EQ(tr.valid_first_sample(tr.iteration()), 2 * t.eval_iters * t.global_batch_size);
-    again = tr.evaluate(DataSplit::kValid, tr.valid_first_sample(tr.iteration()));
+    EXPECT_EQ(tr.consumed_valid_samples(), 2 * t.eval_iters * t.global_batch_size);
+    again = tr.evaluate(DataSplit::kValid, tr.consumed_valid_samples());
   });
   if (test::world_rank() < 4) {
     EXPECT_EQ(reported, again);

@@ -231,15 +231,22 @@ int64_t document_tokens(const IndexedDataset& data, int64_t d) {
   return n;
 }
 
-// The samples one epoch of the split of `prefix` holds, (tokens - 1) / seq_length: Megatron's
-// GPTDataset length for one epoch, its weight in a blend by size.
-int64_t epoch_samples(int seq_length, const std::array<double, 3>& split_weights, DataSplit split,
-                      const std::string& prefix, const std::string& flag) {
+// The tokens of the documents of the split of `prefix`.
+int64_t split_tokens(const std::array<double, 3>& split_weights, DataSplit split,
+                     const std::string& prefix, const std::string& flag) {
   check_prefix_files(prefix, flag);
   const IndexedDataset data(prefix);
   const auto [begin, end] = split_documents(data, split_weights, split);
   int64_t tokens = 0;
   for (int64_t d = begin; d < end; ++d) tokens += document_tokens(data, d);
+  return tokens;
+}
+
+// The samples one epoch of the split of `prefix` holds, (tokens - 1) / seq_length: Megatron's
+// GPTDataset length for one epoch, its weight in a blend by size.
+int64_t epoch_samples(int seq_length, const std::array<double, 3>& split_weights, DataSplit split,
+                      const std::string& prefix, const std::string& flag) {
+  const int64_t tokens = split_tokens(split_weights, split, prefix, flag);
   return tokens > 0 ? (tokens - 1) / seq_length : 0;
 }
 
@@ -393,6 +400,14 @@ std::array<double, 3> parse_split(const std::string& value) {
   check_weights(w, "--split", value);
   const double sum = w[0] + w[1] + w[2];
   return {w[0] / sum, w[1] / sum, w[2] / sum};
+}
+
+int64_t one_pass_samples(const GptDataConfig& cfg, DataSplit split) {
+  WEFT_CHECK(cfg.blend.size() == 1, "one_pass_samples: {} datasets, not one", cfg.blend.size());
+  if (cfg.seq_length <= 0) fail_usage("--seq-length must be positive (got {})", cfg.seq_length);
+  const int64_t tokens =
+      split_tokens(normalized_split(cfg.split), split, cfg.blend.front().second, cfg.flag);
+  return tokens > cfg.seq_length ? sampling_block_begin(1, tokens, cfg.seq_length) : 0;
 }
 
 std::unique_ptr<TokenDataset> make_gpt_dataset(const GptDataConfig& cfg, DataSplit split,

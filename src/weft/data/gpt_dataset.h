@@ -78,6 +78,12 @@ struct GptDataConfig {
 std::unique_ptr<TokenDataset> make_gpt_dataset(const GptDataConfig& cfg, DataSplit split,
                                                int64_t num_samples);
 
+// The samples that start in one pass over the documents of `split` of the one dataset of `cfg`:
+// block 1 of its stream, ceil(tokens / seq_length) (the last reads its tail from the next
+// pass), so that they read every token of the split; 0 where the split holds fewer tokens than
+// one sample. What --full-validation evaluates of each validation dataset.
+int64_t one_pass_samples(const GptDataConfig& cfg, DataSplit split);
+
 // What the checkpoint records about the data: every prefix with its weight, the .idx sizes and
 // a hash of each .idx, split, seq_length, seed.
 nlohmann::json gpt_data_identity(const GptDataConfig& cfg);

@@ -136,7 +136,7 @@ void check_train_paths(const TrainConfig& c, int rank) {
   // Outputs are probed by rank 0 alone: the probes of several ranks in one directory would
   // race with the removal of what each created.
   if (rank != 0) return;
-  if (!c.save.empty()) check_writable_dir(c.save, "--save");
+  if (!c.save.empty() && !c.skip_train) check_writable_dir(c.save, "--save");  // never written then
   if (!c.data_cache_path.empty() && c.real_data())
     check_writable_dir(c.data_cache_path, "--data-cache-path");
   if (c.profile.enabled && c.profile.pytorch && !c.profile.dir.empty())

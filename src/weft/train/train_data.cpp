@@ -58,6 +58,27 @@ bool wants_eval(const TrainConfig& c) {
 void validate_data_config(const TrainConfig& c) {
   if (c.eval_interval < 0) fail_usage("--eval-interval must be >= 0 (got {})", c.eval_interval);
   if (c.eval_iters < 0) fail_usage("--eval-iters must be >= 0 (got {})", c.eval_iters);
+  if (c.multiple_validation_sets && !c.full_validation)
+    fail_usage("--multiple-validation-sets needs --full-validation (as in Megatron: without it "
+               "the sets' evaluation positions are not defined)");
+  if (!c.validation_set_names.empty() && !c.multiple_validation_sets)
+    fail_usage("--validation-set-names needs --multiple-validation-sets (as Megatron asserts)");
+  if (c.full_validation && !c.real_data())
+    fail_usage("--full-validation needs indexed datasets (--data-path or --valid-data-path): "
+               "mock data has no end to validate up to");
+  if (c.multiple_validation_sets) {
+    if (c.split_data_path[1].empty())
+      fail_usage("--multiple-validation-sets needs --valid-data-path: each of its datasets is "
+                 "one validation set (Megatron builds the sets from the per-split paths only)");
+    bool weighted = false;
+    const auto sets = parse_data_path(c.split_data_path[1], &weighted, "--valid-data-path");
+    if (weighted)
+      fail_usage("--valid-data-path with --multiple-validation-sets: give the datasets without "
+                 "weights (each is evaluated on its own, as Megatron requires)");
+    if (!c.validation_set_names.empty() && c.validation_set_names.size() != sets.size())
+      fail_usage("--validation-set-names gives {} names for the {} datasets of --valid-data-path",
+                 c.validation_set_names.size(), sets.size());
+  }
   if (!c.real_data()) {
     if (!c.data_cache_path.empty())
       fail_usage("--data-cache-path needs --data-path (or --train-data-path)");
@@ -91,7 +112,8 @@ void validate_data_config(const TrainConfig& c) {
   }
 }
 
-TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank)
+TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank, int64_t valid_from,
+                     int resume_iteration)
     : vocab_(c.model.vocab_size) {
   const int64_t train_samples =
       c.skip_train ? 0 : train_batches(c).samples_after(0, c.train_iters);
@@ -100,8 +122,15 @@ TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank)
   // --skip-train that one alone); one on the test split.
   const int64_t eval_batches =
       wants_eval(c) ? static_cast<int64_t>(c.eval_iters) * c.eval_global_batch() : 0;
+  const int64_t evaluations =
+      c.skip_train ? 1
+                   : c.evaluations_through(c.train_iters) -
+                         c.evaluations_through(resume_iteration) + 1;
   const int64_t valid_samples =
-      eval_batches * (c.skip_train ? 1 : c.evaluations_through(c.train_iters) + 1);
+      c.full_validation || eval_batches == 0 ? 0
+                                             : (c.skip_train ? 0 : valid_from) + eval_batches * evaluations;
+  // --full-validation reads its own datasets, whatever --eval-iters says (Megatron's do_valid).
+  const bool full_valid = c.full_validation && (c.eval_interval > 0 || c.skip_train);
   const int64_t test_samples = eval_batches;
   if (!c.real_data()) {
     train_ = std::make_unique<MockDataset>(c.seed, c.model.vocab_size, c.model.seq_length);
@@ -123,6 +152,19 @@ TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank)
     train_ = make_gpt_dataset(g, DataSplit::kTrain, train_samples);
     if (valid_samples > 0 && (!per_split || !c.split_data_path[1].empty()))
       valid_ = make_gpt_dataset(gpt_config(c, DataSplit::kValid), DataSplit::kValid, valid_samples);
+    full_valid_.clear();
+    full_valid_n_.clear();
+    if (full_valid && (!per_split || !c.split_data_path[1].empty())) {
+      const GptDataConfig v = gpt_config(c, DataSplit::kValid);
+      for (const auto& [w, prefix] : v.blend) {  // each dataset alone, one pass
+        GptDataConfig one = v;
+        one.blend = {{1.0, prefix}};
+        one.blend_by_size = false;
+        const int64_t n = one_pass_samples(one, DataSplit::kValid);
+        full_valid_.push_back(make_gpt_dataset(one, DataSplit::kValid, std::max<int64_t>(n, 1)));
+        full_valid_n_.push_back(n);
+      }
+    }
     // The test split is evaluated where --split gives it a share that holds the samples, as
     // Megatron builds it only for a non-zero share; a share too small (a few documents of a
     // small corpus) skips the test evaluation with its reason instead of failing the run. The
@@ -172,11 +214,20 @@ at::Tensor loss_keep(const at::Tensor& tokens, const at::Tensor& labels, int64_t
   return keep;
 }
 
+const TokenDataset& TrainData::dataset(DataSplit split, int set) const {
+  if (set >= 0) {
+    WEFT_CHECK(split == DataSplit::kValid && set < full_valid_sets(),
+               "no validation set {} (--full-validation has {})", set, full_valid_sets());
+    return *full_valid_[set];
+  }
+  const auto& d = split == DataSplit::kTrain ? train_ : split == DataSplit::kValid ? valid_ : test_;
+  WEFT_CHECK(d != nullptr, "the {} split was not built", static_cast<int>(split));
+  return *d;
+}
+
 LossPositions TrainData::loss_positions(DataSplit split, int64_t first, int64_t count,
-                                       int64_t eod, int64_t pad) const {
-  const TokenDataset& d = split == DataSplit::kTrain   ? *train_
-                          : split == DataSplit::kValid ? *valid_
-                                                       : *test_;
+                                       int64_t eod, int64_t pad, int set) const {
+  const TokenDataset& d = dataset(split, set);
   LossPositions n;
   for (int64_t at = first; at < first + count; at += 64) {
     at::Tensor tokens, labels;
@@ -189,10 +240,8 @@ LossPositions TrainData::loss_positions(DataSplit split, int64_t first, int64_t 
 }
 
 void TrainData::fetch(DataSplit split, int64_t first, int count, c10::Device device,
-                      at::Tensor* tokens, at::Tensor* labels) const {
-  const TokenDataset& d = split == DataSplit::kTrain   ? *train_
-                          : split == DataSplit::kValid ? *valid_
-                                                       : *test_;
+                      at::Tensor* tokens, at::Tensor* labels, int set) const {
+  const TokenDataset& d = dataset(split, set);
   d.batch(first, count, tokens, labels);
   if (check_ids_) {
     const int64_t lo = std::min(tokens->min().item<int64_t>(), labels->min().item<int64_t>());

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "weft/train/flops.h"
 #include "weft/train/tensorboard.h"
@@ -118,10 +119,12 @@ std::string jsonl_number(double v) {
   return std::isfinite(v) ? fmt::format("{:.17g}", v) : "null";
 }
 
-std::string TrainLog::jsonl_validation_line(int iteration, double loss, double ppl, bool test) {
+std::string TrainLog::jsonl_validation_line(int iteration, double loss, double ppl, bool test,
+                                            const std::string& set) {
   const char* split = test ? "test" : "valid";
-  return fmt::format("{{\"iteration\": {}, \"{}_lm_loss\": {}, \"{}_lm_loss_ppl\": {}}}\n",
-                     iteration, split, jsonl_number(loss), split, jsonl_number(ppl));
+  const std::string named = set.empty() ? "" : fmt::format(", \"valid_set\": {}", nlohmann::json(set).dump());
+  return fmt::format("{{\"iteration\": {}{}, \"{}_lm_loss\": {}, \"{}_lm_loss_ppl\": {}}}\n",
+                     iteration, named, split, jsonl_number(loss), split, jsonl_number(ppl));
 }
 
 std::string TrainLog::jsonl_line(const IterationStats& s) const {
@@ -162,11 +165,12 @@ void TrainLog::tensorboard_iteration(const IterationStats& s, int skipped, int n
 }
 
 void TrainLog::tensorboard_validation(int iteration, int64_t consumed_samples, double loss,
-                                      double ppl) {
+                                      double ppl, const std::string& suffix) {
   if (!tb_) return;
-  tb_->add_scalar("lm loss validation", loss, iteration);
-  tb_->add_scalar("lm loss validation vs samples", loss, consumed_samples);
-  tb_->add_scalar("lm loss validation ppl", ppl, iteration);
+  const std::string tag = "lm loss validation" + suffix;
+  tb_->add_scalar(tag, loss, iteration);
+  tb_->add_scalar(tag + " vs samples", loss, consumed_samples);
+  tb_->add_scalar(tag + " ppl", ppl, iteration);
   tb_->flush();
 }
 

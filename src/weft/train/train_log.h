@@ -58,13 +58,16 @@ class TrainLog {
   std::string console_line(const IterationStats& s, bool first_of_run, double peak_memory_mb);
   // The --log-jsonl line of an iteration (newline included); mfu is null without a peak.
   std::string jsonl_line(const IterationStats& s) const;
-  // The --log-jsonl line of a validation at `iteration` (newline included).
+  // The --log-jsonl line of a validation at `iteration` (newline included); `set`: the name of
+  // a --multiple-validation-sets set, written as "valid_set".
   static std::string jsonl_validation_line(int iteration, double loss, double ppl,
-                                           bool test = false);
+                                           bool test = false, const std::string& set = "");
   // TensorBoard scalars of one iteration (every --tensorboard-log-interval) and of one
   // validation; no-ops without a writer. `skipped`/`nan`: the run's counters so far.
   void tensorboard_iteration(const IterationStats& s, int skipped, int nan, double peak_memory_mb);
-  void tensorboard_validation(int iteration, int64_t consumed_samples, double loss, double ppl);
+  // `suffix`: Megatron's "-NAME" of a --multiple-validation-sets set ("lm loss validation-NAME").
+  void tensorboard_validation(int iteration, int64_t consumed_samples, double loss, double ppl,
+                              const std::string& suffix = "");
   double flops_per_token() const { return flops_per_token_; }
   double peak_flops() const { return peak_flops_; }
 

@@ -21,6 +21,7 @@
 
 #include "weft/checkpoint/async_save.h"
 #include "weft/checkpoint/checkpoint.h"
+#include "weft/checkpoint/format.h"
 #include "weft/data/tokenizer.h"
 #include "weft/comm/device.h"
 #include "weft/core/error.h"
@@ -255,11 +256,13 @@ void validate_train_config(const TrainConfig& c, int world_size) {
     fail_usage("--eval-global-batch-size {} is not divisible by --eval-micro-batch-size * dp = "
                "{}*{} = {} (they default to --global-batch-size and --micro-batch-size)",
                c.eval_global_batch(), c.eval_micro_batch(), mesh.dp(), per_eval);
-  if (c.skip_train && c.eval_iters == 0)
+  if (c.skip_train && !c.dump_first_batch.empty())
+    fail_usage("--dump-first-batch with --skip-train: no training batch is read");
+  if (c.skip_train && c.eval_iters == 0 && !c.full_validation)
     fail_usage("--skip-train with --eval-iters 0: nothing to evaluate");
   if (c.start_eval_at_iter != -1 && c.start_eval_at_iter < 0)
     fail_usage("--start-eval-at-iter must be >= 0 (got {})", c.start_eval_at_iter);
-  if (!c.step_batch_size_schedule.empty()) {
+  if (!c.step_batch_size_schedule.empty() && !c.skip_train) {  // nothing trains with it
     const BatchSchedule b = train_batches(c);
     // A run from sample 0; with --load (not --finetune) the Trainer checks from where the
     // checkpoint, if there is one, starts the run.
@@ -276,11 +279,13 @@ void validate_train_config(const TrainConfig& c, int world_size) {
   // Megatron asserts warmup < decay steps, the decay defaulting to --train-iters: a warmup
   // longer than the run never reaches --lr. (weft allows warmup == decay: the schedule is
   // defined there, and one-iteration runs with one warmup iteration are common in tests.)
-  if (c.lr.decay_iters < 0 && c.train_iters > 0 && c.lr.warmup_iters > c.train_iters)
+  if (!c.skip_train && c.lr.decay_iters < 0 && c.train_iters > 0 &&
+      c.lr.warmup_iters > c.train_iters)
     fail_usage("--lr-warmup-iters {} is larger than --train-iters {} (the decay's default "
                "length): the learning rate would never reach --lr; shorten the warmup or give "
                "--lr-decay-iters", c.lr.warmup_iters, c.train_iters);
-  if (c.lr.sample_based && c.lr.decay_samples < 0 && c.lr.warmup_samples > c.train_samples)
+  if (!c.skip_train && c.lr.sample_based && c.lr.decay_samples < 0 &&
+      c.lr.warmup_samples > c.train_samples)
     fail_usage("--lr-warmup-samples {} is larger than --train-samples {} (the decay's default "
                "length): the learning rate would never reach --lr; shorten the warmup or give "
                "--lr-decay-samples", c.lr.warmup_samples, c.train_samples);
@@ -337,6 +342,10 @@ void check_same_config_on_every_rank(const TrainConfig& cfg, Communicator& world
   // Settings that decide collectives but are not stored in checkpoints (a checkpoint saved
   // with --async-save is byte for byte a synchronous one).
   leaves.emplace_back("async_save", cfg.async_save ? "true" : "false");
+  // Evaluation-only runs and the validation sets decide which collectives run.
+  leaves.emplace_back("skip_train", cfg.skip_train ? "true" : "false");
+  leaves.emplace_back("full_validation", cfg.full_validation ? "true" : "false");
+  leaves.emplace_back("multiple_validation_sets", cfg.multiple_validation_sets ? "true" : "false");
   leaves.emplace_back("exit_on_save_failure", cfg.exit_on_save_failure ? "true" : "false");
   // Not stored in checkpoints, but a rank without --check-for-nan-in-loss-and-grad would skip
   // the collective that names the parameter.
@@ -370,6 +379,22 @@ void check_same_config_on_every_rank(const TrainConfig& cfg, Communicator& world
                    r, leaves[i].first);
 }
 
+// The valid samples `evaluations` evaluations of --eval-iters batches read.
+int64_t evaluations_samples(const TrainConfig& c, int64_t evaluations) {
+  return evaluations * c.eval_iters * c.eval_global_batch();
+}
+
+// The consumed_valid_samples of the checkpoint of `iteration` in --load, or, where its metadata
+// lacks them (older checkpoints), the samples of the evaluations up to that iteration under this
+// run's flags (Megatron's fallback). A metadata error is left to the load, which reports it.
+int64_t checkpoint_consumed_valid(const TrainConfig& c, int iteration) {
+  const int64_t implied = evaluations_samples(c, c.evaluations_through(iteration));
+  nlohmann::json meta;
+  CkptIndex index;
+  if (!ckpt_read_metadata(ckpt_iter_dir(c.load, iteration), &meta, &index)) return implied;
+  return meta.value("consumed_valid_samples", implied);
+}
+
 }  // namespace
 
 Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
@@ -382,10 +407,14 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
     // resumes past it (its end-of-training evaluation reads the valid samples after that
     // iteration's evaluations).
     TrainConfig sized = cfg_;
-    if (!cfg_.load.empty() && !cfg_.finetune)
-      sized.train_iters =
-          std::max(sized.train_iters, ckpt_load_iteration(cfg_.load, cfg_.ckpt_step));
-    data_ = std::make_unique<TrainData>(sized, groups.control(), groups.rank());
+    const int resumed = cfg_.load.empty() || cfg_.finetune
+                            ? -1 : ckpt_load_iteration(cfg_.load, cfg_.ckpt_step);
+    sized.train_iters = std::max(sized.train_iters, resumed);
+    // The valid samples read before this run: the checkpoint's count, else its iteration's.
+    const int64_t valid_from =
+        resumed < 0 ? 0 : checkpoint_consumed_valid(cfg_, resumed);
+    data_ = std::make_unique<TrainData>(sized, groups.control(), groups.rank(), valid_from,
+                                        std::max(resumed, 0));
   }
   if (groups.rank() == 0 && !cfg_.quiet && !data_->no_test_reason().empty())
     fmt::print(stderr, "weft train: warning: no evaluation on the test split at the end: {}\n",
@@ -429,7 +458,7 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   // the captured writes, whichever microbatch they replay.
   stage_->set_lazy_grad_zeroing(!graphed_);
   dp_rank_ = mesh.group_rank("dp_cp", groups.rank());
-  if (!cfg_.save.empty()) check_save_space();
+  if (!cfg_.save.empty() && !cfg_.skip_train) check_save_space();
   if (cfg_.async_save) {  // pin the snapshot buffer now, not as a stall at the first save
     async_saver_ = std::make_unique<AsyncCheckpointSaver>(groups_);
     async_saver_->reserve(*stage_, *optimizer_);
@@ -466,6 +495,8 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
       if (!cfg_.skip_train) warn_if_other_data(meta);  // evaluating other data is the point
       iteration_ = meta.value("iteration", 0);
       consumed_samples_ = meta.value("consumed_samples", int64_t{0});
+      consumed_valid_samples_ = meta.value(
+          "consumed_valid_samples", evaluations_samples(cfg_, cfg_.evaluations_through(iteration_)));
       if (!cfg_.no_load_optim)  // the schedule continues from the checkpoint's samples
         scheduler_samples_ = checkpoint_scheduler_samples(meta, optimizer_->steps());
       skipped_iters_ = meta.value("skipped_iterations", 0);
@@ -480,7 +511,7 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
   // The batches the steps of this run will use, from where it starts (a checkpoint's samples,
   // or 0), on every rank alike. Earlier entries are not checked: a run may be resumed on more
   // ranks at a change of the batch.
-  if (batches_.from_flag())
+  if (batches_.from_flag() && !cfg_.skip_train)
     batches_.check_reachable(consumed_samples_, cfg_.train_iters - iteration_,
                              cfg_.micro_batch_size, mesh.dp());
 }
@@ -545,6 +576,7 @@ void Trainer::save() {
   m["layout"] = layout_to_json(mesh, cfg_);
   m["consumed_samples"] = consumed_samples_;
   m["consumed_tokens"] = consumed_samples_ * cfg_.model.seq_length;
+  m["consumed_valid_samples"] = consumed_valid_samples_;
   m["skipped_iterations"] = skipped_iters_;
   m["nan_iterations"] = nan_iters_;
   m["lr_scheduler"] = {{"lr", cfg_.lr.lr}, {"min_lr", cfg_.lr.min_lr},
@@ -764,11 +796,6 @@ void Trainer::check_tokenizer(const nlohmann::json& meta) const {
              mine.dump(), cfg_.load, saved.dump(), hint);
 }
 
-int64_t Trainer::valid_first_sample(int iteration) const {
-  // The evaluations before this one: those at the multiples of --eval-interval below it.
-  return cfg_.evaluations_through(iteration - 1) * cfg_.eval_iters * cfg_.eval_global_batch();
-}
-
 void Trainer::warn_if_other_data(const nlohmann::json& meta) const {
   // The files are compared by size and hash, not by path (data moved or named relative).
   // Only the training stream counts: per-split paths' "valid" and "test" sets may change.
@@ -791,6 +818,7 @@ void Trainer::warn_if_other_data(const nlohmann::json& meta) const {
 double Trainer::evaluate(DataSplit split, int64_t first_sample) {
   WEFT_CHECK(split == DataSplit::kTest ? data_->has_test() : data_->has_valid(),
              "evaluate() without that split (--eval-iters/--eval-interval, --split)");
+  if (split == DataSplit::kValid && cfg_.full_validation) return evaluate_full_sets(nullptr);
   at::NoGradGuard no_grad;
   // --eval-global-batch-size samples per evaluation iteration in microbatches of
   // --eval-micro-batch-size (defaults: the training's; micro-batch x dp under a
@@ -816,6 +844,65 @@ double Trainer::evaluate(DataSplit split, int64_t first_sample) {
   }
   groups_.world().all_reduce(sum, ReduceOp::kSum);
   return sum[0].item<double>();
+}
+
+double Trainer::evaluate_full_sets(std::vector<double>* per_set) {
+  double sum = 0;
+  int64_t positions = 0;
+  for (int set = 0; set < data_->full_valid_sets(); ++set) {
+    const auto [loss, n] = evaluate_full(set);
+    if (per_set) per_set->push_back(loss);
+    sum += loss * static_cast<double>(n);
+    positions += n;
+  }
+  return sum / static_cast<double>(std::max<int64_t>(positions, 1));
+}
+
+std::pair<double, int64_t> Trainer::evaluate_full(int set) {
+  at::NoGradGuard no_grad;
+  const int64_t n = data_->full_valid_samples(set);
+  const int gbs = cfg_.eval_global_batch(), mbs = cfg_.eval_micro_batch();
+  const int microbatches = gbs / (mbs * groups_.mesh().dp());
+  const int64_t per_rank = static_cast<int64_t>(mbs) * microbatches;
+  const int64_t eod = cfg_.eod_mask_loss ? cfg_.eod_token : -1, pad = cfg_.pad_token;
+  // The positions the loss averages, counted on the host from every sample (every rank alike).
+  const LossPositions counted = data_->loss_positions(DataSplit::kValid, 0, n, eod, pad, set);
+  const double log_scale = 1.0 / static_cast<double>(std::max<int64_t>(counted.unmasked, 1));
+  const c10::Device dev = stage_->options().device;
+  at::Tensor sum = at::zeros_like(stage_->losses());  // [lm, aux, mtp, z]
+  for (int64_t k = 0, rounds = (n + gbs - 1) / gbs; k < rounds; ++k) {
+    auto batch = [&](int m) {
+      const int64_t first = k * gbs + dp_rank_ * per_rank + static_cast<int64_t>(m) * mbs;
+      const int real = static_cast<int>(std::clamp<int64_t>(n - first, 0, mbs));
+      Microbatch b;
+      b.loss.per_token = cfg_.calculate_per_token_loss;
+      b.loss.log_scale = log_scale;
+      if (!stage_->is_first() && !stage_->is_last()) return b;
+      at::Tensor tokens, labels;
+      if (real > 0) data_->fetch(DataSplit::kValid, first, real, dev, &tokens, &labels, set);
+      if (real < mbs) {  // rows past the last sample: it again, left out of the loss below
+        at::Tensor t, l;
+        data_->fetch(DataSplit::kValid, n - 1, 1, dev, &t, &l, set);
+        t = t.expand({mbs - real, -1});
+        l = l.expand({mbs - real, -1});
+        tokens = real > 0 ? at::cat({tokens, t}) : t.contiguous();
+        labels = real > 0 ? at::cat({labels, l}) : l.contiguous();
+      }
+      at::Tensor keep = loss_keep(tokens, labels, eod, pad);
+      if (real < mbs) keep.narrow(0, real, mbs - real).fill_(false);
+      b.loss.mask = keep.to(at::kFloat);
+      if (pad >= 0) {  // as add_loss_mask: pad ids reach the model as 0
+        tokens = tokens.masked_fill(tokens.eq(pad), 0);
+        labels = labels.masked_fill(labels.eq(pad), 0);
+      }
+      b.tokens = tokens;
+      b.labels = labels;
+      return b;
+    };
+    sum.add_(run_forward_only(*stage_, *groups_.get("pp"), microbatches, mbs, batch, log_scale));
+  }
+  groups_.world().all_reduce(sum, ReduceOp::kSum);
+  return {sum[0].item<double>(), counted.unmasked};
 }
 
 IterationStats Trainer::train_step() {
@@ -992,20 +1079,37 @@ Trainer::StateBytes Trainer::state_bytes(bool experts) const {
 // tags at the same step as the last validation loss.
 void Trainer::report_validation(const std::string& when, FILE* jsonl, DataSplit split) {
   const bool test = split == DataSplit::kTest;
-  const double loss = evaluate(split, test || cfg_.skip_train ? 0 : valid_first_sample(iteration_));
-  const double ppl = std::exp(std::min(20.0, loss));  // as Megatron: capped at exp(20)
+  if (!test && cfg_.multiple_validation_sets) {
+    // Megatron's: one block per set, "validation-NAME loss at ...".
+    std::vector<double> losses;
+    last_valid_loss_ = evaluate_full_sets(&losses);
+    for (size_t set = 0; set < losses.size(); ++set)
+      print_validation(when, jsonl, losses[set], false,
+                       set < cfg_.validation_set_names.size() ? cfg_.validation_set_names[set]
+                                                              : std::to_string(set));
+    return;
+  }
+  const double loss = evaluate(split, test || cfg_.skip_train ? 0 : consumed_valid_samples_);
   if (!test) last_valid_loss_ = loss;
+  print_validation(when, jsonl, loss, test, "");
+}
+
+void Trainer::print_validation(const std::string& when, FILE* jsonl, double loss, bool test,
+                               const std::string& set) const {
+  const double ppl = std::exp(std::min(20.0, loss));  // as Megatron: capped at exp(20)
   if (groups_.rank() != 0) return;
-  if (log_ && !test && !cfg_.skip_train) log_->tensorboard_validation(iteration_, consumed_samples_, loss, ppl);
+  const std::string suffix = set.empty() ? "" : "-" + set;
+  if (log_ && !test && !cfg_.skip_train)
+    log_->tensorboard_validation(iteration_, consumed_samples_, loss, ppl, suffix);
   if (!cfg_.quiet) {
-    const std::string line = fmt::format(" validation loss at {} | lm loss value: {:.6E} | lm "
-                                         "loss PPL: {:.6E} | ", when, loss, ppl);
+    const std::string line = fmt::format(" validation{} loss at {} | lm loss value: {:.6E} | lm "
+                                         "loss PPL: {:.6E} | ", suffix, when, loss, ppl);
     const std::string rule(line.size() + 1, '-');
     fmt::print("{}\n{}\n{}\n", rule, line, rule);
     std::fflush(stdout);
   }
   if (jsonl) {
-    std::fputs(TrainLog::jsonl_validation_line(iteration_, loss, ppl, test).c_str(), jsonl);
+    std::fputs(TrainLog::jsonl_validation_line(iteration_, loss, ppl, test, set).c_str(), jsonl);
     std::fflush(jsonl);
   }
 }
@@ -1101,8 +1205,10 @@ std::vector<IterationStats> Trainer::train() {
       fail("--max-skipped-iterations {}: iterations {}..{} were all skipped (non-finite loss or "
            "gradients); stopped without saving a checkpoint", cfg_.max_skipped_iterations,
            s.iteration - consecutive_skipped_ + 1, s.iteration);
-    if (data_->has_valid() && cfg_.evaluates_at(iteration_))
+    if (data_->has_valid() && cfg_.evaluates_at(iteration_)) {
       report_validation(fmt::format("iteration {}", iteration_), jsonl);
+      if (!cfg_.full_validation) consumed_valid_samples_ += evaluations_samples(cfg_, 1);
+    }
     finish_save(false);  // commits a pending --async-save once every rank has written it
     if (!cfg_.save.empty() && cfg_.save_interval > 0 && iteration_ % cfg_.save_interval == 0)
       save();

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -121,6 +122,13 @@ struct TrainConfig {
   int eval_micro_batch_size = -1;      // --eval-micro-batch-size
   int start_eval_at_iter = -1;         // --start-eval-at-iter
   bool skip_train = false;             // --skip-train
+  // --full-validation: each validation reads every sample of one pass over each validation
+  // dataset (TrainData::full_valid_samples) instead of --eval-iters batches; with
+  // --multiple-validation-sets each dataset of --valid-data-path is its own validation set,
+  // named by --validation-set-names (default 0, 1, ...).
+  bool full_validation = false;        // --full-validation
+  bool multiple_validation_sets = false;  // --multiple-validation-sets
+  std::vector<std::string> validation_set_names;  // --validation-set-names
   int eval_global_batch() const {
     return eval_global_batch_size > 0 ? eval_global_batch_size : global_batch_size;
   }
@@ -213,11 +221,12 @@ class Trainer {
   // The mean lm loss over --eval-iters global batches of the valid (or test) split from sample
   // `first_sample` on (collective; no training state changes). Requires has_validation().
   double evaluate(DataSplit split = DataSplit::kValid, int64_t first_sample = 0);
-  // Where the evaluation at `iteration` starts in the valid split, as Megatron's
-  // consumed_valid_samples: each evaluation every --eval-interval reads the next --eval-iters
-  // global batches, and the one at the end of training (iteration not a multiple) the batches
-  // after the last of those.
-  int64_t valid_first_sample(int iteration) const;
+  // The valid samples the evaluations every --eval-interval have read, Megatron's
+  // consumed_valid_samples: the next one reads the --eval-iters batches from there. Saved in
+  // checkpoints and continued on resume (a checkpoint without it: the evaluations its iteration
+  // implies under this run's flags, Megatron's fallback). The evaluation at the end of training
+  // reads from there too without counting; --full-validation reads no stream.
+  int64_t consumed_valid_samples() const { return consumed_valid_samples_; }
   bool has_validation() const { return data_->has_valid(); }
   double last_validation_loss() const { return last_valid_loss_; }  // 0 before the first
   // Saves the current state to cfg.save as this iteration (collective). With --async-save it
@@ -272,9 +281,22 @@ class Trainer {
   // --data-path, --split, --seq-length or --seed): allowed, as a change of data mid-training,
   // but the data position then continues in other data.
   void warn_if_other_data(const nlohmann::json& meta) const;
-  // Evaluates, prints Megatron's validation block on rank 0 and appends it to the JSONL.
+  // Evaluates, prints Megatron's validation block on rank 0 and appends it to the JSONL (one
+  // per set with --multiple-validation-sets).
   void report_validation(const std::string& when, FILE* jsonl,
                          DataSplit split = DataSplit::kValid);
+  // Rank 0: one validation block (console, TensorBoard unless --skip-train, JSONL); `set`: a
+  // --multiple-validation-sets name ("validation-NAME").
+  void print_validation(const std::string& when, FILE* jsonl, double loss, bool test,
+                        const std::string& set) const;
+  // --full-validation: every sample of validation set `set` (TrainData::full_valid_samples)
+  // once, in rounds of the evaluation's batch; the rows past the last sample repeat it with
+  // their loss masked out. Returns the mean lm loss over the positions the loss counts and
+  // their number (collective).
+  std::pair<double, int64_t> evaluate_full(int set);
+  // evaluate_full of every set: each set's loss into `per_set` (if given), and the mean over all
+  // their positions.
+  double evaluate_full_sets(std::vector<double>* per_set);
   // Commits a pending asynchronous save: when every rank's writer is done, or after waiting
   // (`wait`). Collective.
   void finish_save(bool wait);
@@ -305,6 +327,7 @@ class Trainer {
   int dp_rank_ = 0;
   int iteration_ = 0;
   int64_t consumed_samples_ = 0;
+  int64_t consumed_valid_samples_ = 0;
   // The learning-rate schedule's position, Megatron's num_steps: the samples of the updates
   // made (each adds its step's batch), counted on from a resumed checkpoint's, so that a
   // resume at another --global-batch-size continues it.
