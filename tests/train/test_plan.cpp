@@ -105,4 +105,23 @@ TEST(Plan, StateBytesEqualTheRealShards) {
 }
 
 }  // namespace
+// The evaluation's forward-only peak follows --eval-micro-batch-size and is the plan's peak
+// where it exceeds the training step's; a run that never evaluates has none.
+TEST(Plan, EvaluationPeakFollowsTheEvalMicroBatch) {
+  TrainConfig c = small_config();
+  c.model.vocab_size = 8192;  // logits dominate the forward
+  const RankPlan same = make_train_plan(c, 1, 0.4, 989, false).ranks[0];
+  EXPECT_GT(same.eval_peak, 0);
+  EXPECT_LT(same.eval_peak, same.peak) << "a forward at the training micro-batch keeps less";
+  c.eval_micro_batch_size = 32;
+  c.eval_global_batch_size = 32;
+  const RankPlan big = make_train_plan(c, 1, 0.4, 989, false).ranks[0];
+  EXPECT_EQ(big.peak, big.eval_peak) << "16x the training micro-batch in the evaluation";
+  EXPECT_GT(big.eval_peak - big.state(), 8 * (same.eval_peak - same.state()));
+  c.eval_interval = 0;
+  const RankPlan none = make_train_plan(c, 1, 0.4, 989, false).ranks[0];
+  EXPECT_EQ(none.eval_peak, 0);
+  EXPECT_EQ(none.peak, same.peak);
+}
+
 }  // namespace weft

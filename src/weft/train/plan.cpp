@@ -232,6 +232,9 @@ TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, do
           ? split_layers(m.num_layers, pp, cfg.first_stage_layers, cfg.last_stage_layers)
           : m.hybrid_stage_layers;
   const int64_t T = static_cast<int64_t>(cfg.micro_batch_size) * m.seq_length;
+  const int64_t Te = static_cast<int64_t>(cfg.eval_micro_batch()) * m.seq_length;
+  const bool evaluates = cfg.skip_train || (cfg.eval_interval > 0 &&
+                                            (cfg.eval_iters > 0 || cfg.full_validation));
   const bool flash = fused || TORCH_VERSION_MAJOR >= 2;
   const ActModel act{m, B, fused, flash, mesh.ep()};
   // Without recomputation: what a selective module's rerun creates again in the backward, beside
@@ -275,7 +278,7 @@ TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, do
 
     // Units in PipelineStage's construction order, and activations per token.
     std::vector<UnitShape> units;
-    int64_t act_tok = 0, bwd_tok = 0;
+    int64_t act_tok = 0, bwd_tok = 0, eval_tok = 0;
     auto add_experts = [&](const std::string& prefix) {
       units.push_back({expert_param_specs(m, prefix, ep_rank * local, local), De});
     };
@@ -286,6 +289,7 @@ TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, do
     for (int l = first_layer; l < first_layer + split[stage]; ++l) {
       units.push_back({layer_param_specs(m, l), D});
       if (m.is_moe_layer(l)) add_experts(layer_prefix(l));
+      eval_tok = std::max(eval_tok, plain.layer(m.layer_symbol(l), m.is_moe_layer(l)));
     }
     // --recompute-granularity full: a recomputed chunk keeps its input, the stream (with the
     // pending residual add done); its layers' activations exist only while the backward reruns
@@ -332,7 +336,12 @@ TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, do
         act_tok += 8 + B * m.hidden_size + act.logits();  // tokens, the output layer's input
       }
       bwd_tok = std::max(bwd_tok, act.dlogits());
+      const std::string mtp = m.mtp_num_layers > 0 ? m.mtp_symbols() : "";
+      for (size_t j = 0; j < mtp.size(); ++j)
+        eval_tok = std::max(eval_tok, plain.layer(mtp[j], m.mtp_layer_is_moe(j)));
+      eval_tok += act.norm() + B * m.hidden_size + act.logits() + 8;
     }
+    if (first) eval_tok += 8;
 
     // State: exactly what FsdpUnit and ShardedAdamW allocate.
     int64_t max_full = 0, max_full_grad = 0, max_send = 0;
@@ -367,6 +376,12 @@ TrainPlan make_train_plan(const TrainConfig& cfg, int world_size, double mfu, do
     rp.activations = rp.act_per_microbatch * rp.inflight;
     rp.backward_transient = bwd_tok * T;
     rp.peak = rp.state() + rp.gathered + rp.comm + rp.activations + rp.backward_transient;
+    if (evaluates) {
+      rp.eval_peak = rp.state() + rp.gathered + eval_tok * Te;
+      if (pp > 1) rp.eval_peak += 2 * Te * m.hidden_size * B;  // activation send and recv
+      if (ep > 1 && m.moe()) rp.eval_peak += 2 * Te * m.moe_router_topk * m.hidden_size * B;
+      rp.peak = std::max(rp.peak, rp.eval_peak);
+    }
     plan.ranks.push_back(rp);
   }
   return plan;
@@ -388,6 +403,7 @@ nlohmann::ordered_json rank_json(const RankPlan& r) {
           {"inflight_microbatches", r.inflight},
           {"activations", r.activations},
           {"backward_transient", r.backward_transient},
+          {"evaluation_peak", r.eval_peak},
           {"peak", r.peak}};
 }
 
@@ -480,6 +496,10 @@ std::string train_plan_text(const TrainPlan& p, const TrainConfig& cfg, double m
     line("activations", r->activations,
          fmt::format("{} microbatch(es) in flight x {}", r->inflight, human(r->act_per_microbatch)));
     line("backward working set", r->backward_transient);
+    if (r->eval_peak > 0)
+      line("evaluation peak", r->eval_peak,
+           fmt::format("forward only, micro-batch {}{}", cfg.eval_micro_batch(),
+                       r->eval_peak == r->peak ? ": the larger" : ""));
     line("estimated peak", r->peak);
   }
   out += fmt::format("checkpoint: {} (model {}, fp32 master, moments)\n", human(p.checkpoint_bytes), dt);

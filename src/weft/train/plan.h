@@ -36,7 +36,12 @@ struct RankPlan {
   int inflight = 0;            // microbatches in flight at once under 1F1B
   int64_t activations = 0;     // inflight * act_per_microbatch
   int64_t backward_transient = 0;  // largest gradient working set of the backward (e.g. dlogits)
-  int64_t peak = 0;            // sum of all the above: the estimated peak
+  // An evaluation (forward only under no-grad, microbatches of --eval-micro-batch-size): the
+  // state, gathered weights, its pipeline buffers and one layer's tensors (bounded by what the
+  // layer's training forward keeps) with the last stage's logits; 0 for a run that never
+  // evaluates.
+  int64_t eval_peak = 0;
+  int64_t peak = 0;            // the training step's sum of all the above, or eval_peak if larger
   int64_t state() const { return weights + grads + master + exp_avg + exp_avg_sq; }
 };
 
