@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "data_args.h"
 #include "layout_flags.h"
 #include "megatron_flags.h"
 #include "recipe_flags.h"
@@ -73,6 +74,7 @@ struct TrainArgs {
   RecipeFlags recipe;  // Megatron's architecture flags (recipe_flags.h)
   MegatronFlags megatron;  // Megatron's other flags (megatron_flags.h)
   std::vector<std::string> megatron_warnings;  // from check_megatron_flags
+  std::string data_args_path, per_split_data_args_path;  // data_args.h
   bool account_for_embedding = false, account_for_loss = false;  // --account-for-*-in-pipeline-split
   bool grad_reduce_in_bf16 = false;
   CLI::App* app = nullptr;  // the command's flags, to ask which were given
@@ -424,6 +426,10 @@ void add_flags(CLI::App* c, TrainArgs* a) {
                               "by size, as --data-path), instead of --data-path and --split",
                               i == 0 ? "train" : i == 1 ? "valid" : "test"))
         ->expected(1, -1);
+  opt("--data-args-path", a->data_args_path,
+      "a file whose whitespace-separated words are --data-path's list");
+  opt("--per-split-data-args-path", a->per_split_data_args_path,
+      "a JSON file {\"train\": ..., \"valid\": ..., \"test\": ...} of the splits' blends");
   opt("--data-cache-path", t.data_cache_path, "where the sample index caches go (default: beside the data)");
   opt("--eval-interval", t.eval_interval, "evaluate on the valid split every N iterations (0: never)");
   opt("--eval-iters", t.eval_iters, "global batches per evaluation");
@@ -714,6 +720,7 @@ void resolve_pipeline_split(TrainArgs* a, bool hybrid_pattern) {
 void resolve_train_args(TrainArgs* a) {
   TrainConfig& t = a->cfg;
   resolve_load_balancing(a);  // first: later checks read the model's type and weight
+  read_data_args_files(a->data_args_path, a->per_split_data_args_path, &t);
   t.adam.exp_avg_dtype = moment_dtype("--exp-avg-dtype", a->exp_avg_dtype);
   t.adam.exp_avg_sq_dtype = moment_dtype("--exp-avg-sq-dtype", a->exp_avg_sq_dtype);
   // Megatron's OptimizerConfig asserts the same: narrower moments are the precision-aware

@@ -7,6 +7,8 @@
 #   validation losses differ from those of a run that validates on A, and the test line is
 #   there only with --test-data-path and reads it, pp 2 evaluates as 1 rank, a blend by
 #   weights per split trains, a resume that adds a validation set does not warn of other data;
+# - Megatron's --data-args-path and --per-split-data-args-path give the same runs as the flags
+#   they stand for;
 # - refusals name the flag: --data-path beside them, --valid-data-path without
 #   --train-data-path, --mock-data or --split beside them, a missing prefix, a test set too
 #   small for one sample.
@@ -98,6 +100,18 @@ else ok "a resume adding --valid-data-path does not warn"; fi
 run blend 1 --train-data-path 0.7 "$A" 0.3 "$C" --valid-data-path "$B" "$C" --eval-interval 2
 check "weighted and by-size blends per split" "$(grep -c . "$tmp/blend.valid" 2>/dev/null)" 2
 
+# Megatron's data-args files: the same runs as the flags they stand for, bit for bit.
+printf '0.7 %s\n0.3\t%s\n' "$A" "$C" >"$tmp/args.txt"
+run dfile 1 --data-args-path "$tmp/args.txt" --split 98,2,0 --eval-interval 2 --lr 0
+run dflag 1 --data-path 0.7 "$A" 0.3 "$C" --split 98,2,0 --eval-interval 2 --lr 0
+check "--data-args-path is --data-path's list (training and validation, bitwise)" \
+  "$(cmp -s "$tmp/dfile.train" "$tmp/dflag.train" && cmp -s "$tmp/dfile.valid" "$tmp/dflag.valid" && echo same)" same
+printf '{"train": "%s", "valid": ["%s"], "test": null}\n' "$A" "$B" >"$tmp/split.json"
+run sfile 1 --lr 0 --per-split-data-args-path "$tmp/split.json" --eval-interval 2
+run sflag 1 --lr 0 --train-data-path "$A" --valid-data-path "$B" --eval-interval 2
+check "--per-split-data-args-path is the per-split flags (a null test: none)" \
+  "$(cmp -s "$tmp/sfile.train" "$tmp/sflag.train" && cmp -s "$tmp/sfile.valid" "$tmp/sflag.valid" && grep -c . "$tmp/sfile.valid")" 2
+
 # refused WHAT WANT FLAGS...: exit 2 and WANT in the output.
 refused() {
   local what=$1 want=$2
@@ -120,6 +134,18 @@ refused "a missing test prefix" "--test-data-path: $tmp/nothing.idx does not exi
   --train-data-path "$A" --test-data-path "$tmp/nothing"
 refused "--split beside them" "--split with --train/valid/test-data-path" \
   --train-data-path "$A" --split 1,1,1
+refused "--data-args-path beside --data-path" "--data-args-path and --data-path both give the blend" \
+  --data-args-path "$tmp/args.txt" --data-path "$A"
+refused "--per-split-data-args-path beside the flags" \
+  "--per-split-data-args-path and --train/valid/test-data-path both give" \
+  --per-split-data-args-path "$tmp/split.json" --train-data-path "$A"
+printf '{"train": "%s", "vaild": "%s"}' "$A" "$B" >"$tmp/typo.json"
+refused "a misspelt split" "unknown key \"vaild\"" --per-split-data-args-path "$tmp/typo.json"
+printf '{"train": ' >"$tmp/cut.json"
+refused "a cut JSON file" "--per-split-data-args-path $tmp/cut.json: not JSON" \
+  --per-split-data-args-path "$tmp/cut.json"
+refused "a missing file" "--data-args-path $tmp/none.txt: cannot read the file" \
+  --data-args-path "$tmp/none.txt"
 printf '{"text": "1 2"}\n' >"$tmp/tiny.jsonl"
 "$weft" data preprocess --input "$tmp/tiny.jsonl" --output-prefix "$tmp/tiny" --append-eod \
   --tokenizer-type NullTokenizer --vocab-size 61 >"$tmp/pre.log" 2>&1
