@@ -6,7 +6,8 @@
 //
 // Input: the lines `weft train --log-jsonl` writes (train/trainer.cpp): iteration lines with
 // "iteration", "lm_loss", "grad_norm", "lr", "tokens_per_sec", and validation lines with
-// "iteration" and "valid_lm_loss" (a test line, "test_lm_loss", is skipped). Every line must be
+// "iteration" and "valid_lm_loss" (one curve per "valid_set" of --multiple-validation-sets; a
+// test line, "test_lm_loss", is skipped). Every line must be
 // a JSON object with "iteration"; a file must hold at least one iteration line. Non-finite or null values (a skipped iteration) are
 // gaps; a panel where no run has a value says so instead of failing.
 #include "cmd_plot.h"
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -43,9 +45,13 @@ struct PlotArgs {
 struct Run {
   std::string name;
   std::string train;  // "iteration lm_loss grad_norm lr tokens_per_sec" rows
-  std::string valid;  // "iteration valid_lm_loss" rows
+  struct Valid {
+    std::string set;   // "valid_set" (--multiple-validation-sets), "" for the one validation
+    std::string rows;  // "iteration valid_lm_loss" rows
+    bool has = false;  // some row has a value
+  };
+  std::vector<Valid> valid;  // in the order the sets first appear
   bool has[6] = {};   // has[c]: some train row has a value in column c (2..5)
-  bool has_valid = false;  // some validation row has a value
 };
 
 // A number for gnuplot; '?' (set datafile missing) for a non-finite or absent value.
@@ -59,7 +65,7 @@ std::string num(const nlohmann::json& j, const char* key) {
 Run read_run(const std::string& path) {
   std::ifstream in(path);
   if (!in) fail_usage("{}: cannot open", path);
-  Run run{path, "", ""};
+  Run run{path, "", {}};
   std::string line;
   int n = 0, iterations = 0;
   while (std::getline(in, line)) {
@@ -78,8 +84,12 @@ Run read_run(const std::string& path) {
     if (j.contains("test_lm_loss")) continue;  // the one test-split loss at the end: not drawn
     if (j.contains("valid_lm_loss")) {
       const std::string v = num(j, "valid_lm_loss");
-      run.has_valid = run.has_valid || v != "?";
-      run.valid += fmt::format("{} {}\n", it, v);
+      const std::string set = j.value("valid_set", std::string());
+      auto s = std::find_if(run.valid.begin(), run.valid.end(),
+                            [&](const Run::Valid& x) { return x.set == set; });
+      if (s == run.valid.end()) s = run.valid.insert(run.valid.end(), Run::Valid{set, "", false});
+      s->has = s->has || v != "?";
+      s->rows += fmt::format("{} {}\n", it, v);
     } else {
       ++iterations;
       const std::string v[4] = {num(j, "lm_loss"), num(j, "grad_norm"), num(j, "lr"),
@@ -117,7 +127,8 @@ std::string script(const PlotArgs& a, const std::vector<Run>& runs) {
       a.width, a.height, quoted(a.output));
   for (size_t r = 0; r < runs.size(); ++r) {
     s += fmt::format("$train{} << EOD\n{}EOD\n", r, runs[r].train);
-    if (!runs[r].valid.empty()) s += fmt::format("$valid{} << EOD\n{}EOD\n", r, runs[r].valid);
+    for (size_t k = 0; k < runs[r].valid.size(); ++k)
+      s += fmt::format("$valid{}_{} << EOD\n{}EOD\n", r, k, runs[r].valid[k].rows);
   }
   s += fmt::format("set multiplot layout 2,2 title {}\nset grid\nset xlabel 'iteration'\n",
                    quoted(a.title));
@@ -145,10 +156,13 @@ std::string script(const PlotArgs& a, const std::vector<Run>& runs) {
         curves.push_back(fmt::format("NaN with lines lw 1.5 lc {} title {}", r + 1,
                                      quoted(runs[r].name)));
       }
-      if (p.column == 2 && runs[r].has_valid) {
+      for (size_t k = 0; p.column == 2 && k < runs[r].valid.size(); ++k) {
+        const Run::Valid& v = runs[r].valid[k];
+        if (!v.has) continue;
         curves.push_back(fmt::format(
-            "$valid{} using 1:2 with linespoints lw 2 dt 2 pt 7 ps 1.3 lc {} title {}", r, r + 1,
-            quoted(runs[r].name + " (validation)")));
+            "$valid{}_{} using 1:2 with linespoints lw 2 dt 2 pt {} ps 1.3 lc {} title {}", r, k,
+            7 + k, r + 1,
+            quoted(runs[r].name + (v.set.empty() ? " (validation)" : " (validation-" + v.set + ")"))));
         ++with_points;
       }
     }

@@ -946,17 +946,12 @@ std::vector<std::string> ignored_flag_warnings(const TrainConfig& t) {
       (!WEFT_HAS_GROUPED_MM || t.device != "cuda" || !m.bf16))
     out.push_back("--moe-grouped-gemm has no effect here: it needs --device cuda, --bf16 and a "
                   "libtorch with torch._grouped_mm (>= 2.8); the experts run one GEMM chain each");
-  if (t.full_validation && !t.multiple_validation_sets && t.real_data()) {
-    // Megatron's full validation reads each dataset whole; weights have nothing to weigh.
-    const bool per_split = t.per_split_data();
-    bool weighted = false;
-    parse_data_path(per_split ? t.split_data_path[1] : t.data_path, &weighted,
-                    per_split ? "--valid-data-path" : "--data-path");
-    if (weighted && (!per_split || !t.split_data_path[1].empty()))
-      out.push_back(fmt::format("the weights of {} have no effect on --full-validation: every "
-                                "sample of each dataset's validation documents counts once",
-                                per_split ? "--valid-data-path" : "--data-path"));
-  }
+  if (t.full_validation && t.per_split_data() && t.split_data_path[1].empty())
+    out.push_back("--full-validation has no effect without --valid-data-path: with per-split "
+                  "paths a split without its own is not evaluated");
+  if (t.full_validation && t.eval_interval == 0 && !t.skip_train)
+    out.push_back("--full-validation has no effect with --eval-interval 0: weft never validates "
+                  "then (Megatron validates once at the end)");
   if (t.start_eval_at_iter >= 0 && t.eval_interval == 0)
     out.push_back("--start-eval-at-iter has no effect with --eval-interval 0");
   if (t.load.empty() && (t.no_load_optim || t.no_load_rng))

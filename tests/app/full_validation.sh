@@ -39,7 +39,12 @@ for idx in sys.argv[1:3]:
     # Megatron's .idx: magic(9) version(8) dtype(1) sequences(8) documents(8), then int32 sizes.
     n = struct.unpack_from("<Q", data, 18)[0]
     tokens = sum(struct.unpack_from(f"<{n}i", data, 34))
-    out.append(str(-(-tokens // int(sys.argv[3]))))
+    seq = int(sys.argv[3])
+    # One pass: ceil((tokens - 1) / seq) windows. The reference below reads the stream's first
+    # samples, the pass's whole shuffled block, ceil(tokens / seq): the same set only where
+    # tokens % seq != 1 (the corpora are chosen so; test_gpt_dataset checks the other case).
+    assert tokens % seq != 1, (idx, tokens)
+    out.append(str(-(-(tokens - 1) // seq)))
 print(" ".join(out))
 EOF
 )
@@ -126,6 +131,8 @@ refused "--validation-set-names gives 1 names for the 2 datasets" --valid-data-p
   --full-validation --multiple-validation-sets --validation-set-names x
 refused "--validation-set-names needs --multiple-validation-sets" --valid-data-path "$B" \
   --validation-set-names x
+refused "--valid-data-path with weights and --full-validation" --valid-data-path 1 "$B" 2 "$C" \
+  --full-validation
 out=$("$weft" train --mock-data --num-layers 1 --hidden-size 32 --num-attention-heads 4 \
   --seq-length 16 --train-iters 1 --full-validation 2>&1)
 [ $? -eq 2 ] && grep -qF -- "--full-validation needs indexed datasets" <<< "$out" &&

@@ -21,6 +21,16 @@ check "PNG signature" "$(od -An -tx1 -N8 "$tmp/runs.png" 2>/dev/null | tr -d ' \
 check "IHDR chunk" "$(od -An -c -j12 -N4 "$tmp/runs.png" 2>/dev/null | tr -d ' \n')" IHDR
 check "width" "$(u32 "$tmp/runs.png" 16)" 640
 check "height" "$(u32 "$tmp/runs.png" 20)" 480
+# --multiple-validation-sets lines (one per set, "valid_set"): one validation curve per set.
+{ grep -v valid_lm_loss "$tmp/lr1e-3.jsonl"
+  for it in 3 6; do for set in wiki code; do
+    printf '{"iteration": %s, "valid_set": "%s", "valid_lm_loss": 4.%s, "valid_lm_loss_ppl": 60}\n' \
+      $it $set $it
+  done; done; } >"$tmp/sets.jsonl"
+"$weft" plot "$tmp/sets.jsonl" -o "$tmp/sets.png" >"$tmp/plot.log" 2>&1
+check "plot of validation sets: exit code" "$?" 0
+check "validation sets: PNG signature" "$(od -An -tx1 -N8 "$tmp/sets.png" 2>/dev/null | tr -d ' \n')" \
+  89504e470d0a1a0a
 
 bad() {  # bad WHAT NEEDLE ARGS...: exit 2 and a message containing NEEDLE
   local what=$1 needle=$2

@@ -367,6 +367,38 @@ TEST(GptDataset, OneEpochHoldsEveryTokenOfTheSplit) {
   EXPECT_LE(spill, seq);
 }
 
+// --full-validation's pass: one_pass_samples windows read in order are the pass's tokens cut
+// at k * seq, their labels tokens 1..(tokens - 1) of the pass and, past it, only the last
+// window's tail from the next pass (fewer than seq labels); also where tokens = k * seq + 1,
+// where a window starting at the pass's last token would hold labels of the next pass only.
+TEST(GptDataset, OnePassInOrderLabelsEveryTokenOfTheSplitOnce) {
+  Fixture f;
+  f.cfg.in_order = true;
+  const DataSplit split = DataSplit::kValid;
+  const auto [b, e] = f.range(split);
+  std::vector<int64_t> pass;  // epoch 0's document order, then epoch 1's for the tail
+  for (int64_t epoch = 0; epoch < 2; ++epoch)
+    for (int64_t d : sampling_document_order(b, e, f.cfg.seed, static_cast<int>(split), 0, epoch))
+      for (const auto& q : f.docs[d]) pass.insert(pass.end(), q.begin(), q.end());
+  const int64_t tokens = static_cast<int64_t>(pass.size()) / 2;
+  ASSERT_GT(tokens, 10);
+  for (int seq : {1, 5, 8, static_cast<int>(tokens - 1), static_cast<int>((tokens - 1) / 2)}) {
+    f.cfg.seq_length = seq;
+    const int64_t n = one_pass_samples(f.cfg, split);
+    EXPECT_EQ(n, (tokens - 1 + seq - 1) / seq) << "seq " << seq;
+    EXPECT_GE(n * seq, tokens - 1) << "seq " << seq << ": the last labels are missed";
+    EXPECT_LT((n - 1) * seq, tokens - 1) << "seq " << seq << ": a window of next-pass labels";
+    auto ds = make_gpt_dataset(f.cfg, split, n);
+    const auto got = all_samples(*ds, seq, n);
+    ASSERT_EQ(static_cast<int64_t>(got.size()), n);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(got[i], std::vector<int64_t>(pass.begin() + i * seq, pass.begin() + i * seq + seq + 1))
+          << "seq " << seq << " window " << i;
+  }
+  f.cfg.seq_length = static_cast<int>(tokens);  // one token short of one sample
+  EXPECT_EQ(one_pass_samples(f.cfg, split), 0);
+}
+
 TEST(GptDataset, SampleIDoesNotDependOnTheSampleCount) {
   Fixture f;
   auto small = make_gpt_dataset(f.cfg, DataSplit::kTrain, 10);

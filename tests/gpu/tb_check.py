@@ -65,8 +65,9 @@ def main():
         it = r["iteration"]
         if "test_lm_loss" in r:  # console and JSONL only
             continue
-        if "valid_lm_loss" in r:
-            check("lm loss validation", it, r["valid_lm_loss"])
+        if "valid_lm_loss" in r:  # a --multiple-validation-sets set: "lm loss validation-NAME"
+            suffix = "-" + r["valid_set"] if "valid_set" in r else ""
+            check("lm loss validation" + suffix, it, r["valid_lm_loss"])
             continue
         if it % a.interval:
             continue

@@ -131,13 +131,15 @@ void fill_batch(const Source& src, int64_t size, int seq, int64_t first, int cou
 class GptSplitDataset final : public TokenDataset {
  public:
   GptSplitDataset(std::shared_ptr<const IndexedDataset> data, std::unique_ptr<SampleCache> cache,
-                  int seq, int64_t size, int64_t doc_index_length, uint64_t key)
+                  int seq, int64_t size, int64_t doc_index_length, uint64_t key,
+                  bool in_order = false)
       : data_(std::move(data)),
         cache_(std::move(cache)),
         seq_(seq),
         size_(size),
         doc_index_length_(doc_index_length),
-        key_(key) {
+        key_(key),
+        in_order_(in_order) {
     if (cache_) {
       doc_index_ = cache_->array(0);
       sample_index_ = cache_->array(1);
@@ -145,9 +147,9 @@ class GptSplitDataset final : public TokenDataset {
     }
   }
 
-  // Sample i (after the shuffle): seq_ + 1 tokens into out.
+  // Sample i (after the shuffle, unless in order): seq_ + 1 tokens into out.
   void read_sample(int64_t i, int64_t* out) const {
-    const int64_t k = shuffle_index_[i];
+    const int64_t k = in_order_ ? i : shuffle_index_[i];
     int64_t pos = sample_index_[2 * k], offset = sample_index_[2 * k + 1];
     int64_t need = seq_ + 1;
     const int64_t* doc_seqs = data_->document_indices();
@@ -187,6 +189,7 @@ class GptSplitDataset final : public TokenDataset {
   int seq_;
   int64_t size_, doc_index_length_;
   uint64_t key_;
+  bool in_order_;  // GptDataConfig::in_order
 };
 
 class GptBlendDataset final : public TokenDataset {
@@ -324,7 +327,7 @@ std::unique_ptr<GptSplitDataset> make_split_dataset(const GptDataConfig& cfg,
             std::move(ix.document_index), std::move(ix.sample_index), std::move(ix.shuffle_index)};
       });
   return std::make_unique<GptSplitDataset>(std::move(data), std::move(cache), seq, samples,
-                                           doc_index_length, key);
+                                           doc_index_length, key, cfg.in_order);
 }
 
 }  // namespace
@@ -407,7 +410,8 @@ int64_t one_pass_samples(const GptDataConfig& cfg, DataSplit split) {
   if (cfg.seq_length <= 0) fail_usage("--seq-length must be positive (got {})", cfg.seq_length);
   const int64_t tokens =
       split_tokens(normalized_split(cfg.split), split, cfg.blend.front().second, cfg.flag);
-  return tokens > cfg.seq_length ? sampling_block_begin(1, tokens, cfg.seq_length) : 0;
+  // ceil((tokens - 1) / seq): the samples whose labels reach the pass's last token.
+  return tokens > cfg.seq_length ? (tokens - 1 + cfg.seq_length - 1) / cfg.seq_length : 0;
 }
 
 std::unique_ptr<TokenDataset> make_gpt_dataset(const GptDataConfig& cfg, DataSplit split,

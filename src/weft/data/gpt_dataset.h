@@ -70,6 +70,10 @@ struct GptDataConfig {
   uint64_t seed = 1234;                                // --seed
   std::string cache_path;                              // --data-cache-path ("" = beside the data)
   std::string flag = "--data-path";  // the flag that gave the blend, for error messages
+  // A one-dataset config's samples in their order within each pass (the sample shuffle not
+  // applied; the documents keep their shuffled order): --full-validation reads a pass's first
+  // one_pass_samples samples, which are then exactly those whose labels cover the pass.
+  bool in_order = false;
 };
 
 // The dataset of one split, asked for at least `num_samples` samples (epochs are added until
@@ -78,10 +82,12 @@ struct GptDataConfig {
 std::unique_ptr<TokenDataset> make_gpt_dataset(const GptDataConfig& cfg, DataSplit split,
                                                int64_t num_samples);
 
-// The samples that start in one pass over the documents of `split` of the one dataset of `cfg`:
-// block 1 of its stream, ceil(tokens / seq_length) (the last reads its tail from the next
-// pass), so that they read every token of the split; 0 where the split holds fewer tokens than
-// one sample. What --full-validation evaluates of each validation dataset.
+// The samples of one pass over the documents of `split` of the one dataset of `cfg` whose labels
+// cover the pass: ceil((tokens - 1) / seq_length), in order (GptDataConfig::in_order) the
+// windows from token 0 on whose labels are tokens 1.. of the pass, the last one's tail read from
+// the next pass; 0 where the split holds fewer tokens than one sample (seq_length + 1). What
+// --full-validation evaluates of each validation dataset (Megatron's one-epoch dataset holds
+// (tokens - 1) // seq_length and leaves the last partial window's labels out).
 int64_t one_pass_samples(const GptDataConfig& cfg, DataSplit split);
 
 // What the checkpoint records about the data: every prefix with its weight, the .idx sizes and

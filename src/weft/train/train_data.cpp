@@ -66,6 +66,18 @@ void validate_data_config(const TrainConfig& c) {
   if (c.full_validation && !c.real_data())
     fail_usage("--full-validation needs indexed datasets (--data-path or --valid-data-path): "
                "mock data has no end to validate up to");
+  if (c.full_validation && c.real_data() && (!c.per_split_data() || !c.split_data_path[1].empty())) {
+    // Megatron refuses weights there too: every sample of each dataset counts once.
+    const bool per_split = c.per_split_data();
+    const char* flag = per_split ? "--valid-data-path" : "--data-path";
+    bool weighted = false;
+    parse_data_path(per_split ? c.split_data_path[1] : c.data_path, &weighted, flag);
+    if (weighted)
+      fail_usage("{} with weights and --full-validation: full validation reads every sample of "
+                 "each dataset once, so the weights mean nothing there; give the datasets without "
+                 "weights (Megatron refuses them too){}", flag,
+                 per_split ? "" : ", or validate on --valid-data-path with --train-data-path");
+  }
   if (c.multiple_validation_sets) {
     if (c.split_data_path[1].empty())
       fail_usage("--multiple-validation-sets needs --valid-data-path: each of its datasets is "
@@ -160,6 +172,7 @@ TrainData::TrainData(const TrainConfig& c, Communicator& control, int rank, int6
         GptDataConfig one = v;
         one.blend = {{1.0, prefix}};
         one.blend_by_size = false;
+        one.in_order = true;
         const int64_t n = one_pass_samples(one, DataSplit::kValid);
         full_valid_.push_back(make_gpt_dataset(one, DataSplit::kValid, std::max<int64_t>(n, 1)));
         full_valid_n_.push_back(n);

@@ -865,9 +865,12 @@ std::pair<double, int64_t> Trainer::evaluate_full(int set) {
   const int microbatches = gbs / (mbs * groups_.mesh().dp());
   const int64_t per_rank = static_cast<int64_t>(mbs) * microbatches;
   const int64_t eod = cfg_.eod_mask_loss ? cfg_.eod_token : -1, pad = cfg_.pad_token;
-  // The positions the loss averages, counted on the host from every sample (every rank alike).
-  const LossPositions counted = data_->loss_positions(DataSplit::kValid, 0, n, eod, pad, set);
-  const double log_scale = 1.0 / static_cast<double>(std::max<int64_t>(counted.unmasked, 1));
+  // The positions the loss averages, counted on the host from every sample (every rank alike),
+  // once per set: they depend on the set and the run's eod and pad only.
+  if (full_positions_.empty()) full_positions_.assign(data_->full_valid_sets(), -1);
+  int64_t& positions = full_positions_[set];
+  if (positions < 0) positions = data_->loss_positions(DataSplit::kValid, 0, n, eod, pad, set).unmasked;
+  const double log_scale = 1.0 / static_cast<double>(std::max<int64_t>(positions, 1));
   const c10::Device dev = stage_->options().device;
   at::Tensor sum = at::zeros_like(stage_->losses());  // [lm, aux, mtp, z]
   for (int64_t k = 0, rounds = (n + gbs - 1) / gbs; k < rounds; ++k) {
@@ -902,7 +905,7 @@ std::pair<double, int64_t> Trainer::evaluate_full(int set) {
     sum.add_(run_forward_only(*stage_, *groups_.get("pp"), microbatches, mbs, batch, log_scale));
   }
   groups_.world().all_reduce(sum, ReduceOp::kSum);
-  return {sum[0].item<double>(), counted.unmasked};
+  return {sum[0].item<double>(), positions};
 }
 
 IterationStats Trainer::train_step() {

@@ -328,6 +328,7 @@ class Trainer {
   int iteration_ = 0;
   int64_t consumed_samples_ = 0;
   int64_t consumed_valid_samples_ = 0;
+  std::vector<int64_t> full_positions_;  // evaluate_full's positions per set (-1: not counted)
   // The learning-rate schedule's position, Megatron's num_steps: the samples of the updates
   // made (each adds its step's batch), counted on from a resumed checkpoint's, so that a
   // resume at another --global-batch-size continues it.
