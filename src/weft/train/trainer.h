@@ -49,10 +49,10 @@ struct TrainConfig {
   AdamWConfig adam;
   LrScheduleConfig lr;
   int micro_batch_size = 2;     // --micro-batch-size
-  int global_batch_size = 16;   // --global-batch-size (also the evaluation's batch)
+  int global_batch_size = 16;   // --global-batch-size (the evaluation's too, by default)
   // --step-batch-size-schedule (empty: none): the training batch by consumed samples
   // (batch_schedule.h); then --global-batch-size is not given and stays micro-batch x dp, the
-  // evaluation's batch, as in Megatron.
+  // evaluation's default batch, as in Megatron.
   std::string step_batch_size_schedule;
   int train_iters = 10;         // --train-iters
   // --train-samples (-1: not given): the run's length in samples, Megatron's sample-based
@@ -116,8 +116,8 @@ struct TrainConfig {
   // Megatron's ValidationConfig: the evaluation's own batch (-1: --global-batch-size and
   // --micro-batch-size; evaluate() reads eval_global_batch() samples per eval iteration);
   // --start-eval-at-iter N: the evaluations every --eval-interval begin at iteration N (-1: from
-  // the first); --skip-train: no training, the valid and test splits evaluated once
-  // (Trainer::evaluate_only).
+  // the first); --skip-train: no training, the valid and test splits evaluated once from their
+  // first samples (Trainer::train).
   int eval_global_batch_size = -1;     // --eval-global-batch-size
   int eval_micro_batch_size = -1;      // --eval-micro-batch-size
   int start_eval_at_iter = -1;         // --start-eval-at-iter
