@@ -117,8 +117,9 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
                 {"valid_data_path", c.split_data_path[1]},
                 {"test_data_path", c.split_data_path[2]},
                 {"eval_interval", c.eval_interval}, {"eval_iters", c.eval_iters},
-                {"eval_global_batch_size", c.eval_global_batch()},
-                {"eval_micro_batch_size", c.eval_micro_batch()},
+                // As given (-1: the training's), so that a difference names its own flag.
+                {"eval_global_batch_size", c.eval_global_batch_size},
+                {"eval_micro_batch_size", c.eval_micro_batch_size},
                 {"start_eval_at_iter", c.start_eval_at_iter}}}};
 }
 
