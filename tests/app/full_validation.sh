@@ -13,20 +13,9 @@
 # Usage: full_validation.sh WEFT MPIRUN...
 source "$(dirname "$0")/lib.sh" "$@"
 
-python3 - "$tmp" <<'EOF'
-import json, random, sys
-for name, seed, docs in (("A", 3, 200), ("B", 4, 90), ("C", 5, 60)):
-    rng = random.Random(seed)
-    with open(f"{sys.argv[1]}/{name}.jsonl", "w") as f:
-        for _ in range(docs):
-            doc = [rng.randrange(1, 60) for _ in range(rng.randint(3, 20))]
-            f.write(json.dumps({"text": " ".join(map(str, doc))}) + "\n")
-EOF
-for c in A B C; do
-  "$weft" data preprocess --input "$tmp/$c.jsonl" --output-prefix "$tmp/$c" --append-eod \
-    --tokenizer-type NullTokenizer --vocab-size 61 >"$tmp/pre.log" 2>&1 ||
-    { echo "preprocess $c failed: $(tail -1 "$tmp/pre.log")"; exit 1; }
-done
+null_corpus A 3 200
+null_corpus B 4 90
+null_corpus C 5 60
 A=$tmp/A_text_document B=$tmp/B_text_document C=$tmp/C_text_document
 seq=16
 # F: the samples of one pass over B (every document is valid: --valid-data-path takes them all).

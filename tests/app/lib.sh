@@ -31,3 +31,19 @@ finish() {
   echo "$name: $fails failed"
   exit 1
 }
+# null_corpus NAME SEED DOCS: a NullTokenizer corpus (--vocab-size 61) of DOCS documents of 3..20
+# ids in 1..59 drawn with SEED, preprocessed to $tmp/NAME_text_document (end of document
+# appended); exits on failure.
+null_corpus() {
+  python3 - "$tmp/$1.jsonl" "$2" "$3" <<'EOF'
+import json, random, sys
+rng = random.Random(int(sys.argv[2]))
+with open(sys.argv[1], "w") as f:
+    for _ in range(int(sys.argv[3])):
+        doc = [rng.randrange(1, 60) for _ in range(rng.randint(3, 20))]
+        f.write(json.dumps({"text": " ".join(map(str, doc))}) + "\n")
+EOF
+  "$weft" data preprocess --input "$tmp/$1.jsonl" --output-prefix "$tmp/$1" --append-eod \
+    --tokenizer-type NullTokenizer --vocab-size 61 >"$tmp/pre.log" 2>&1 ||
+    { echo "preprocess $1 failed: $(tail -1 "$tmp/pre.log")"; exit 1; }
+}

@@ -15,20 +15,9 @@
 # Usage: split_data_path.sh WEFT MPIRUN...
 source "$(dirname "$0")/lib.sh" "$@"
 
-python3 - "$tmp" <<'EOF'
-import json, random, sys
-for name, seed in (("A", 3), ("B", 4), ("C", 5)):
-    rng = random.Random(seed)
-    with open(f"{sys.argv[1]}/{name}.jsonl", "w") as f:
-        for _ in range(300):
-            doc = [rng.randrange(1, 60) for _ in range(rng.randint(3, 20))]
-            f.write(json.dumps({"text": " ".join(map(str, doc))}) + "\n")
-EOF
-for c in A B C; do
-  "$weft" data preprocess --input "$tmp/$c.jsonl" --output-prefix "$tmp/$c" --append-eod \
-    --tokenizer-type NullTokenizer --vocab-size 61 >"$tmp/pre.log" 2>&1 ||
-    { echo "preprocess $c failed: $(tail -1 "$tmp/pre.log")"; exit 1; }
-done
+null_corpus A 3 300
+null_corpus B 4 300
+null_corpus C 5 300
 A=$tmp/A_text_document B=$tmp/B_text_document C=$tmp/C_text_document
 model=(--num-layers 2 --hidden-size 32 --ffn-hidden-size 48 --num-attention-heads 4
        --seq-length 16 --vocab-size 64 --micro-batch-size 2 --global-batch-size 4
