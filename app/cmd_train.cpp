@@ -195,6 +195,14 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   opt("--moe-token-dispatcher-type", t.moe_token_dispatcher_type,
       "allgather | alltoall: the same tokens reach the same experts; weft exchanges them "
       "all-to-all for both");
+  opt("--moe-expert-capacity-factor", m.moe_expert_capacity_factor,
+      "token dropping: each expert takes at most ceil(tokens x topk / experts x this) of a "
+      "micro-batch's routed pairs (negative: none, Megatron's None)");
+  opt("--moe-token-drop-policy", m.moe_token_drop_policy,
+      "probs (keep the highest routing weights) | position (keep the earliest tokens)");
+  c->add_flag("--moe-pad-expert-input-to-capacity", m.moe_pad_expert_input_to_capacity,
+              "with a capacity factor: every expert counted at its capacity for the expert bias "
+              "(the padding rows weigh 0; weft does not run them)");
   c->add_flag("--moe-grouped-gemm", m.moe_grouped_gemm,
               "run all experts of a layer through grouped GEMMs (CUDA, bf16, torch >= 2.8)");
   c->add_flag("--recompute-activations", a->recompute_activations,

@@ -66,8 +66,8 @@ constexpr std::pair<const char*, const char*> kAccepted[] = {
     {"--disable-log-loss-scale-to-tensorboard", "no loss scale in bf16/fp32"},
 };
 
-// Flags with a value that only a setting weft refuses reads (--fp16, --fp8-format, a capacity
-// factor, expert bias, WSD): without it they do nothing in Megatron either, so accepted.
+// Flags with a value that only a setting weft refuses reads (--fp16, --fp8-format, expert bias,
+// WSD): without it they do nothing in Megatron either, so accepted.
 constexpr std::pair<const char*, const char*> kAcceptedWithValue[] = {
     {"--initial-loss-scale", "read only with --fp16"},
     {"--min-loss-scale", "read only with --fp16"},
@@ -76,7 +76,6 @@ constexpr std::pair<const char*, const char*> kAcceptedWithValue[] = {
     {"--fp8-recipe", "read only with --fp8-format"},
     {"--fp8-amax-history-len", "read only with --fp8-format"},
     {"--fp8-amax-compute-algo", "read only with --fp8-format"},
-    {"--moe-token-drop-policy", "read only with --moe-expert-capacity-factor"},
     {"--lr-wsd-decay-style", "read only with --lr-decay-style WSD"},
     {"--lr-wsd-decay-iters", "read only with --lr-decay-style WSD"},
     {"--lr-wsd-decay-samples", "read only with --lr-decay-style WSD"},
@@ -131,8 +130,6 @@ constexpr Refused kRefused[] = {
     {"--rampup-batch-size", 3,
      "deprecated in Megatron, which now ignores it with a warning; give the ramp as "
      "--step-batch-size-schedule \"0:START TOKENS:BATCH ...\""},
-    {"--moe-expert-capacity-factor", 1, "weft's experts take every routed token (no dropping)"},
-    {"--moe-pad-expert-input-to-capacity", 0, "weft's experts take every routed token"},
     {"--moe-input-jitter-eps", 1, "weft's router adds no input noise"},
     {"--apply-layernorm-1p", 0, "weft's RMSNorm multiplies by its weight, not 1 + weight"},
     {"--openai-gelu", 0, "weft's MLP is SwiGLU or squared ReLU (--squared-relu)"},

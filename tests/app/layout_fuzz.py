@@ -3,7 +3,8 @@ rather than listed).
 
 Each trial draws a model (dense, MoE or hybrid Mamba; GQA/MQA/MHA, tied or not, q/k norms,
 q/k/v biases, a head dim of its own, partial/interpolated/Llama-3-scaled/no RoPE, squared ReLU,
-MoE layer patterns, top 1 or 2, softmax or sigmoid routing, expert bias, shared experts, MTP;
+MoE layer patterns, top 1 or 2, softmax or sigmoid routing, expert bias, shared experts, token
+dropping (a capacity factor, either policy, padded or not), MTP;
 per-token loss, clipping) and a batch (micro-batch 1, 2 or 4, global 8 or
 16), then one of two checks against the same model trained 4 iterations on one rank, in
 float32 on the CPU:
@@ -83,6 +84,12 @@ def draw_model(rng):
         # top 1 under the softmax router needs the softmax before the top-k (Megatron's rule)
         if rng.random() < 0.3 or (topk == 1 and not sigmoid):
             moe.append("--moe-router-pre-softmax")
+        # Token dropping: each micro-batch's pairs capped per expert, on every layout alike.
+        if rng.random() < 0.3:
+            moe += ["--moe-expert-capacity-factor", str(rng.choice([0.5, 1.0, 1.25])),
+                    "--moe-token-drop-policy", rng.choice(["probs", "position"])]
+            if rng.random() < 0.3:
+                moe.append("--moe-pad-expert-input-to-capacity")
     if kind == "dense":
         a += ["--num-layers", str(layers)]
     elif kind == "moe":

@@ -114,6 +114,25 @@ same "--moe-router-group-topk = --moe-router-num-groups limits nothing" moe_plai
 run moe_repeated "${moe[@]}" --moe-aux-loss-coeff 0.5 --moe-aux-loss-coeff 0.01 \
   --moe-router-load-balancing-type seq_aux_loss --moe-router-load-balancing-type aux_loss
 same "a repeated --moe-aux-loss-coeff / load-balancing type takes the last" moe_plain moe_repeated
+# Token dropping: a capacity factor of 0.5 (each expert at most ceil(32 x 4 / 8 x 0.5) = 8 of
+# a micro-batch's 128 pairs) trains another function, by either policy; a capacity of every
+# token (factor 2: 32 pairs, every token of the micro-batch) and a negative factor (Megatron's none) drop nothing,
+# nor does padding to the capacity without an expert bias.
+run moe_drop "${moe[@]}" --moe-expert-capacity-factor 0.5
+run moe_drop_pos "${moe[@]}" --moe-expert-capacity-factor 0.5 --moe-token-drop-policy position
+run moe_drop_pad "${moe[@]}" --moe-expert-capacity-factor 0.5 --moe-pad-expert-input-to-capacity
+run moe_no_drop "${moe[@]}" --moe-expert-capacity-factor 2
+run moe_none "${moe[@]}" --moe-expert-capacity-factor -1
+if [ -s "$tmp/moe_drop.txt" ] && [ -s "$tmp/moe_drop_pos.txt" ] &&
+   ! cmp -s "$tmp/moe_plain.txt" "$tmp/moe_drop.txt" &&
+   ! cmp -s "$tmp/moe_drop.txt" "$tmp/moe_drop_pos.txt"; then
+  ok "--moe-expert-capacity-factor 0.5 drops pairs, by its policy"
+else
+  bad "--moe-expert-capacity-factor 0.5 gave the dropless losses, or both policies the same"
+fi
+same "--moe-pad-expert-input-to-capacity changes no loss without an expert bias" moe_drop moe_drop_pad
+same "a capacity of every token drops nothing" moe_plain moe_no_drop
+same "a negative capacity factor is none" moe_plain moe_none
 
 # --- warned: logging weft has not; the run trains the same --------------------------------------
 run warned --train-iters 4 --log-params-norm --wandb-project p --wandb-exp-name e \
@@ -149,7 +168,10 @@ refuse "--rampup-batch-size is not implemented" --rampup-batch-size 2 2 8
 refuse "--eod-mask-loss needs the tokenizer's end-of-document id" --eod-mask-loss
 refuse "--num-layers-per-virtual-pipeline-stage is not implemented" \
   --num-layers-per-virtual-pipeline-stage 1
-refuse "--moe-expert-capacity-factor is not implemented" --moe-expert-capacity-factor 1.0
+refuse "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor" --num-experts 4 \
+  --moe-pad-expert-input-to-capacity
+refuse "--moe-token-drop-policy must be probs or position (got 'first')" --num-experts 4 \
+  --moe-expert-capacity-factor 1 --moe-token-drop-policy first
 refuse "--vocab-file and --merge-file are read by --tokenizer-type GPT2BPETokenizer only" --vocab-file v.json
 refuse "--moe-router-topk 1 with the softmax router needs --moe-router-pre-softmax" \
   --num-experts 4 --moe-router-topk 1

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <vector>
 
@@ -61,7 +62,8 @@ torch::Tensor mlp_ref(const torch::Tensor& x, const torch::Tensor& w1, const tor
 // The reference: one token at a time.
 struct RefResult {
   torch::Tensor y, aux, z;  // z: the router z-loss, mean over tokens of log(sum exp(logits))^2
-  std::vector<double> chosen;  // (token, slot) pairs per expert
+  std::vector<double> chosen;  // (token, slot) pairs per expert (after a drop: kept ones)
+  int64_t dropped = 0;         // pairs past their expert's capacity
 };
 // `bias` (defined: the sigmoid router's expert bias, [E]) shifts the scores that choose the
 // experts; the weights are the unshifted scores, and so are the aux loss's choices (Megatron's).
@@ -80,6 +82,9 @@ RefResult reference_moe(const torch::Tensor& x, const torch::Tensor& router,
   std::vector<std::vector<double>> aux_chosen(groups, std::vector<double>(E, 0.0));
   std::vector<torch::Tensor> prob_sum(groups, torch::zeros({E}, x.options()));
   torch::Tensor z = torch::zeros({}, x.options());
+  std::vector<std::vector<int64_t>> token_experts;  // [T][k]
+  std::vector<torch::Tensor> token_probs;           // [T] of [k]
+  int64_t dropped = 0;
   for (int64_t t = 0; t < T; ++t) {
     const torch::Tensor logits = torch::matmul(router, x[t]);  // [E]
     z = z + torch::log(torch::exp(logits).sum()).pow(2) / static_cast<double>(T);
@@ -134,23 +139,59 @@ RefResult reference_moe(const torch::Tensor& x, const torch::Tensor& router,
       p = k > 1 ? topv / (topv.sum() + 1e-20) : topv;
     }
     if (cfg.moe_router_topk_scaling_factor > 0) p = p * cfg.moe_router_topk_scaling_factor;
-    torch::Tensor y = torch::zeros({x.size(1)}, x.options());
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t e = order[j];
-      chosen[e] += 1;
-      y = y + p[j] * mlp_ref(x[t].unsqueeze(0), w1[e], w2[e], cfg.squared_relu)[0];
-    }
-    if (s1.defined()) y = y + mlp_ref(x[t].unsqueeze(0), s1, s2, cfg.squared_relu)[0];
-    ys.push_back(y);
+    token_experts.push_back(std::vector<int64_t>(order.begin(), order.begin() + k));
+    token_probs.push_back(p);
     const torch::Tensor all =
         softmax ? torch::softmax(logits, 0) : torch::sigmoid(logits) / (torch::sigmoid(logits).sum() + 1e-20);
     prob_sum[t / S] = prob_sum[t / S] + all;
+  }
+  // Token dropping, from Megatron's definition: capacity ceil(T k / E F); each expert keeps its
+  // pairs with the highest weights (probs) or of the earliest tokens (position), tokens ordered
+  // as Megatron's [s, b] rows: position first, then sequence.
+  std::vector<std::vector<bool>> kept(T, std::vector<bool>(k, true));
+  const int64_t per_seq = T / sequences;
+  if (cfg.moe_expert_capacity_factor >= 0) {
+    const auto capacity = static_cast<size_t>(
+        std::ceil(static_cast<double>(T * k) / E * cfg.moe_expert_capacity_factor));
+    for (int64_t e = 0; e < E; ++e) {
+      struct Pair { double p; int64_t key, t, j; };
+      std::vector<Pair> mine;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < k; ++j)
+          if (token_experts[t][j] == e)
+            mine.push_back({token_probs[t][j].item<double>(),
+                            (t % per_seq) * sequences + t / per_seq, t, j});
+      const bool by_probs = cfg.moe_token_drop_policy == "probs";
+      std::sort(mine.begin(), mine.end(), [&](const Pair& a, const Pair& b) {
+        if (by_probs && a.p != b.p) return a.p > b.p;
+        return a.key < b.key;
+      });
+      for (size_t i = capacity; i < mine.size(); ++i) kept[mine[i].t][mine[i].j] = false;
+      if (cfg.moe_pad_expert_input_to_capacity)  // the padded map's count
+        chosen[e] = static_cast<double>(std::min<int64_t>(capacity, T));
+      else
+        chosen[e] = static_cast<double>(std::min(capacity, mine.size()));
+    }
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    torch::Tensor y = torch::zeros({x.size(1)}, x.options());
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = token_experts[t][j];
+      if (!kept[t][j]) {
+        ++dropped;
+        continue;
+      }
+      if (cfg.moe_expert_capacity_factor < 0) chosen[e] += 1;
+      y = y + token_probs[t][j] * mlp_ref(x[t].unsqueeze(0), w1[e], w2[e], cfg.squared_relu)[0];
+    }
+    if (s1.defined()) y = y + mlp_ref(x[t].unsqueeze(0), s1, s2, cfg.squared_relu)[0];
+    ys.push_back(y);
   }
   torch::Tensor aux = torch::zeros({}, x.options());
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t e = 0; e < E; ++e) aux = aux + prob_sum[g][e] * aux_chosen[g][e];
   aux = aux * (static_cast<double>(E) / (static_cast<double>(k) * S * S)) / groups;
-  return {torch::stack(ys), aux, z, chosen};
+  return {torch::stack(ys), aux, z, chosen, dropped};
 }
 
 struct Case {
@@ -162,6 +203,9 @@ struct Case {
   bool expert_bias = false;  // --moe-router-enable-expert-bias (sigmoid)
   const char* balancing = "aux_loss";  // --moe-router-load-balancing-type
   int num_groups = 0, group_topk = 0;  // --moe-router-num-groups, --moe-router-group-topk
+  double capacity = -1;                // --moe-expert-capacity-factor (negative: dropless)
+  const char* drop_policy = "probs";   // --moe-token-drop-policy
+  bool pad = false;                    // --moe-pad-expert-input-to-capacity
 };
 
 TEST(Moe, MatchesPerTokenReference) {
@@ -178,18 +222,35 @@ TEST(Moe, MatchesPerTokenReference) {
                          Case{8, 4, 0, "sigmoid", false, 0, false, false, "aux_loss", 4, 2},
                          Case{8, 2, 3, "softmax", false, 0, false, false, "aux_loss", 4, 1},
                          Case{6, 3, 0, "softmax", true, 0, false, false, "aux_loss", 2, 1},
-                         Case{8, 4, 4, "sigmoid", false, 2.5, true, true, "seq_aux_loss", 4, 2}}) {
+                         Case{8, 4, 4, "sigmoid", false, 2.5, true, true, "seq_aux_loss", 4, 2},
+                         // Token dropping: 10 tokens, capacity ceil(10 k / E F).
+                         Case{4, 2, 0, "softmax", false, 0, false, false, "aux_loss", 0, 0, 0.5},
+                         Case{4, 2, 6, "softmax", false, 0, false, false, "aux_loss", 0, 0, 0.7,
+                              "position"},
+                         Case{6, 3, 4, "sigmoid", false, 2.5, true, true, "seq_aux_loss", 0, 0,
+                              0.6},
+                         Case{6, 2, 0, "sigmoid", false, 0, false, true, "aux_loss", 0, 0, 0.8,
+                              "position", true},
+                         Case{5, 1, 0, "softmax", true, 0, false, false, "aux_loss", 0, 0, 1.0,
+                              "probs", true},
+                         Case{4, 2, 0, "softmax", false, 0, false, false, "aux_loss", 0, 0, 0.0},
+                         Case{4, 2, 0, "softmax", false, 0, false, false, "aux_loss", 0, 0, 2.0}}) {
     SCOPED_TRACE(::testing::Message() << cs.experts << " experts top-" << cs.topk << " shared "
                                       << cs.shared << " " << cs.score << " pre-softmax "
                                       << cs.pre_softmax << " scaling " << cs.scaling
                                       << " squared relu " << cs.squared_relu << " expert bias "
                                       << cs.expert_bias << " " << cs.balancing << " groups "
-                                      << cs.num_groups << " group top " << cs.group_topk);
+                                      << cs.num_groups << " group top " << cs.group_topk
+                                      << " capacity factor " << cs.capacity << " "
+                                      << cs.drop_policy << " pad " << cs.pad);
     ModelConfig cfg = moe_config(cs.experts, cs.topk, cs.shared, cs.score, cs.pre_softmax,
                                  cs.scaling, cs.squared_relu);
     cfg.moe_router_load_balancing_type = cs.balancing;
     cfg.moe_router_num_groups = cs.num_groups;
     cfg.moe_router_group_topk = cs.group_topk;
+    cfg.moe_expert_capacity_factor = cs.capacity;
+    cfg.moe_token_drop_policy = cs.drop_policy;
+    cfg.moe_pad_expert_input_to_capacity = cs.pad;
     // --moe-z-loss-coeff in every other case (the layer returns the unweighted z-loss, and 0
     // without the coefficient).
     const bool z_loss = cs.experts % 2 == 0;
@@ -246,6 +307,22 @@ TEST(Moe, MatchesPerTokenReference) {
     }
     RefResult ref = reference_moe(xr, router, w1, w2, s1, s2, cfg,
                                   rb ? bias.bias.to(torch::kDouble) : torch::Tensor(), b);
+    if (cs.capacity >= 0) {  // the drop cases drop (and by policy), the large capacity none
+      if (cs.capacity >= 2) {
+        EXPECT_EQ(ref.dropped, 0);
+      } else {
+        EXPECT_GT(ref.dropped, 0);
+        ModelConfig other = cfg;
+        other.moe_token_drop_policy = cfg.moe_token_drop_policy == "probs" ? "position" : "probs";
+        if (cs.capacity > 0) {
+          EXPECT_GT(rel_err(reference_moe(xr.detach(), router.detach(), w1, w2, s1, s2, other,
+                                          rb ? bias.bias.to(torch::kDouble) : torch::Tensor(), b)
+                                .y,
+                            ref.y.detach()),
+                    1e-6);
+        }
+      }
+    }
     if (cs.group_topk > 0) {  // the group limit changes choices here, so the case can fail
       ModelConfig plain = cfg;
       plain.moe_router_group_topk = 0;
@@ -260,10 +337,13 @@ TEST(Moe, MatchesPerTokenReference) {
       }
       EXPECT_TRUE(torch::equal(bias.pairs, torch::tensor(ref.chosen, torch::kDouble)))
           << bias.pairs << " vs the reference's choices";
-      // Without the bias the choices differ (the biases are large enough to matter).
-      EXPECT_FALSE(torch::equal(
-          bias.pairs, torch::tensor(reference_moe(xr.detach(), router.detach(), w1, w2, s1, s2,
-                                                  cfg).chosen, torch::kDouble)));
+      // Without the bias the choices differ (the biases are large enough to matter); padded to
+      // the capacity, every expert counts the same either way.
+      if (!cs.pad) {
+        EXPECT_FALSE(torch::equal(
+            bias.pairs, torch::tensor(reference_moe(xr.detach(), router.detach(), w1, w2, s1, s2,
+                                                    cfg).chosen, torch::kDouble)));
+      }
     }
     ((ref.y * R.reshape({-1, h})).sum() + 3.0 * ref.aux + (z_loss ? 5.0 * ref.z : ref.z * 0))
         .backward();

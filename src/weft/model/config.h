@@ -116,6 +116,16 @@ struct ModelConfig {
   // every layer is MoE when num_experts > 0 (Megatron's default frequency 1).
   std::vector<int> moe_layer_pattern;
   bool moe_grouped_gemm = false;           // --moe-grouped-gemm: one grouped GEMM for all experts
+  // Token dropping (Megatron's apply_router_token_dropping; model/moe.h): with
+  // --moe-expert-capacity-factor F >= 0 each expert of a layer takes at most
+  // ceil(T * k / E * F) of the (token, slot) pairs of the T tokens of one forward (a
+  // micro-batch), chosen by --moe-token-drop-policy: probs (the highest combine weights) or
+  // position (the earliest tokens in Megatron's [s, b] order). Negative: dropless (Megatron's
+  // None). --moe-pad-expert-input-to-capacity changes no number here (padding rows weigh 0)
+  // but the expert-bias counts, which then see min(capacity, T) pairs per expert, as Megatron's.
+  double moe_expert_capacity_factor = -1;
+  std::string moe_token_drop_policy = "probs";
+  bool moe_pad_expert_input_to_capacity = false;
 
   // Hybrid models (--hybrid-layer-pattern, see model/hybrid.h): one symbol per decoder layer,
   // M Mamba-2, * attention, - MLP, E MoE; empty: every layer is a transformer layer (attention
@@ -143,6 +153,7 @@ struct ModelConfig {
   }
   bool tied() const { return !untie_embeddings_and_output_weights; }
   bool moe() const { return num_experts > 0; }
+  bool moe_drops_tokens() const { return moe() && moe_expert_capacity_factor >= 0; }
   int expert_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size; }
   MlpSpec dense_mlp() const { return {ffn_hidden_size, squared_relu}; }
   MlpSpec expert_mlp() const { return {expert_ffn(), squared_relu}; }

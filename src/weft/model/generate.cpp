@@ -94,6 +94,10 @@ InferenceModel::InferenceModel(const ModelConfig& cfg, const ValueFn& value, c10
                                c10::ScalarType dtype)
     : cfg_(cfg), device_(device), dtype_(dtype), params_(std::make_unique<FullParams>()) {
   check_model_config(cfg_);
+  // Generation is dropless, as Megatron's inference router: a capacity fitted to a training
+  // micro-batch would drop tokens of a prompt or a decoding step by how they happen to be batched.
+  cfg_.moe_expert_capacity_factor = -1;
+  cfg_.moe_pad_expert_input_to_capacity = false;
   at::NoGradGuard no_grad;
   for (const ParamSpec& spec : all_param_specs(cfg_)) {
     if (starts_with(spec.name, "mtp.")) continue;  // the main head alone generates

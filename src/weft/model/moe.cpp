@@ -13,6 +13,8 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/div.h>
+#include <ATen/ops/remainder.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/logsumexp.h>
 #include <ATen/ops/sigmoid.h>
@@ -25,6 +27,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cctype>
+#include <cmath>
 #include <numeric>
 #include <string>
 #include <limits>
@@ -160,6 +163,41 @@ std::vector<int> parse_moe_layer_freq(const std::string& value, int num_layers) 
 static at::Tensor pairs_per_expert(const at::Tensor& experts, int64_t E) {
   const at::Tensor flat = experts.reshape({-1});
   return at::zeros({E}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));
+}
+
+int64_t expert_capacity(int64_t tokens, const ModelConfig& cfg) {
+  // Megatron's get_capacity(num_tokens = T * k): ceil((T * k / E) * F), in double as Python's.
+  const double pairs = static_cast<double>(tokens) * cfg.moe_router_topk;
+  return static_cast<int64_t>(
+      std::ceil(pairs / cfg.num_experts * cfg.moe_expert_capacity_factor));
+}
+
+// [T * k] bool: whether pair t * k + slot is among the first `capacity` pairs of its expert, the
+// pairs of an expert ranked by --moe-token-drop-policy: probs, the combine weight, highest first;
+// position, the token's place in Megatron's order, whose hidden states are [s, b] (all first
+// positions of the micro-batch, then all second ones, ...), where weft's rows are [b, s] (row
+// t = i * s + pos). Equal weights keep that order too, so the choice is deterministic.
+static at::Tensor kept_pairs(const MoeRouting& r, int64_t sequences, int64_t capacity,
+                             const ModelConfig& cfg) {
+  const int64_t T = r.experts.size(0), k = r.experts.size(1), b = sequences, s = T / b;
+  const auto opts = r.experts.options();
+  const at::Tensor t = at::arange(T, opts);
+  const at::Tensor key = t.remainder(s) * b + at::div(t, s, "trunc");
+  at::Tensor perm = std::get<1>(
+      at::sort(key.unsqueeze(1).expand({T, k}).reshape({-1}), /*stable=*/true, 0, false));
+  if (cfg.moe_token_drop_policy == "probs") {
+    const at::Tensor p = r.probs.detach().reshape({-1}).index_select(0, perm);
+    perm = perm.index_select(0, std::get<1>(at::sort(p, /*stable=*/true, 0, /*descending=*/true)));
+  }
+  const at::Tensor e = r.experts.reshape({-1}).index_select(0, perm);
+  const at::Tensor by_expert = std::get<1>(at::sort(e, /*stable=*/true, 0, false));
+  perm = perm.index_select(0, by_expert);
+  const at::Tensor e_sorted = e.index_select(0, by_expert);
+  const at::Tensor counts = pairs_per_expert(e_sorted, cfg.num_experts);
+  const at::Tensor rank = at::arange(T * k, opts) - (counts.cumsum(0) - counts).index_select(0, e_sorted);
+  at::Tensor kept = at::empty({T * k}, opts.dtype(at::kBool));
+  kept.index_put_({perm}, rank.lt(capacity));
+  return kept;
 }
 
 at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& perm, const at::Tensor& inverse) {
@@ -305,19 +343,41 @@ at::Tensor moe_mlp(const at::Tensor& xn, ParamHandle router, ParamHandle shared_
     *aux_loss = aux_loss->defined() ? *aux_loss + losses : losses;
   }
 
+  // Token dropping (--moe-expert-capacity-factor): a pair past its expert's capacity goes to
+  // "expert E", after every real one, and runs nowhere: its output is 0, so it adds nothing to
+  // its token and its weight gets a zero gradient (Megatron's probs * mask). A capacity of T or
+  // more drops nothing (an expert gets at most one pair per token).
+  at::Tensor expert_of_pair = r.experts.reshape({-1});
+  int64_t padded = -1;  // --moe-pad-expert-input-to-capacity: every expert's count
+  if (cfg.moe_drops_tokens()) {
+    const int64_t capacity = expert_capacity(T, cfg);
+    if (capacity < T)
+      expert_of_pair = expert_of_pair.masked_fill(
+          kept_pairs(r, xn.dim() == 3 ? xn.size(0) : 1, capacity, cfg).logical_not(), E);
+    if (cfg.moe_pad_expert_input_to_capacity) padded = std::min(capacity, T);
+  }
   // Pairs p = t*k + slot, stably sorted by expert: rows of one expert keep token order.
-  const at::Tensor expert_of_pair = r.experts.reshape({-1});
   const at::Tensor order = std::get<1>(at::sort(expert_of_pair, /*stable=*/true, 0, false));
   const at::Tensor inverse = at::empty_like(order);
   inverse.index_put_({order}, at::arange(T * k, order.options()));
-  const at::Tensor pairs_t = pairs_per_expert(expert_of_pair, E);
-  if (bias && at::GradMode::is_enabled()) bias->pairs.add_(pairs_t.to(bias->pairs.scalar_type()));
+  const at::Tensor pairs_t = pairs_per_expert(expert_of_pair, E + 1).narrow(0, 0, E);
+  if (bias && at::GradMode::is_enabled()) {
+    // Megatron counts the routing map after the drop; padded, that map is the capacity's.
+    if (padded >= 0)
+      bias->pairs.add_(static_cast<double>(padded));
+    else
+      bias->pairs.add_(pairs_t.to(bias->pairs.scalar_type()));
+  }
   const at::Tensor counts_t = pairs_t.cpu();  // the one host sync
   std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + E);
+  const int64_t routed = std::accumulate(counts.begin(), counts.end(), int64_t{0});
 
   // Each token repeated k times (backward: a sum over its slots), then sorted by expert.
   const at::Tensor pairs = x.unsqueeze(1).expand({T, k, h}).reshape({T * k, h});
-  const at::Tensor out_sorted = experts.run(permute_rows(pairs, order, inverse), counts);
+  const at::Tensor sorted = permute_rows(pairs, order, inverse);
+  at::Tensor out_sorted = experts.run(routed < T * k ? sorted.narrow(0, 0, routed) : sorted, counts);
+  if (routed < T * k)
+    out_sorted = at::cat({out_sorted, at::zeros({T * k - routed, h}, out_sorted.options())}, 0);
   const at::Tensor out_pairs = permute_rows(out_sorted, inverse, order).view({T, k, h});
   at::Tensor y = (out_pairs * r.probs.to(out_pairs.scalar_type()).unsqueeze(-1)).sum(1);
   // --recompute-modules shared_experts (inside a recomputed MoE layer it reruns with the layer).

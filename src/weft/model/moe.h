@@ -7,7 +7,11 @@
 // logits, then a softmax over those k; sigmoid takes the top-k of sigmoid(logits) and, for
 // k > 1, normalises them to sum 1. Router logits come out of the linear in the compute dtype
 // and are routed in float32; the probabilities are cast back to the compute dtype, as Megatron
-// does. Dropless: every pair reaches its expert, no capacity factor.
+// does. Dropless by default: every pair reaches its expert. With --moe-expert-capacity-factor
+// (Megatron's token dropping) each expert takes at most expert_capacity(T) of a forward's pairs,
+// ranked by --moe-token-drop-policy; the others add nothing to their tokens. The aux loss and
+// z-loss count every choice before the drop, the expert-bias counts the pairs after it (both as
+// Megatron's).
 //
 // The auxiliary load-balancing loss (--moe-router-load-balancing-type aux_loss) of one layer on
 // T tokens is E / (k * T^2) * sum_e (sum_t p_te) * n_e, with p the softmax over all experts (for
@@ -106,6 +110,9 @@ RouterBias make_router_bias(const at::Tensor& bias);
 // pairs [n, E] float64: bias + rate * sign(mean over E of pairs - pairs), with the step in
 // float32 as Megatron's (sign * rate, then the add). Returns the new bias [n, E] float32.
 at::Tensor updated_expert_bias(const at::Tensor& pairs, const at::Tensor& bias, double rate);
+
+// Megatron's expert capacity for T tokens: ceil(T * k / E * --moe-expert-capacity-factor).
+int64_t expert_capacity(int64_t tokens, const ModelConfig& cfg);
 
 // y = x[perm] along dim 0, with gradient grad[inverse] (perm must be a permutation and
 // `inverse` its inverse: both gathers, so the backward is deterministic, no scatter-add).

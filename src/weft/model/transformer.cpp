@@ -217,6 +217,15 @@ void check_moe_config(const ModelConfig& cfg) {
     fail_usage("--moe-router-load-balancing-type must be aux_loss, seq_aux_loss or none (got "
                "'{}'; weft has no global_aux_loss or sinkhorn)",
                cfg.moe_router_load_balancing_type);
+  if (!std::isfinite(cfg.moe_expert_capacity_factor))
+    fail_usage("--moe-expert-capacity-factor must be a finite number (got {}; negative: no token "
+               "dropping)", cfg.moe_expert_capacity_factor);
+  if (cfg.moe_token_drop_policy != "probs" && cfg.moe_token_drop_policy != "position")
+    fail_usage("--moe-token-drop-policy must be probs or position (got '{}')",
+               cfg.moe_token_drop_policy);
+  if (cfg.moe_pad_expert_input_to_capacity && cfg.moe_expert_capacity_factor < 0)
+    fail_usage("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor (as "
+               "Megatron's)");
   if (!cfg.moe_layer_pattern.empty() &&
       static_cast<int>(cfg.moe_layer_pattern.size()) != cfg.num_layers)
     fail_usage("--moe-layer-freq gives {} layers, but --num-layers is {}",

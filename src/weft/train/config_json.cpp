@@ -81,6 +81,9 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   get(j, "moe_router_dtype", &m.moe_router_dtype, false);
   get(j, "moe_layer_pattern", &m.moe_layer_pattern, false);
   get(j, "moe_grouped_gemm", &m.moe_grouped_gemm, false);
+  get(j, "moe_expert_capacity_factor", &m.moe_expert_capacity_factor, false);  // absent: none
+  get(j, "moe_token_drop_policy", &m.moe_token_drop_policy, false);
+  get(j, "moe_pad_expert_input_to_capacity", &m.moe_pad_expert_input_to_capacity, false);
   get(j, "mtp_num_layers", &m.mtp_num_layers, false);
   get(j, "mtp_loss_scaling_factor", &m.mtp_loss_scaling_factor, false);
   get(j, "layer_symbols", &m.layer_symbols, false);
