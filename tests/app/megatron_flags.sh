@@ -115,9 +115,9 @@ run moe_repeated "${moe[@]}" --moe-aux-loss-coeff 0.5 --moe-aux-loss-coeff 0.01 
   --moe-router-load-balancing-type seq_aux_loss --moe-router-load-balancing-type aux_loss
 same "a repeated --moe-aux-loss-coeff / load-balancing type takes the last" moe_plain moe_repeated
 # Token dropping: a capacity factor of 0.5 (each expert at most ceil(32 x 4 / 8 x 0.5) = 8 of
-# a micro-batch's 128 pairs) trains another function, by either policy; a capacity of every
-# token (factor 2: 32 pairs, every token of the micro-batch) and a negative factor (Megatron's none) drop nothing,
-# nor does padding to the capacity without an expert bias.
+# a micro-batch's 128 pairs) trains another function, by either policy; factor 2 (a capacity of
+# 32, every token of the micro-batch) and a negative factor (Megatron's none) drop nothing, nor
+# does padding to the capacity without an expert bias.
 run moe_drop "${moe[@]}" --moe-expert-capacity-factor 0.5
 run moe_drop_pos "${moe[@]}" --moe-expert-capacity-factor 0.5 --moe-token-drop-policy position
 run moe_drop_pad "${moe[@]}" --moe-expert-capacity-factor 0.5 --moe-pad-expert-input-to-capacity
