@@ -194,7 +194,8 @@ static at::Tensor kept_pairs(const MoeRouting& r, int64_t sequences, int64_t cap
   perm = perm.index_select(0, by_expert);
   const at::Tensor e_sorted = e.index_select(0, by_expert);
   const at::Tensor counts = pairs_per_expert(e_sorted, cfg.num_experts);
-  const at::Tensor rank = at::arange(T * k, opts) - (counts.cumsum(0) - counts).index_select(0, e_sorted);
+  const at::Tensor first = counts.cumsum(0) - counts;  // each expert's first sorted pair
+  const at::Tensor rank = at::arange(T * k, opts) - first.index_select(0, e_sorted);
   at::Tensor kept = at::empty({T * k}, opts.dtype(at::kBool));
   kept.index_put_({perm}, rank.lt(capacity));
   return kept;
@@ -375,7 +376,8 @@ at::Tensor moe_mlp(const at::Tensor& xn, ParamHandle router, ParamHandle shared_
   // Each token repeated k times (backward: a sum over its slots), then sorted by expert.
   const at::Tensor pairs = x.unsqueeze(1).expand({T, k, h}).reshape({T * k, h});
   const at::Tensor sorted = permute_rows(pairs, order, inverse);
-  at::Tensor out_sorted = experts.run(routed < T * k ? sorted.narrow(0, 0, routed) : sorted, counts);
+  at::Tensor out_sorted =
+      experts.run(routed < T * k ? sorted.narrow(0, 0, routed) : sorted, counts);
   if (routed < T * k)
     out_sorted = at::cat({out_sorted, at::zeros({T * k - routed, h}, out_sorted.options())}, 0);
   const at::Tensor out_pairs = permute_rows(out_sorted, inverse, order).view({T, k, h});
