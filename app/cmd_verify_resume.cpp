@@ -3,7 +3,8 @@
 // trains N iterations straight (saving at N), then trains again from the same start, saves and
 // stops at K (--exit-interval K, as a preempted job), builds a fresh Trainer (on the layout of
 // --load-layout if given) that loads that checkpoint and trains to N. It compares iterations
-// K+1..N (lm, load-balancing and MTP losses, grad norm) and the two checkpoints at N key by key:
+// K+1..N (lm, load-balancing and MTP losses, grad norm), the evaluations after K (every
+// validation and test loss the two runs report there) and the two checkpoints at N key by key:
 // bitwise on the same layout, within --rtol (default 1e-6; checkpoint tensors relative to
 // each key's largest magnitude) across layouts. Rank 0 prints one
 // verdict line; any difference exits 1 on every rank.
@@ -15,6 +16,7 @@
 #include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -116,11 +118,45 @@ std::string compare_stats(const std::vector<IterationStats>& straight,
   return "";
 }
 
+// "" when the resumed run's evaluations (all after iteration `at`) are the straight run's after
+// `at`, in order; else the first difference.
+std::string compare_validations(const std::vector<ValidationResult>& straight,
+                                const std::vector<ValidationResult>& resumed, int at,
+                                double rtol) {
+  std::vector<ValidationResult> after;
+  for (const ValidationResult& v : straight)
+    if (v.iteration > at) after.push_back(v);
+  auto name = [](const ValidationResult& v) {
+    return fmt::format("{}{} at iteration {}", v.test ? "test" : "validation",
+                       v.set.empty() ? "" : "-" + v.set, v.iteration);
+  };
+  for (size_t i = 0; i < std::max(after.size(), resumed.size()); ++i) {
+    if (i >= after.size())
+      return fmt::format("the resumed run evaluated more: {}", name(resumed[i]));
+    if (i >= resumed.size())
+      return fmt::format("the resumed run did not evaluate {}", name(after[i]));
+    const ValidationResult &a = after[i], &b = resumed[i];
+    if (a.iteration != b.iteration || a.test != b.test || a.set != b.set)
+      return fmt::format("the resumed run's evaluation {} is {}, the straight run's {}", i + 1,
+                         name(b), name(a));
+    if (!close(b.loss, a.loss, rtol))
+      return fmt::format("{} lm loss {:.9g} (resumed) vs {:.9g} (straight)", name(a), b.loss,
+                         a.loss);
+  }
+  return "";
+}
+
+// A run's iteration stats and evaluations.
+struct RunResult {
+  std::vector<IterationStats> stats;
+  std::vector<ValidationResult> validations;
+};
+
 // Runs `cfg` from a fresh Trainer with the CPU generator reset to its state as the command
 // started (the Trainer seeds it from --seed in any case; nothing of an earlier run carries
-// over); returns every iteration's stats.
-std::vector<IterationStats> run(const TrainConfig& cfg, const ProcessGroups& groups,
-                                const at::Tensor& rng_at_start, const char* what) {
+// over); returns every iteration's stats and every evaluation.
+RunResult run(const TrainConfig& cfg, const ProcessGroups& groups, const at::Tensor& rng_at_start,
+              const char* what) {
   if (groups.rank() == 0) {
     fmt::print("verify-resume: {}\n", what);
     std::fflush(stdout);
@@ -128,7 +164,10 @@ std::vector<IterationStats> run(const TrainConfig& cfg, const ProcessGroups& gro
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   gen.set_state(rng_at_start);
   Trainer t(cfg, groups);
-  return t.train();
+  RunResult r;
+  r.stats = t.train();
+  r.validations = t.validations();
+  return r;
 }
 
 // The two runs' configurations: the straight one (base) and the restarted one (after).
@@ -242,10 +281,11 @@ int verify_resume(const TrainFlags& f, const VerifyArgs& v, Runs runs, MpiRuntim
                                   same_layout ? "" : " on layout " + v.load_layout, v.at + 1,
                                   v.to).c_str());
 
-  std::string why = static_cast<int>(b1.size()) != v.at
+  std::string why = static_cast<int>(b1.stats.size()) != v.at
                         ? fmt::format("the run before the restart stopped after {} iterations, "
-                                      "not {}", b1.size(), v.at)
-                        : compare_stats(a, b2, v.at, v.to, rtol);
+                                      "not {}", b1.stats.size(), v.at)
+                        : compare_stats(a.stats, b2.stats, v.at, v.to, rtol);
+  if (why.empty()) why = compare_validations(a.validations, b2.validations, v.at, rtol);
   if (why.empty() && rank0) {
     const std::vector<std::string> d =
         ckpt_differences(straight.save, after.save, rtol, rtol == 0 ? 0 : -1);
@@ -259,9 +299,9 @@ int verify_resume(const TrainFlags& f, const VerifyArgs& v, Runs runs, MpiRuntim
   const std::string tolerance = rtol == 0 ? "bitwise" : fmt::format("within rtol {:g}", rtol);
   if (rank0) {
     if (why.empty())
-      fmt::print("verify-resume: PASS iterations {}..{} (losses, grad norms) and the checkpoints "
-                 "at {} match {} ({}){}\n",
-                 v.at + 1, v.to, v.to, tolerance,
+      fmt::print("verify-resume: PASS iterations {}..{} (losses, grad norms{}) and the "
+                 "checkpoints at {} match {} ({}){}\n",
+                 v.at + 1, v.to, b2.validations.empty() ? "" : ", evaluations", v.to, tolerance,
                  same_layout ? "same layout" : "restart on " + v.load_layout,
                  temp ? "" : "; files in " + dir);
     else

@@ -4,7 +4,8 @@
 #   dp 4 x ep 2, within 1e-6), and FAIL with exit 1 when the restore is broken
 #   (WEFT_FAULT=checkpoint.skip_exp_avg_sq: the loader leaves the second moments fresh, so the
 #   resumed run's update differs); bad --at/--to, and the train flags verify-resume sets itself
-#   (--save, --log-jsonl, --save-interval), exit 2. --async-save resumes bitwise; with --bf16
+#   (--save, --log-jsonl, --save-interval), exit 2. The evaluations after the restart are
+#   compared too (FAIL with WEFT_FAULT=train.reset_consumed_valid). --async-save resumes bitwise; with --bf16
 #   across layouts the default tolerance passes the restart and fails the broken restore. With --workdir, the directory stays
 #   on FAIL; the default temporary directory is removed on PASS.
 # Usage: verify_resume.sh WEFT MPIRUN...
@@ -69,6 +70,16 @@ WEFT_FAULT=checkpoint.skip_exp_avg_sq:1:2:error run 1 "broken restore" \
   has "verify-resume: FAIL: iteration 4" "FAIL names the first differing iteration"
 [ -d "$dir/broken/straight" ] && echo "ok   --workdir kept on FAIL" ||
   { echo "FAIL: --workdir was not kept"; fails=$((fails + 1)); }
+
+# Evaluations: every validation after the restart (--eval-interval 1: after iterations 3 and 4,
+# then the end of training's validation and test) equals the straight run's; a restore that
+# restarts the valid stream at its first sample on one rank (WEFT_FAULT=
+# train.reset_consumed_valid) trains the same numbers and fails on the first evaluation.
+ev=(--pipeline-model-parallel-size 2 --at 2 --to 4 --eval-interval 1 --eval-iters 2)
+run 0 "evaluations" "${ev[@]}" && has "grad norms, evaluations) and the" "PASS names evaluations"
+WEFT_FAULT=train.reset_consumed_valid:0:2:error run 1 "valid stream not restored" "${ev[@]}" \
+  --workdir "$dir/valid" &&
+  has "verify-resume: FAIL: validation at iteration 3 lm loss" "FAIL names the evaluation"
 
 # --async-save: the saves at --at and --to are written in the background, and the restart is
 # still bitwise.

@@ -501,6 +501,10 @@ Trainer::Trainer(const TrainConfig& cfg, const ProcessGroups& groups)
       consumed_samples_ = meta.value("consumed_samples", int64_t{0});
       consumed_valid_samples_ = meta.value(
           "consumed_valid_samples", evaluations_samples(cfg_, cfg_.evaluations_through(iteration_)));
+      // WEFT_FAULT=train.reset_consumed_valid:<rank>:<iteration>:error plants a broken restore of
+      // the valid stream on that rank (tests/app/verify_resume.sh).
+      if (fault_error("train.reset_consumed_valid", groups.rank(), iteration_))
+        consumed_valid_samples_ = 0;
       if (!cfg_.no_load_optim)  // the schedule continues from the checkpoint's samples
         scheduler_samples_ = checkpoint_scheduler_samples(meta, optimizer_->steps());
       skipped_iters_ = meta.value("skipped_iterations", 0);
@@ -1090,14 +1094,18 @@ void Trainer::report_validation(const std::string& when, FILE* jsonl, DataSplit 
     // Megatron's: one block per set, "validation-NAME loss at ...".
     std::vector<double> losses;
     last_valid_loss_ = evaluate_full_sets(&losses);
-    for (size_t set = 0; set < losses.size(); ++set)
-      print_validation(when, jsonl, losses[set], false,
-                       set < cfg_.validation_set_names.size() ? cfg_.validation_set_names[set]
-                                                              : std::to_string(set));
+    for (size_t set = 0; set < losses.size(); ++set) {
+      const std::string name = set < cfg_.validation_set_names.size()
+                                   ? cfg_.validation_set_names[set]
+                                   : std::to_string(set);
+      validations_.push_back({iteration_, false, name, losses[set]});
+      print_validation(when, jsonl, losses[set], false, name);
+    }
     return;
   }
   const double loss = evaluate(split, test || cfg_.skip_train ? 0 : consumed_valid_samples_);
   if (!test) last_valid_loss_ = loss;
+  validations_.push_back({iteration_, test, "", loss});
   print_validation(when, jsonl, loss, test, "");
 }
 

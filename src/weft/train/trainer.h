@@ -202,6 +202,15 @@ struct IterationStats {
   bool skipped = false;
 };
 
+// One evaluation's result, as its validation block reports it: after `iteration` (the end of
+// training's too), the valid split's (a --multiple-validation-sets set's: `set`) or the test's.
+struct ValidationResult {
+  int iteration = 0;
+  bool test = false;
+  std::string set;
+  double loss = 0;
+};
+
 // The training batch per step: --step-batch-size-schedule, else --global-batch-size.
 BatchSchedule train_batches(const TrainConfig& cfg);
 
@@ -229,6 +238,8 @@ class Trainer {
   int64_t consumed_valid_samples() const { return consumed_valid_samples_; }
   bool has_validation() const { return data_->has_valid(); }
   double last_validation_loss() const { return last_valid_loss_; }  // 0 before the first
+  // Every evaluation this Trainer reported (train(), --skip-train), in order; on every rank.
+  const std::vector<ValidationResult>& validations() const { return validations_; }
   // Saves the current state to cfg.save as this iteration (collective). With --async-save it
   // returns once the state is copied and the write goes on in the background (a pending save
   // is finished first); wait_for_save() or the end of train() commits it. A failed save throws
@@ -338,6 +349,7 @@ class Trainer {
   int consecutive_skipped_ = 0;  // for --max-skipped-iterations
   int last_saved_ = -1;
   double last_valid_loss_ = 0;
+  std::vector<ValidationResult> validations_;
   std::unique_ptr<AsyncCheckpointSaver> async_saver_;  // with --async-save
   std::unique_ptr<TrainLog> log_;  // MFU, ETA, TensorBoard (train_log.h); set by train()
 };
