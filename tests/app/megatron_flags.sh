@@ -59,7 +59,8 @@ run accepted --train-iters 4 --log-throughput --exit-signal-handler \
   --calculate-per-token-loss --no-create-attention-mask-in-dataloader --tensorboard-queue-size 5 \
   --log-validation-ppl-to-tensorboard --log-memory-to-tensorboard --empty-unused-memory-level 1 \
   --rerun-mode validate_results --initial-loss-scale 4096 --hysteresis 2 --fp8-recipe delayed \
-  --disable-log-loss-scale-to-tensorboard
+  --disable-log-loss-scale-to-tensorboard --overlap-moe-expert-parallel-comm --delay-wgrad-compute \
+  --moe-flex-dispatcher-backend deepep --moe-deepep-num-sms 20
 same "accepted Megatron flags change no bit" plain accepted
 # Activation recomputation keeps less for the backward and computes the same bits: full (chunks
 # of 2 of the 3 layers, the last of 1) and selective (--recompute-activations, the modules given).
@@ -136,7 +137,8 @@ same "a negative capacity factor is none" moe_plain moe_none
 
 # --- warned: logging weft has not; the run trains the same --------------------------------------
 run warned --train-iters 4 --log-params-norm --wandb-project p --wandb-exp-name e \
-  --data-parallel-sharding-strategy no_shard --reset-position-ids --reset-attention-mask
+  --data-parallel-sharding-strategy no_shard --reset-position-ids --reset-attention-mask \
+  --moe-per-layer-logging
 same "warned flags change no bit" plain warned
 for needle in "warning: --log-params-norm has no effect" "warning: --wandb-project has no effect" \
               "warning: --data-parallel-sharding-strategy no_shard" \
@@ -168,6 +170,9 @@ refuse "--rampup-batch-size is not implemented" --rampup-batch-size 2 2 8
 refuse "--eod-mask-loss needs the tokenizer's end-of-document id" --eod-mask-loss
 refuse "--num-layers-per-virtual-pipeline-stage is not implemented" \
   --num-layers-per-virtual-pipeline-stage 1
+refuse "--moe-apply-probs-on-input is not implemented" --num-experts 4 --moe-apply-probs-on-input
+refuse "--moe-router-topk-limited-devices is not implemented in weft: deprecated in Megatron" \
+  --num-experts 4 --moe-router-topk-limited-devices 2
 refuse "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor" --num-experts 4 \
   --moe-pad-expert-input-to-capacity
 refuse "--moe-token-drop-policy must be probs or position (got 'first')" --num-experts 4 \
