@@ -203,6 +203,9 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   c->add_flag("--moe-pad-expert-input-to-capacity", m.moe_pad_expert_input_to_capacity,
               "with a capacity factor: every expert counted at its capacity for the expert bias "
               "(the padding rows weigh 0; weft does not run them)");
+  c->add_flag("--moe-apply-probs-on-input", m.moe_apply_probs_on_input,
+              "top 1: scale each expert's input by its routing probability instead of its "
+              "output (Llama 4's experts)");
   c->add_flag("--moe-grouped-gemm", m.moe_grouped_gemm,
               "run all experts of a layer through grouped GEMMs (CUDA, bf16, torch >= 2.8)");
   c->add_flag("--recompute-activations", a->recompute_activations,

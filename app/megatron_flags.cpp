@@ -152,8 +152,6 @@ constexpr Refused kRefused[] = {
      "weft computes in bf16 or float32, without FP8/FP4 alignment of the expert rows"},
     {"--moe-router-padding-for-fp8", 0,
      "weft computes in bf16 or float32, without FP8 alignment of the expert rows"},
-    {"--moe-apply-probs-on-input", 0,
-     "weft weighs each expert's output by its routing probability, not its input"},
     {"--moe-latent-size", 1, "weft's experts take the hidden state without a latent projection"},
     {"--moe-use-upcycling", 0, "weft does not upcycle a dense checkpoint into experts"},
     {"--apply-layernorm-1p", 0, "weft's RMSNorm multiplies by its weight, not 1 + weight"},

@@ -3,10 +3,10 @@ rather than listed).
 
 Each trial draws a model (dense, MoE or hybrid Mamba; GQA/MQA/MHA, tied or not, q/k norms,
 q/k/v biases, a head dim of its own, partial/interpolated/Llama-3-scaled/no RoPE, squared ReLU,
-MoE layer patterns, top 1 or 2, softmax or sigmoid routing, expert bias, shared experts, token
-dropping (a capacity factor, either policy, padded or not), MTP;
-per-token loss, clipping) and a batch (micro-batch 1, 2 or 4, global 8 or
-16), then one of two checks against the same model trained 4 iterations on one rank, in
+MoE layer patterns, top 1 (weighing the experts' input or output) or 2, softmax or sigmoid
+routing, expert bias, shared experts, token dropping (a capacity factor, either policy, padded
+or not), MTP; per-token loss, clipping) and a batch (micro-batch 1, 2 or 4, global 8 or 16),
+then one of two checks against the same model trained 4 iterations on one rank, in
 float32 on the CPU:
 - parity: 4 iterations on a drawn layout (2 or 4 ranks; pp 1 or 2 with an uneven split or a
   '|' in the hybrid pattern, ep 2, HSDP with 2 replicas; the overlapped gradient reduce and
@@ -84,6 +84,8 @@ def draw_model(rng):
         # top 1 under the softmax router needs the softmax before the top-k (Megatron's rule)
         if rng.random() < 0.3 or (topk == 1 and not sigmoid):
             moe.append("--moe-router-pre-softmax")
+        if topk == 1 and rng.random() < 0.3:  # the weight on the expert's input (Llama 4's)
+            moe.append("--moe-apply-probs-on-input")
         # Token dropping: each micro-batch's pairs capped per expert, on every layout alike.
         if rng.random() < 0.3:
             moe += ["--moe-expert-capacity-factor", str(rng.choice([0.5, 1.0, 1.25])),

@@ -134,6 +134,14 @@ fi
 same "--moe-pad-expert-input-to-capacity changes no loss without an expert bias" moe_drop moe_drop_pad
 same "a capacity of every token drops nothing" moe_plain moe_no_drop
 same "a negative capacity factor is none" moe_plain moe_none
+# --moe-apply-probs-on-input (top 1): the weight scales the expert's input, another function.
+run moe_top1 "${moe[@]}" --moe-router-topk 1
+run moe_top1_input "${moe[@]}" --moe-router-topk 1 --moe-apply-probs-on-input
+if [ -s "$tmp/moe_top1_input.txt" ] && ! cmp -s "$tmp/moe_top1.txt" "$tmp/moe_top1_input.txt"; then
+  ok "--moe-apply-probs-on-input trains another function"
+else
+  bad "--moe-apply-probs-on-input gave the output-weighted losses (or none)"
+fi
 
 # --- warned: logging weft has not; the run trains the same --------------------------------------
 run warned --train-iters 4 --log-params-norm --wandb-project p --wandb-exp-name e \
@@ -170,7 +178,8 @@ refuse "--rampup-batch-size is not implemented" --rampup-batch-size 2 2 8
 refuse "--eod-mask-loss needs the tokenizer's end-of-document id" --eod-mask-loss
 refuse "--num-layers-per-virtual-pipeline-stage is not implemented" \
   --num-layers-per-virtual-pipeline-stage 1
-refuse "--moe-apply-probs-on-input is not implemented" --num-experts 4 --moe-apply-probs-on-input
+refuse "--moe-apply-probs-on-input needs --moe-router-topk 1 (got 2)" --num-experts 4 \
+  --moe-apply-probs-on-input
 refuse "--moe-router-topk-limited-devices is not implemented in weft: deprecated in Megatron" \
   --num-experts 4 --moe-router-topk-limited-devices 2
 refuse "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor" --num-experts 4 \

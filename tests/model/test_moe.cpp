@@ -182,7 +182,9 @@ RefResult reference_moe(const torch::Tensor& x, const torch::Tensor& router,
         continue;
       }
       if (cfg.moe_expert_capacity_factor < 0) chosen[e] += 1;
-      y = y + token_probs[t][j] * mlp_ref(x[t].unsqueeze(0), w1[e], w2[e], cfg.squared_relu)[0];
+      y = y + (cfg.moe_apply_probs_on_input  // the weight scales the input (top 1)
+                   ? mlp_ref(token_probs[t][j] * x[t].unsqueeze(0), w1[e], w2[e], cfg.squared_relu)[0]
+                   : token_probs[t][j] * mlp_ref(x[t].unsqueeze(0), w1[e], w2[e], cfg.squared_relu)[0]);
     }
     if (s1.defined()) y = y + mlp_ref(x[t].unsqueeze(0), s1, s2, cfg.squared_relu)[0];
     ys.push_back(y);
@@ -206,6 +208,7 @@ struct Case {
   double capacity = -1;                // --moe-expert-capacity-factor (negative: dropless)
   const char* drop_policy = "probs";   // --moe-token-drop-policy
   bool pad = false;                    // --moe-pad-expert-input-to-capacity
+  bool probs_on_input = false;         // --moe-apply-probs-on-input (top 1)
 };
 
 TEST(Moe, MatchesPerTokenReference) {
@@ -234,7 +237,12 @@ TEST(Moe, MatchesPerTokenReference) {
                          Case{5, 1, 0, "softmax", true, 0, false, false, "aux_loss", 0, 0, 1.0,
                               "probs", true},
                          Case{4, 2, 0, "softmax", false, 0, false, false, "aux_loss", 0, 0, 0.0},
-                         Case{4, 2, 0, "softmax", false, 0, false, false, "aux_loss", 0, 0, 2.0}}) {
+                         Case{4, 2, 0, "softmax", false, 0, false, false, "aux_loss", 0, 0, 2.0},
+                         // The weight on the expert's input (top 1).
+                         Case{5, 1, 4, "softmax", true, 0, false, false, "aux_loss", 0, 0, -1,
+                              "probs", false, true},
+                         Case{4, 1, 0, "sigmoid", false, 2.5, true, true, "aux_loss", 0, 0, 0.8,
+                              "probs", false, true}}) {
     SCOPED_TRACE(::testing::Message() << cs.experts << " experts top-" << cs.topk << " shared "
                                       << cs.shared << " " << cs.score << " pre-softmax "
                                       << cs.pre_softmax << " scaling " << cs.scaling
@@ -242,7 +250,8 @@ TEST(Moe, MatchesPerTokenReference) {
                                       << cs.expert_bias << " " << cs.balancing << " groups "
                                       << cs.num_groups << " group top " << cs.group_topk
                                       << " capacity factor " << cs.capacity << " "
-                                      << cs.drop_policy << " pad " << cs.pad);
+                                      << cs.drop_policy << " pad " << cs.pad
+                                      << " probs on input " << cs.probs_on_input);
     ModelConfig cfg = moe_config(cs.experts, cs.topk, cs.shared, cs.score, cs.pre_softmax,
                                  cs.scaling, cs.squared_relu);
     cfg.moe_router_load_balancing_type = cs.balancing;
@@ -251,6 +260,7 @@ TEST(Moe, MatchesPerTokenReference) {
     cfg.moe_expert_capacity_factor = cs.capacity;
     cfg.moe_token_drop_policy = cs.drop_policy;
     cfg.moe_pad_expert_input_to_capacity = cs.pad;
+    cfg.moe_apply_probs_on_input = cs.probs_on_input;
     // --moe-z-loss-coeff in every other case (the layer returns the unweighted z-loss, and 0
     // without the coefficient).
     const bool z_loss = cs.experts % 2 == 0;

@@ -126,6 +126,9 @@ struct ModelConfig {
   double moe_expert_capacity_factor = -1;
   std::string moe_token_drop_policy = "probs";
   bool moe_pad_expert_input_to_capacity = false;
+  // --moe-apply-probs-on-input (top 1 only, as Megatron; Llama 4's experts): the routing
+  // probability scales the expert's input, y = expert(p x), instead of its output, p expert(x).
+  bool moe_apply_probs_on_input = false;
 
   // Hybrid models (--hybrid-layer-pattern, see model/hybrid.h): one symbol per decoder layer,
   // M Mamba-2, * attention, - MLP, E MoE; empty: every layer is a transformer layer (attention

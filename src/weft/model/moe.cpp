@@ -373,15 +373,21 @@ at::Tensor moe_mlp(const at::Tensor& xn, ParamHandle router, ParamHandle shared_
   std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + E);
   const int64_t routed = std::accumulate(counts.begin(), counts.end(), int64_t{0});
 
-  // Each token repeated k times (backward: a sum over its slots), then sorted by expert.
-  const at::Tensor pairs = x.unsqueeze(1).expand({T, k, h}).reshape({T * k, h});
+  // Each token repeated k times (backward: a sum over its slots), then sorted by expert. With
+  // --moe-apply-probs-on-input (k = 1) each row is scaled by its weight first, in the weight's
+  // float32, then rounded to the compute dtype (Megatron's), and the combine weighs by 1.
+  at::Tensor pairs = x.unsqueeze(1).expand({T, k, h}).reshape({T * k, h});
+  if (cfg.moe_apply_probs_on_input)
+    pairs = (r.probs.reshape({T * k, 1}) * pairs).to(x.scalar_type());
   const at::Tensor sorted = permute_rows(pairs, order, inverse);
   at::Tensor out_sorted =
       experts.run(routed < T * k ? sorted.narrow(0, 0, routed) : sorted, counts);
   if (routed < T * k)
     out_sorted = at::cat({out_sorted, at::zeros({T * k - routed, h}, out_sorted.options())}, 0);
   const at::Tensor out_pairs = permute_rows(out_sorted, inverse, order).view({T, k, h});
-  at::Tensor y = (out_pairs * r.probs.to(out_pairs.scalar_type()).unsqueeze(-1)).sum(1);
+  at::Tensor y = cfg.moe_apply_probs_on_input
+                     ? out_pairs.sum(1)
+                     : (out_pairs * r.probs.to(out_pairs.scalar_type()).unsqueeze(-1)).sum(1);
   // --recompute-modules shared_experts (inside a recomputed MoE layer it reruns with the layer).
   if (shared_fc1.source)
     y = y + (cfg.recompute.shared_experts && !cfg.recompute.moe

@@ -223,6 +223,9 @@ void check_moe_config(const ModelConfig& cfg) {
   if (cfg.moe_token_drop_policy != "probs" && cfg.moe_token_drop_policy != "position")
     fail_usage("--moe-token-drop-policy must be probs or position (got '{}')",
                cfg.moe_token_drop_policy);
+  if (cfg.moe_apply_probs_on_input && cfg.moe_router_topk != 1)
+    fail_usage("--moe-apply-probs-on-input needs --moe-router-topk 1 (got {}), as Megatron's",
+               cfg.moe_router_topk);
   if (cfg.moe_pad_expert_input_to_capacity && cfg.moe_expert_capacity_factor < 0)
     fail_usage("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor (as "
                "Megatron's)");

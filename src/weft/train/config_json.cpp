@@ -84,6 +84,7 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   get(j, "moe_expert_capacity_factor", &m.moe_expert_capacity_factor, false);  // absent: none
   get(j, "moe_token_drop_policy", &m.moe_token_drop_policy, false);
   get(j, "moe_pad_expert_input_to_capacity", &m.moe_pad_expert_input_to_capacity, false);
+  get(j, "moe_apply_probs_on_input", &m.moe_apply_probs_on_input, false);  // absent: off
   get(j, "mtp_num_layers", &m.mtp_num_layers, false);
   get(j, "mtp_loss_scaling_factor", &m.mtp_loss_scaling_factor, false);
   get(j, "layer_symbols", &m.layer_symbols, false);
@@ -149,6 +150,8 @@ std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelCon
     cmp("--moe-router-score-function", run.moe_router_score_function,
         saved.moe_router_score_function);
     cmp("--moe-router-pre-softmax", run.moe_router_pre_softmax, saved.moe_router_pre_softmax);
+    cmp("--moe-apply-probs-on-input", run.moe_apply_probs_on_input,
+        saved.moe_apply_probs_on_input);
     cmp("--moe-router-topk-scaling-factor", run.moe_router_topk_scaling_factor,
         saved.moe_router_topk_scaling_factor);
     cmp("--moe-router-num-groups", run.moe_router_num_groups, saved.moe_router_num_groups);
@@ -213,6 +216,7 @@ bool take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,
   take("--moe-router-score-function", m.moe_router_score_function,
        saved.moe_router_score_function);
   take("--moe-router-pre-softmax", m.moe_router_pre_softmax, saved.moe_router_pre_softmax);
+  take("--moe-apply-probs-on-input", m.moe_apply_probs_on_input, saved.moe_apply_probs_on_input);
   take("--moe-router-topk-scaling-factor", m.moe_router_topk_scaling_factor,
        saved.moe_router_topk_scaling_factor);
   take("--moe-router-num-groups", m.moe_router_num_groups, saved.moe_router_num_groups);

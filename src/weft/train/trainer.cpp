@@ -89,6 +89,7 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
         {"moe_expert_capacity_factor", m.moe_expert_capacity_factor},
         {"moe_token_drop_policy", m.moe_token_drop_policy},
         {"moe_pad_expert_input_to_capacity", m.moe_pad_expert_input_to_capacity},
+        {"moe_apply_probs_on_input", m.moe_apply_probs_on_input},
         {"mtp_num_layers", m.mtp_num_layers}, {"layer_symbols", m.layer_symbols},
         {"hybrid_stage_layers", m.hybrid_stage_layers},
         {"mtp_layer_symbols", m.mtp_layer_symbols}, {"mamba_state_dim", m.mamba_state_dim},
