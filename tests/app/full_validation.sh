@@ -122,6 +122,8 @@ refused "--validation-set-names needs --multiple-validation-sets" --valid-data-p
   --validation-set-names x
 refused "--valid-data-path with weights and --full-validation" --valid-data-path 1 "$B" 2 "$C" \
   --full-validation
+refused "--full-validation with --moe-expert-capacity-factor" --valid-data-path "$B" \
+  --full-validation --num-experts 4 --moe-expert-capacity-factor 1
 out=$("$weft" train --mock-data --num-layers 1 --hidden-size 32 --num-attention-heads 4 \
   --seq-length 16 --train-iters 1 --full-validation 2>&1)
 [ $? -eq 2 ] && grep -qF -- "--full-validation needs indexed datasets" <<< "$out" &&

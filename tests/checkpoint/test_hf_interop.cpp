@@ -796,6 +796,14 @@ TEST(HfInterop, BadInputNamesTheKey) {
     ModelConfig partial = tiny().model;
     partial.rotary_percent = 0.5;  // transformers' Llama rotates whole heads
     expect_refused([&] { hf_model_type(partial); }, "--rotary-percent 0.5", ck + "/none");
+    ModelConfig on_input = tiny().model;  // Qwen3-MoE's layer otherwise (top 1, pre-softmax)
+    on_input.num_experts = 4;
+    on_input.moe_router_topk = 1;
+    on_input.moe_router_pre_softmax = true;
+    on_input.qk_layernorm = true;
+    EXPECT_EQ(hf_model_type(on_input), "qwen3_moe");
+    on_input.moe_apply_probs_on_input = true;
+    expect_refused([&] { hf_model_type(on_input); }, "--moe-apply-probs-on-input", ck + "/none");
   }();
   barrier();
 }

@@ -32,6 +32,9 @@ namespace weft {
 namespace fs = std::filesystem;
 
 std::string hf_model_type(const ModelConfig& c) {
+  if (c.moe() && c.moe_apply_probs_on_input)
+    fail_usage("hf export: --moe-apply-probs-on-input has no Hugging Face equivalent here "
+               "(Mixtral, Qwen3-MoE and NemotronH weigh each expert's output, not its input)");
   if (c.hybrid()) {  // NemotronH, where the model is one (hf_nemotron_h.h)
     hf_nemotron_h_check(c);
     return "nemotron_h";

@@ -167,9 +167,11 @@ static at::Tensor pairs_per_expert(const at::Tensor& experts, int64_t E) {
 
 int64_t expert_capacity(int64_t tokens, const ModelConfig& cfg) {
   // Megatron's get_capacity(num_tokens = T * k): ceil((T * k / E) * F), in double as Python's.
+  // Clamped at `tokens` (an expert takes at most one pair per token), so that a huge factor
+  // cannot overflow the cast.
   const double pairs = static_cast<double>(tokens) * cfg.moe_router_topk;
-  return static_cast<int64_t>(
-      std::ceil(pairs / cfg.num_experts * cfg.moe_expert_capacity_factor));
+  const double capacity = std::ceil(pairs / cfg.num_experts * cfg.moe_expert_capacity_factor);
+  return capacity >= static_cast<double>(tokens) ? tokens : static_cast<int64_t>(capacity);
 }
 
 // [T * k] bool: whether pair t * k + slot is among the first `capacity` pairs of its expert, the
@@ -374,11 +376,11 @@ at::Tensor moe_mlp(const at::Tensor& xn, ParamHandle router, ParamHandle shared_
   const int64_t routed = std::accumulate(counts.begin(), counts.end(), int64_t{0});
 
   // Each token repeated k times (backward: a sum over its slots), then sorted by expert. With
-  // --moe-apply-probs-on-input (k = 1) each row is scaled by its weight first, in the weight's
-  // float32, then rounded to the compute dtype (Megatron's), and the combine weighs by 1.
+  // --moe-apply-probs-on-input (k = 1) each row is scaled by its weight first, the weight in the
+  // compute dtype as the combine's (Megatron's probs), and the combine weighs by 1.
   at::Tensor pairs = x.unsqueeze(1).expand({T, k, h}).reshape({T * k, h});
   if (cfg.moe_apply_probs_on_input)
-    pairs = (r.probs.reshape({T * k, 1}) * pairs).to(x.scalar_type());
+    pairs = pairs * r.probs.to(x.scalar_type()).reshape({T * k, 1});
   const at::Tensor sorted = permute_rows(pairs, order, inverse);
   at::Tensor out_sorted =
       experts.run(routed < T * k ? sorted.narrow(0, 0, routed) : sorted, counts);

@@ -111,7 +111,8 @@ RouterBias make_router_bias(const at::Tensor& bias);
 // float32 as Megatron's (sign * rate, then the add). Returns the new bias [n, E] float32.
 at::Tensor updated_expert_bias(const at::Tensor& pairs, const at::Tensor& bias, double rate);
 
-// Megatron's expert capacity for T tokens: ceil(T * k / E * --moe-expert-capacity-factor).
+// Megatron's expert capacity for T tokens: ceil(T * k / E * --moe-expert-capacity-factor),
+// at most T (what an expert can receive).
 int64_t expert_capacity(int64_t tokens, const ModelConfig& cfg);
 
 // y = x[perm] along dim 0, with gradient grad[inverse] (perm must be a permutation and

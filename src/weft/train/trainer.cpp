@@ -265,6 +265,12 @@ void validate_train_config(const TrainConfig& c, int world_size) {
     fail_usage("--dump-first-batch with --skip-train: no training batch is read");
   if (c.skip_train && c.eval_iters == 0 && !c.full_validation)
     fail_usage("--skip-train with --eval-iters 0: nothing to evaluate");
+  // Full validation fills its last round with masked copies of the last sample; with token
+  // dropping those rows would take expert capacity from the real ones.
+  if (c.full_validation && c.model.moe_drops_tokens())
+    fail_usage("--full-validation with --moe-expert-capacity-factor: the padding rows of its "
+               "last evaluation round would compete for the experts' capacity; validate "
+               "dropless or with --eval-iters");
   if (c.start_eval_at_iter != -1 && c.start_eval_at_iter < 0)
     fail_usage("--start-eval-at-iter must be >= 0 (got {})", c.start_eval_at_iter);
   if (!c.step_batch_size_schedule.empty() && !c.skip_train) {  // nothing trains with it
