@@ -381,9 +381,9 @@ at::Tensor moe_mlp(const at::Tensor& xn, ParamHandle router, ParamHandle shared_
   at::Tensor pairs = x.unsqueeze(1).expand({T, k, h}).reshape({T * k, h});
   if (cfg.moe_apply_probs_on_input)
     pairs = pairs * r.probs.to(x.scalar_type()).reshape({T * k, 1});
-  const at::Tensor sorted = permute_rows(pairs, order, inverse);
+  // The dropped pairs sort last: the experts run the first `routed` rows, the rest output 0.
   at::Tensor out_sorted =
-      experts.run(routed < T * k ? sorted.narrow(0, 0, routed) : sorted, counts);
+      experts.run(permute_rows(pairs, order, inverse).narrow(0, 0, routed), counts);
   if (routed < T * k)
     out_sorted = at::cat({out_sorted, at::zeros({T * k - routed, h}, out_sorted.options())}, 0);
   const at::Tensor out_pairs = permute_rows(out_sorted, inverse, order).view({T, k, h});
