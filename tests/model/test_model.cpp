@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "weft/core/compat.h"
 #include "weft/core/error.h"
 #include "weft/model/full_params.h"
 #include "weft/model/fused.h"
@@ -820,6 +821,69 @@ TEST(ModelOps, Bf16GradientBuffersGetFloat32SumsRoundedOnce) {
     const torch::Tensor xhat = (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + 1e-5)).to(torch::kBFloat16);
     const torch::Tensor dw_ref = (dy.to(torch::kDouble) * xhat.to(torch::kDouble)).sum(0);
     EXPECT_TRUE(within_one_rounding(params.bf16_grad(1), dw_ref)) << "norm scale";
+  }
+}
+
+// bf16 products are summed in float32 and rounded once on every device, as CUDA's GEMMs do:
+// y = x W^T, dx, dW into a float32 buffer and into a bf16 one, and the causal attention's two
+// products, each against the float64 product of the same bf16 values, at a reduction length
+// (8192, 4096 keys) where bf16 sums are off by about the result's own magnitude. Bound: one bf16
+// rounding of the result (2^-8 relative) plus float32 summation error (2^-16 of the sum of the
+// absolute products). Seen to fail on the CPU with libtorch 1.13's bf16 kernels (compat::matmul
+// and the GEMM accumulators passing bf16 straight to them).
+TEST(ModelOps, Bf16ProductsSumInFloat32) {
+  std::vector<torch::Device> devices = {torch::kCPU};
+  if (torch::cuda::is_available()) devices.emplace_back(torch::kCUDA);
+  const auto near = [](const torch::Tensor& got, const torch::Tensor& want,
+                       const torch::Tensor& abs_sum, double rounding) {
+    const torch::Tensor g = got.to(torch::kDouble).cpu(), w = want.cpu();
+    return ((g - w).abs() <= w.abs() * rounding + abs_sum.cpu() * std::ldexp(1.0, -16))
+        .all()
+        .item<bool>();
+  };
+  const double bf16_rounding = std::ldexp(1.0, -8);
+  for (const torch::Device dev : devices) {
+    SCOPED_TRACE(dev.str());
+    const auto bf16 = torch::TensorOptions().device(dev).dtype(torch::kBFloat16);
+    const int64_t K = 8192;
+    const torch::Tensor x = torch::randn({2, 16, K}, bf16).requires_grad_(true);
+    const torch::Tensor w0 = torch::randn({24, K}, bf16), dy = torch::randn({2, 16, 24}, bf16);
+    const torch::Tensor xd = x.detach().to(torch::kDouble), wd = w0.to(torch::kDouble),
+                        dyd = dy.to(torch::kDouble);
+    for (const bool bf16_grads : {false, true}) {
+      SCOPED_TRACE(bf16_grads ? "bf16 gradient buffer" : "float32 gradient buffer");
+      Bf16GradParams p16b;
+      FullParams p16f;
+      FullParams& params = bf16_grads ? p16b : p16f;
+      const ParamHandle h = params.add({"w", {24, K}, InitKind::kNormal, true}, w0);
+      x.mutable_grad() = torch::Tensor();
+      const torch::Tensor y = ops::linear(x, h);
+      y.backward(dy);
+      EXPECT_TRUE(near(y, torch::matmul(xd, wd.t()), torch::matmul(xd.abs(), wd.abs().t()),
+                       bf16_rounding))
+          << "y";
+      EXPECT_TRUE(near(x.grad(), torch::matmul(dyd, wd), torch::matmul(dyd.abs(), wd.abs()),
+                       bf16_rounding))
+          << "dx";
+      const torch::Tensor dy2 = dyd.reshape({-1, 24}), x2 = xd.reshape({-1, K});
+      const torch::Tensor dw = bf16_grads ? p16b.bf16_grad(0) : p16f.grad(0);
+      EXPECT_TRUE(near(dw, dy2.t().matmul(x2), dy2.abs().t().matmul(x2.abs()),
+                       bf16_grads ? bf16_rounding : 0.0))
+          << "dW";
+    }
+    // Attention over 4096 keys: the scores' sums (head dim 64) and probs @ v over the keys.
+    const torch::Tensor q = torch::randn({1, 2, 4096, 64}, bf16) * 0.1;
+    const torch::Tensor k = torch::randn({1, 2, 4096, 64}, bf16) * 0.1;
+    const torch::Tensor v = torch::randn({1, 2, 4096, 64}, bf16) + 3.0;  // a mean to sum up
+    const torch::Tensor out = compat::causal_attention(q, k, v);
+    const torch::Tensor qd = q.to(torch::kDouble), kd = k.to(torch::kDouble),
+                        vd = v.to(torch::kDouble);
+    const torch::Tensor mask = torch::ones({4096, 4096}, torch::kBool).triu_(1).to(dev);
+    const torch::Tensor probs =
+        torch::softmax((qd.matmul(kd.transpose(-1, -2)) / 8.0).masked_fill(mask, -INFINITY), -1);
+    const torch::Tensor ref = probs.matmul(vd);
+    // The probabilities are rounded to bf16 before their product with v (2^-8 each).
+    EXPECT_TRUE(near(out, ref, probs.matmul(vd.abs()), 2 * bf16_rounding)) << "attention";
   }
 }
 

@@ -206,12 +206,11 @@ TEST(MoeParity, TokenDroppingLayoutsMatchOneRank) {
 // --grad-reduce-in-bf16 with bf16 compute on the MoE model: every gradient shard, the routed
 // experts' included, is bf16, and the expert-parallel layouts (each reducing its dense and
 // expert gradients in bf16 in its own order) agree with the single-rank run of the flag: losses
-// within 1e-3 relative (measured 2.1e-4), grad norms within 5e-2 (measured 3.4%). The norms
-// differ more than the dense model's (test_parity: 1%) because the single rank adds 8
-// micro-batches of 3 output heads (the tied embedding's, 2 MTP depths) into the bf16 embedding
-// gradient, and libtorch 1.13's CPU bf16 addmm_ truncates where cuBLAS rounds to nearest: its
-// norm is 2.8% below the float32-gradient run's, the layouts' (2 micro-batches a rank) within
-// 0.3% of it.
+// within 1e-3 relative (measured 2.1e-4), grad norms within 5e-3 (measured 0.15%). The single
+// rank adds 8 micro-batches of 3 output heads (the tied embedding's, 2 MTP depths) into the bf16
+// embedding gradient, each GEMM's float32 sum rounded once into it; before the CPU's bf16
+// products were summed in float32 (compat::matmul), libtorch 1.13's bf16 addmm_ put that norm
+// 2.8% below the float32-gradient run's and the bound had to be 5e-2.
 TEST(MoeParity, GradReduceInBf16LayoutsAgree) {
   if (test::world_size() < 8) GTEST_SKIP() << "needs 8 ranks";
   TrainConfig c = moe_config();
@@ -235,7 +234,7 @@ TEST(MoeParity, GradReduceInBf16LayoutsAgree) {
     for (size_t i = 0; i < got.size() && i < ref.size(); ++i) {
       EXPECT_NEAR(got[i].lm_loss, ref[i].lm_loss, 1e-3 * ref[i].lm_loss)
           << l.name << " iteration " << i + 1;
-      EXPECT_NEAR(got[i].grad_norm, ref[i].grad_norm, 5e-2 * ref[i].grad_norm)
+      EXPECT_NEAR(got[i].grad_norm, ref[i].grad_norm, 5e-3 * ref[i].grad_norm)
           << l.name << " iteration " << i + 1;
     }
     EXPECT_EQ(got.size(), ref.size()) << l.name;

@@ -21,10 +21,11 @@
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/mm.h>
 
+#include <ATen/ops/matmul.h>
+
 #if TORCH_VERSION_MAJOR >= 2
 #include <ATen/ops/scaled_dot_product_attention.h>
 #else
-#include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/softmax.h>
 #endif
@@ -42,6 +43,24 @@
 
 namespace weft::compat {
 
+// Whether `t` is a bfloat16/float16 tensor off CUDA: its products are widened (matmul below).
+inline bool narrow_off_cuda(const at::Tensor& t) {
+  return !t.is_cuda() && (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf);
+}
+
+// a @ b (at::matmul's broadcasting) with the products summed in float32 and the result rounded
+// once to the operands' dtype: what CUDA's GEMMs do for bfloat16/float16. libtorch's CPU kernels
+// of some releases (1.13's) sum bfloat16 products in bfloat16: a [64, 8192] x [8192, 64]
+// product came out off by about its own mean magnitude. Off CUDA the operands are widened to
+// float32 and the product rounded once, so that a CPU run computes what a GPU run does.
+inline at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
+  if (narrow_off_cuda(a) || narrow_off_cuda(b)) {
+    const c10::ScalarType out = a.scalar_type();
+    return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(out);
+  }
+  return at::matmul(a, b);
+}
+
 // A fresh CPU generator seeded with `seed`; its stream depends only on the seed.
 inline at::Generator make_cpu_generator(uint64_t seed) {
   return at::detail::createCPUGenerator(seed);
@@ -52,7 +71,7 @@ inline at::Generator make_cpu_generator(uint64_t seed) {
 // Returns [b, heads, s, hd] in q's dtype. Query i attends to keys 0..i.
 // torch >= 2.0: the fused kernel (flash / memory-efficient / math, chosen by PyTorch).
 // torch 1.13: a plain implementation; scores, mask and softmax in float32 (float64 for float64
-// inputs), the two matmuls in the input dtype.
+// inputs), the two matmuls in the input dtype (float32 sums, as matmul above).
 inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
 #if TORCH_VERSION_MAJOR >= 2
   return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
@@ -60,11 +79,11 @@ inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, con
   const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const int64_t sq = q.size(-2), sk = k.size(-2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).to(acc) * scale;
+  at::Tensor scores = compat::matmul(q, k.transpose(-2, -1)).to(acc) * scale;
   at::Tensor future = at::ones({sq, sk}, q.options().dtype(at::kBool)).triu_(1);
   scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
   at::Tensor probs = at::softmax(scores, -1).to(v.scalar_type());
-  return at::matmul(probs, v);
+  return compat::matmul(probs, v);
 #endif
 }
 
@@ -98,6 +117,13 @@ inline bool gemm_writes_float32(const at::Tensor& acc, const at::Tensor& a, cons
 // by the GEMM itself; otherwise it is computed in the compute dtype and added as a cast (one
 // more pass over the buffer). Same dtypes: a plain addmm_.
 inline void addmm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
+  if (narrow_off_cuda(a) || narrow_off_cuda(b)) {  // float32 sums, one rounding (matmul above)
+    if (acc.scalar_type() == at::kFloat)
+      acc.addmm_(a.to(at::kFloat), b.to(at::kFloat));
+    else
+      acc.copy_(at::addmm(acc.to(at::kFloat), a.to(at::kFloat), b.to(at::kFloat)));
+    return;
+  }
   if (a.scalar_type() == acc.scalar_type() && b.scalar_type() == acc.scalar_type()) {
     acc.addmm_(a, b);
     return;
@@ -114,6 +140,13 @@ inline void addmm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Ten
 // acc = a @ b, acc's old values ignored (NaN included), the dtypes as for addmm_accumulate: the
 // first write of a weight gradient into a buffer that was not zeroed (a GEMM with beta 0).
 inline void mm_write(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
+  if (narrow_off_cuda(a) || narrow_off_cuda(b)) {  // float32 sums, one rounding (matmul above)
+    if (acc.scalar_type() == at::kFloat)
+      at::mm_out(acc, a.to(at::kFloat), b.to(at::kFloat));
+    else
+      acc.copy_(at::mm(a.to(at::kFloat), b.to(at::kFloat)));
+    return;
+  }
   if (a.scalar_type() == acc.scalar_type() && b.scalar_type() == acc.scalar_type()) {
     at::mm_out(acc, a, b);
     return;

@@ -50,7 +50,7 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::
     return r == 1 ? t : t.unsqueeze(2).expand({b, ng, r, len, hd}).reshape({b, nh, len, hd});
   };
   const auto acc = ops::accum_dtype(q.scalar_type());
-  at::Tensor scores = at::matmul(q, expand(k).transpose(-2, -1)).to(acc) *
+  at::Tensor scores = compat::matmul(q, expand(k).transpose(-2, -1)).to(acc) *
                       (1.0 / std::sqrt(static_cast<double>(hd)));
   if (n > 1) {
     const auto idx = at::TensorOptions().dtype(at::kLong).device(q.device());
@@ -58,7 +58,7 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::
         at::arange(len, idx).unsqueeze(0) > (at::arange(n, idx) + pos).unsqueeze(1);  // [n, len]
     scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
   }
-  return at::matmul(at::softmax(scores, -1).to(v.scalar_type()), expand(v));
+  return compat::matmul(at::softmax(scores, -1).to(v.scalar_type()), expand(v));
 }
 
 // [b, s, ng, ds] -> [b, s, nh, ds]: head h reads group h / (nh / ng).
@@ -79,7 +79,7 @@ at::Tensor ssd_final_state(const MambaScanInputs& in, int64_t chunk) {
     const at::Tensor cs = (dt * in.A).cumsum(1);                   // [b, q, nh]
     const at::Tensor last = cs.narrow(1, q - 1, 1);                // [b, 1, nh]
     const at::Tensor u = in.x.narrow(1, t0, q) * (dt * (last - cs).exp()).unsqueeze(-1);
-    const at::Tensor add = at::matmul(u.permute({0, 2, 3, 1}),               // [b, nh, hd, q]
+    const at::Tensor add = compat::matmul(u.permute({0, 2, 3, 1}),               // [b, nh, hd, q]
                                       Bh.narrow(1, t0, q).permute({0, 2, 1, 3}));  // [b, nh, q, ds]
     S = S * last.squeeze(1).exp().view({b, nh, 1, 1}) + add;
   }
@@ -220,7 +220,7 @@ at::Tensor DecodeState::mamba(const at::Tensor& x, const MambaHandles& w, LayerC
       const at::Tensor decay = (dt * in.A).exp().unsqueeze(-1).unsqueeze(-1);
       const at::Tensor u = in.x.select(1, t) * dt.unsqueeze(-1);         // [b, nh, hd]
       c.ssm = c.ssm * decay + u.unsqueeze(-1) * Bh.select(1, t).unsqueeze(2);
-      ys.push_back(at::matmul(c.ssm, Ch.select(1, t).unsqueeze(-1)).squeeze(-1));
+      ys.push_back(compat::matmul(c.ssm, Ch.select(1, t).unsqueeze(-1)).squeeze(-1));
     }
     y = at::stack(ys, 1);  // [b, n, nh, hd]
   }

@@ -99,7 +99,7 @@ struct LinearFn : Function<LinearFn> {
     ctx->saved_data["weft_in"] = w.value.size(1);
     ctx->saved_data["weft_compute"] = compute;
     const c10::ScalarType dt = compute < 0 ? x.scalar_type() : static_cast<c10::ScalarType>(compute);
-    return at::matmul(x.to(dt), w.value.to(dt).t());
+    return compat::matmul(x.to(dt), w.value.to(dt).t());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -114,7 +114,7 @@ struct LinearFn : Function<LinearFn> {
     at::Tensor dx;
     if (ctx->needs_input_grad(0)) {
       const at::Tensor w = h.source->backward_weight(h.index);
-      dx = at::matmul(dy, w.to(dy.scalar_type())).to(x_saved.scalar_type());
+      dx = compat::matmul(dy, w.to(dy.scalar_type())).to(x_saved.scalar_type());
     }
 
     // dW = dy2d^T @ x2d, summed over every token: written by the GEMM into a fresh buffer,
@@ -381,7 +381,7 @@ at::Tensor linear_impl(const at::Tensor& x, ParamHandle weight,
              weight.index, c10::toString(w.scalar_type()));
   if (!grad_mode) {
     const c10::ScalarType dt = compute ? *compute : x.scalar_type();
-    return at::matmul(x.to(dt), w.to(dt).t());
+    return compat::matmul(x.to(dt), w.to(dt).t());
   }
   auto anchor = grad_anchor(grad_mode, x, w);
   return LinearFn::apply(x, anchor, WeightRef{std::move(w)}, weight,

@@ -32,6 +32,7 @@
 #include <limits>
 #include <vector>
 
+#include "weft/core/compat.h"
 #include "weft/core/error.h"
 #include "weft/model/fused.h"
 #include "weft/model/mamba.h"
@@ -152,21 +153,21 @@ struct SsdFn : torch::autograd::Function<SsdFn> {
     const at::Tensor Cg = chunk_groups(pad_steps(C_in, d.T), d, io);
 
     // 1. inside each chunk.
-    const at::Tensor cb = at::matmul(Cg, Bg.transpose(-1, -2));  // [b,nc,G,Q,Q]
-    const at::Tensor y_diag = at::matmul(decay_weighted(cb, cs), u);  // [b,nc,G,R,Q,P]
+    const at::Tensor cb = compat::matmul(Cg, Bg.transpose(-1, -2));  // [b,nc,G,Q,Q]
+    const at::Tensor y_diag = compat::matmul(decay_weighted(cb, cs), u);  // [b,nc,G,R,Q,P]
 
     at::Tensor m, Sh, Ec, Z;
     if (nc > 1) {
       // 2. the chunks' end states, folded: S [b,nc,G,N,R*P] = B^T wu, wu = u * decay to the end.
-      const at::Tensor S = at::matmul(Bg.transpose(-1, -2), wu.view({b, nc, G, Q, R * P}));
+      const at::Tensor S = compat::matmul(Bg.transpose(-1, -2), wu.view({b, nc, G, Q, R * P}));
       // 3. the state entering each chunk, per head: E [b,G,R,nc,N*P] = m S.
       const at::Tensor ct = cs.select(-1, Q - 1).permute({0, 2, 3, 1}).cumsum(-1);  // [b,G,R,nc]
       m = chunk_decay(ct);                                                         // [b,G,R,nc,nc]
       Sh = S.view({b, nc, G, N, R, P}).permute({0, 2, 4, 1, 3, 5}).reshape({b, G, R, nc, N * P});
-      const at::Tensor E = at::matmul(m.to(io), Sh);
+      const at::Tensor E = compat::matmul(m.to(io), Sh);
       Ec = E.view({b, G, R, nc, N, P}).permute({0, 3, 1, 4, 2, 5}).reshape({b, nc, G, N, R * P});
       // 4. its contribution before the decay to each step: Z [b,nc,G,Q,R,P] = C E.
-      Z = at::matmul(Cg, Ec).view({b, nc, G, Q, R, P});
+      Z = compat::matmul(Cg, Ec).view({b, nc, G, Q, R, P});
     }
     // y = Z exp(cs) + y_diag (+ x D), in the natural layout.
     at::Tensor y;
@@ -224,32 +225,32 @@ struct SsdFn : torch::autograd::Function<SsdFn> {
 
     // 1. y_diag = W u per head; W recomputed from C.B and the decays.
     const at::Tensor w = decay_weighted(cb, cs);
-    at::Tensor du = at::matmul(w.transpose(-1, -2), dyh);  // [b,nc,G,R,Q,P]
-    auto [dcb, dcs] = decay_weighted_backward(at::matmul(dyh, u.transpose(-1, -2)), cb, cs);
-    at::Tensor dCg = at::matmul(dcb, Bg);                    // [b,nc,G,Q,N]
-    at::Tensor dBg = at::matmul(dcb.transpose(-1, -2), Cg);  // [b,nc,G,Q,N]
+    at::Tensor du = compat::matmul(w.transpose(-1, -2), dyh);  // [b,nc,G,R,Q,P]
+    auto [dcb, dcs] = decay_weighted_backward(compat::matmul(dyh, u.transpose(-1, -2)), cb, cs);
+    at::Tensor dCg = compat::matmul(dcb, Bg);                    // [b,nc,G,Q,N]
+    at::Tensor dBg = compat::matmul(dcb.transpose(-1, -2), Cg);  // [b,nc,G,Q,N]
 
     at::Tensor dwu;  // folded [b,nc,G,Q,R,P]
     if (nc > 1) {
       // 4. y += exp(cs) Z with Z = C E: exp(cs)'s share of dcs is the sum over P of dZ Z.
       const at::Tensor dZf = dZ.view({b, nc, G, Q, R * P});
-      const at::Tensor Z = at::matmul(Cg, Ec).view({b, nc, G, Q, R, P});
+      const at::Tensor Z = compat::matmul(Cg, Ec).view({b, nc, G, Q, R, P});
       dcs.add_(at::sum(dZ * Z, {-1}, false, acc).permute({0, 1, 2, 4, 3}));
-      dCg.add_(at::matmul(dZf, Ec.transpose(-1, -2)));
-      const at::Tensor dEc = at::matmul(Cg.transpose(-1, -2), dZf);  // [b,nc,G,N,RP]
+      dCg.add_(compat::matmul(dZf, Ec.transpose(-1, -2)));
+      const at::Tensor dEc = compat::matmul(Cg.transpose(-1, -2), dZf);  // [b,nc,G,N,RP]
       // 3. E = m S per head: dS, and dm through ct to the chunks' last cs.
       const at::Tensor dE =
           dEc.view({b, nc, G, N, R, P}).permute({0, 2, 4, 1, 3, 5}).reshape({b, G, R, nc, N * P});
-      const at::Tensor dSh = at::matmul(m.to(io).transpose(-1, -2), dE);   // [b,G,R,nc,NP]
-      const at::Tensor g = at::matmul(dE, Sh.transpose(-1, -2)).to(acc) * m;  // [b,G,R,nc,nc]
+      const at::Tensor dSh = compat::matmul(m.to(io).transpose(-1, -2), dE);   // [b,G,R,nc,NP]
+      const at::Tensor g = compat::matmul(dE, Sh.transpose(-1, -2)).to(acc) * m;  // [b,G,R,nc,nc]
       at::Tensor dct = -g.sum(-2);
       dct.narrow(-1, 0, nc - 1).add_(g.sum(-1).narrow(-1, 1, nc - 1));
       dcs.select(-1, Q - 1).add_(reverse_cumsum(dct).permute({0, 3, 1, 2}));
       // 2. S = B^T wu, wu = u * exp(cs_last - cs).
       const at::Tensor dS =
           dSh.view({b, G, R, nc, N, P}).permute({0, 3, 1, 4, 2, 5}).reshape({b, nc, G, N, R * P});
-      dwu = at::matmul(Bg, dS).view({b, nc, G, Q, R, P});
-      dBg.add_(at::matmul(wu.view({b, nc, G, Q, R * P}), dS.transpose(-1, -2)));
+      dwu = compat::matmul(Bg, dS).view({b, nc, G, Q, R, P});
+      dBg.add_(compat::matmul(wu.view({b, nc, G, Q, R * P}), dS.transpose(-1, -2)));
     }
 
     // wu's share of du and dcs; u = x dt: dx = du dt (+ dy D), ddt = sum over P of du x (+ the
