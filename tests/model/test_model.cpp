@@ -47,9 +47,10 @@ ModelConfig small_config(bool tied, int heads = 4, int groups = 2) {
 // (WEFT_PRINT_GRAD_RATIOS=1 prints them), so 1% leaves 4x room while a gradient off by 1% or more,
 // or by a constant factor, fails.
 constexpr double kBf16NormDev = 0.01;
-// The CUDA tests compare bf16 across devices or kernels, where the norms have not been measured
-// yet: 3%, still failing a constant-factor error of that size.
-constexpr double kBf16DeviceNormDev = 0.03;
+// The CUDA tests compare bf16 across devices or kernels: the norm ratios stayed within 0.25% and
+// the cosines above 0.99993 on an H100 (2026-12-07, once the CPU's bf16 products were summed in
+// float32 as cuBLAS sums them), so the same 1%.
+constexpr double kBf16DeviceNormDev = 0.01;
 
 double rel_err(const torch::Tensor& got, const torch::Tensor& want) {
   const torch::Tensor g = got.to(torch::kDouble), w = want.to(torch::kDouble);
