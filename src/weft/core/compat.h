@@ -112,10 +112,12 @@ inline bool gemm_writes_float32(const at::Tensor& acc, const at::Tensor& a, cons
          (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf) && acc.is_contiguous();
 }
 
-// acc += a @ b, with acc float32 and a, b in the compute dtype. Where the matmul can write float32
-// from bfloat16/float16 inputs (CUDA, torch >= 2.8: addmm's out_dtype), the product is added
-// by the GEMM itself; otherwise it is computed in the compute dtype and added as a cast (one
-// more pass over the buffer). Same dtypes: a plain addmm_.
+// acc += a @ b, with acc float32 (or bf16) and a, b in the compute dtype. Off CUDA, bf16/fp16
+// operands are widened and summed in float32 (as matmul above), the sum added into acc and
+// rounded once. On CUDA where the matmul can write float32 from bfloat16/float16 inputs (torch
+// >= 2.8: addmm's out_dtype), the product is added by the GEMM itself; otherwise it is computed
+// in the compute dtype and added as a cast (one more pass over the buffer). Same dtypes: a plain
+// addmm_ (cuBLAS sums in float32 and rounds once).
 inline void addmm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
   if (narrow_off_cuda(a) || narrow_off_cuda(b)) {  // float32 sums, one rounding (matmul above)
     if (acc.scalar_type() == at::kFloat)
