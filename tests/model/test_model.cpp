@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -825,66 +826,111 @@ TEST(ModelOps, Bf16GradientBuffersGetFloat32SumsRoundedOnce) {
   }
 }
 
+// A ParamSource whose buffers are handed out fresh (NaN-filled, to be written, not added to) on
+// their first write, as an FSDP unit's are: the linear's weight gradient takes mm_write's path.
+class FreshWriteParams : public FullParams {
+ public:
+  explicit FreshWriteParams(c10::ScalarType grad_dtype) : dtype_(grad_dtype) {}
+  at::Tensor grad_buffer(int index) override { return buffer(index); }
+  WriteTarget grad_buffer_to_write(int index) override {
+    const bool fresh = !buffers_.count(index);
+    at::Tensor b = buffer(index);
+    if (fresh) b.fill_(std::numeric_limits<float>::quiet_NaN());
+    return {b, fresh};
+  }
+  const at::Tensor& written(int index) { return buffers_.at(index); }
+
+ private:
+  at::Tensor buffer(int index) {
+    at::Tensor& b = buffers_[index];
+    if (!b.defined()) b = torch::zeros(spec(index).shape, value(index).options().dtype(dtype_));
+    return b;
+  }
+  c10::ScalarType dtype_;
+  std::map<int, at::Tensor> buffers_;
+};
+
 // bf16 products are summed in float32 and rounded once on every device, as CUDA's GEMMs do:
-// y = x W^T, dx, dW into a float32 buffer and into a bf16 one, and the causal attention's two
-// products, each against the float64 product of the same bf16 values, at a reduction length
-// (8192, 4096 keys) where bf16 sums are off by about the result's own magnitude. Bound: one bf16
-// rounding of the result (2^-8 relative) plus float32 summation error (2^-16 of the sum of the
-// absolute products). Seen to fail on the CPU with libtorch 1.13's bf16 kernels (compat::matmul
-// and the GEMM accumulators passing bf16 straight to them).
+// y = x W^T, dx and dW (written into a fresh buffer and added into one, float32 and bf16), and
+// the causal attention's two products, each against the float64 product of the same bf16
+// values, at reduction lengths (8192 inputs, 2048 outputs, 2048 tokens, 2048 keys) where bf16
+// sums are off by about the result's own magnitude. Bound: one bf16 rounding of the result
+// (2^-8 relative; none into a float32 buffer) plus float32 summation error (2^-16 of the sum of
+// the absolute products). Seen to fail on the CPU with libtorch 1.13's bf16 kernels
+// (compat::matmul, addmm_accumulate and mm_write passing bf16 straight to them).
 TEST(ModelOps, Bf16ProductsSumInFloat32) {
   std::vector<torch::Device> devices = {torch::kCPU};
   if (torch::cuda::is_available()) devices.emplace_back(torch::kCUDA);
-  const auto near = [](const torch::Tensor& got, const torch::Tensor& want,
-                       const torch::Tensor& abs_sum, double rounding) {
+  // |got - want| <= rounding |want| + slack + 2^-16 abs_sum, elementwise.
+  const auto near = [](const torch::Tensor& got, const torch::Tensor& want, double rounding,
+                       const torch::Tensor& abs_sum, const torch::Tensor& slack) {
     const torch::Tensor g = got.to(torch::kDouble).cpu(), w = want.cpu();
-    return ((g - w).abs() <= w.abs() * rounding + abs_sum.cpu() * std::ldexp(1.0, -16))
+    return ((g - w).abs() <= w.abs() * rounding + slack.cpu() +
+                                 abs_sum.cpu() * std::ldexp(1.0, -16))
         .all()
         .item<bool>();
   };
   const double bf16_rounding = std::ldexp(1.0, -8);
+  struct Shape {
+    int64_t tokens, in, out;
+  };
   for (const torch::Device dev : devices) {
     SCOPED_TRACE(dev.str());
     const auto bf16 = torch::TensorOptions().device(dev).dtype(torch::kBFloat16);
-    const int64_t K = 8192;
-    const torch::Tensor x = torch::randn({2, 16, K}, bf16).requires_grad_(true);
-    const torch::Tensor w0 = torch::randn({24, K}, bf16), dy = torch::randn({2, 16, 24}, bf16);
-    const torch::Tensor xd = x.detach().to(torch::kDouble), wd = w0.to(torch::kDouble),
-                        dyd = dy.to(torch::kDouble);
-    for (const bool bf16_grads : {false, true}) {
-      SCOPED_TRACE(bf16_grads ? "bf16 gradient buffer" : "float32 gradient buffer");
-      Bf16GradParams p16b;
-      FullParams p16f;
-      FullParams& params = bf16_grads ? p16b : p16f;
-      const ParamHandle h = params.add({"w", {24, K}, InitKind::kNormal, true}, w0);
-      x.mutable_grad() = torch::Tensor();
-      const torch::Tensor y = ops::linear(x, h);
-      y.backward(dy);
-      EXPECT_TRUE(near(y, torch::matmul(xd, wd.t()), torch::matmul(xd.abs(), wd.abs().t()),
-                       bf16_rounding))
-          << "y";
-      EXPECT_TRUE(near(x.grad(), torch::matmul(dyd, wd), torch::matmul(dyd.abs(), wd.abs()),
-                       bf16_rounding))
-          << "dx";
-      const torch::Tensor dy2 = dyd.reshape({-1, 24}), x2 = xd.reshape({-1, K});
-      const torch::Tensor dw = bf16_grads ? p16b.bf16_grad(0) : p16f.grad(0);
-      EXPECT_TRUE(near(dw, dy2.t().matmul(x2), dy2.abs().t().matmul(x2.abs()),
-                       bf16_grads ? bf16_rounding : 0.0))
-          << "dW";
+    // Long sums: y over the inputs; then dx over the outputs and dW over the tokens.
+    for (const Shape sh : {Shape{32, 8192, 24}, Shape{2048, 64, 2048}}) {
+      SCOPED_TRACE(std::to_string(sh.tokens) + " tokens, " + std::to_string(sh.in) + " in, " +
+                   std::to_string(sh.out) + " out");
+      const torch::Tensor x = torch::randn({2, sh.tokens / 2, sh.in}, bf16).requires_grad_(true);
+      const torch::Tensor w0 = torch::randn({sh.out, sh.in}, bf16);
+      const torch::Tensor dy = torch::randn({2, sh.tokens / 2, sh.out}, bf16);
+      const torch::Tensor xd = x.detach().to(torch::kDouble), wd = w0.to(torch::kDouble),
+                          dyd = dy.to(torch::kDouble);
+      const torch::Tensor dy2 = dyd.reshape({-1, sh.out}), x2 = xd.reshape({-1, sh.in});
+      const torch::Tensor dw_ref = dy2.t().matmul(x2), dw_abs = dy2.abs().t().matmul(x2.abs());
+      const torch::Tensor none = torch::zeros({}, torch::kDouble);
+      const torch::Tensor y_ref = torch::matmul(xd, wd.t()),
+                          y_abs = torch::matmul(xd.abs(), wd.abs().t());
+      const torch::Tensor dx_ref = torch::matmul(dyd, wd),
+                          dx_abs = torch::matmul(dyd.abs(), wd.abs());
+      for (const bool bf16_grads : {false, true}) {
+        for (const bool fresh : {false, true}) {
+          SCOPED_TRACE(std::string(bf16_grads ? "bf16" : "float32") + " gradient buffer, " +
+                       (fresh ? "written fresh" : "added to"));
+          FullParams added;
+          Bf16GradParams added16;
+          FreshWriteParams written(bf16_grads ? torch::kBFloat16 : torch::kFloat);
+          FullParams& params = fresh ? written : bf16_grads ? added16 : added;
+          const ParamHandle h = params.add({"w", {sh.out, sh.in}, InitKind::kNormal, true}, w0);
+          x.mutable_grad() = torch::Tensor();
+          const torch::Tensor y = ops::linear(x, h);
+          y.backward(dy);
+          if (!bf16_grads && !fresh) {  // the same products in every variant
+            EXPECT_TRUE(near(y, y_ref, bf16_rounding, y_abs, none)) << "y";
+            EXPECT_TRUE(near(x.grad(), dx_ref, bf16_rounding, dx_abs, none)) << "dx";
+          }
+          const torch::Tensor dw = fresh        ? written.written(0)
+                                   : bf16_grads ? added16.bf16_grad(0)
+                                                : added.grad(0);
+          EXPECT_TRUE(near(dw, dw_ref, bf16_grads ? bf16_rounding : 0.0, dw_abs, none)) << "dW";
+        }
+      }
     }
-    // Attention over 4096 keys: the scores' sums (head dim 64) and probs @ v over the keys.
-    const torch::Tensor q = torch::randn({1, 2, 4096, 64}, bf16) * 0.1;
-    const torch::Tensor k = torch::randn({1, 2, 4096, 64}, bf16) * 0.1;
-    const torch::Tensor v = torch::randn({1, 2, 4096, 64}, bf16) + 3.0;  // a mean to sum up
+    // Attention over 2048 keys: the scores' sums (head dim 64) and probs @ v over the keys.
+    const torch::Tensor q = torch::randn({1, 2, 2048, 64}, bf16) * 0.1;
+    const torch::Tensor k = torch::randn({1, 2, 2048, 64}, bf16) * 0.1;
+    const torch::Tensor v = torch::randn({1, 2, 2048, 64}, bf16) + 3.0;  // a mean to sum up
     const torch::Tensor out = compat::causal_attention(q, k, v);
     const torch::Tensor qd = q.to(torch::kDouble), kd = k.to(torch::kDouble),
                         vd = v.to(torch::kDouble);
-    const torch::Tensor mask = torch::ones({4096, 4096}, torch::kBool).triu_(1).to(dev);
+    const torch::Tensor mask = torch::ones({2048, 2048}, torch::kBool).triu_(1).to(dev);
     const torch::Tensor probs =
         torch::softmax((qd.matmul(kd.transpose(-1, -2)) / 8.0).masked_fill(mask, -INFINITY), -1);
-    const torch::Tensor ref = probs.matmul(vd);
-    // The probabilities are rounded to bf16 before their product with v (2^-8 each).
-    EXPECT_TRUE(near(out, ref, probs.matmul(vd.abs()), 2 * bf16_rounding)) << "attention";
+    const torch::Tensor pv_abs = probs.matmul(vd.abs());
+    // The probabilities are rounded to bf16 before their product with v (2^-8 of each term;
+    // the scores' own bf16 rounding moves them by ~1e-4 relative, inside that).
+    EXPECT_TRUE(near(out, probs.matmul(vd), bf16_rounding, pv_abs, pv_abs * bf16_rounding))
+        << "attention";
   }
 }
 

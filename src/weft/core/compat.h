@@ -43,9 +43,11 @@
 
 namespace weft::compat {
 
-// Whether `t` is a bfloat16/float16 tensor off CUDA: its products are widened (matmul below).
-inline bool narrow_off_cuda(const at::Tensor& t) {
-  return !t.is_cuda() && (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf);
+// Whether a and b are bfloat16 (or both float16) off CUDA: their products are widened (matmul
+// below). Mixed dtypes are not: at::matmul refuses them on every device.
+inline bool narrow_off_cuda(const at::Tensor& a, const at::Tensor& b) {
+  return !a.is_cuda() && a.scalar_type() == b.scalar_type() &&
+         (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf);
 }
 
 // a @ b (at::matmul's broadcasting) with the products summed in float32 and the result rounded
@@ -54,7 +56,7 @@ inline bool narrow_off_cuda(const at::Tensor& t) {
 // product came out off by about its own mean magnitude. Off CUDA the operands are widened to
 // float32 and the product rounded once, so that a CPU run computes what a GPU run does.
 inline at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
-  if (narrow_off_cuda(a) || narrow_off_cuda(b)) {
+  if (narrow_off_cuda(a, b)) {
     const c10::ScalarType out = a.scalar_type();
     return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(out);
   }
@@ -119,7 +121,7 @@ inline bool gemm_writes_float32(const at::Tensor& acc, const at::Tensor& a, cons
 // in the compute dtype and added as a cast (one more pass over the buffer). Same dtypes: a plain
 // addmm_ (cuBLAS sums in float32 and rounds once).
 inline void addmm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
-  if (narrow_off_cuda(a) || narrow_off_cuda(b)) {  // float32 sums, one rounding (matmul above)
+  if (narrow_off_cuda(a, b)) {  // float32 sums, one rounding (matmul above)
     if (acc.scalar_type() == at::kFloat)
       acc.addmm_(a.to(at::kFloat), b.to(at::kFloat));
     else
@@ -142,7 +144,7 @@ inline void addmm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Ten
 // acc = a @ b, acc's old values ignored (NaN included), the dtypes as for addmm_accumulate: the
 // first write of a weight gradient into a buffer that was not zeroed (a GEMM with beta 0).
 inline void mm_write(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
-  if (narrow_off_cuda(a) || narrow_off_cuda(b)) {  // float32 sums, one rounding (matmul above)
+  if (narrow_off_cuda(a, b)) {  // float32 sums, one rounding (matmul above)
     if (acc.scalar_type() == at::kFloat)
       at::mm_out(acc, a.to(at::kFloat), b.to(at::kFloat));
     else
