@@ -73,7 +73,10 @@ inline at::Generator make_cpu_generator(uint64_t seed) {
 // Returns [b, heads, s, hd] in q's dtype. Query i attends to keys 0..i.
 // torch >= 2.0: the fused kernel (flash / memory-efficient / math, chosen by PyTorch).
 // torch 1.13: a plain implementation; scores, mask and softmax in float32 (float64 for float64
-// inputs), the two matmuls in the input dtype (float32 sums, as matmul above).
+// inputs), the two matmuls in the input dtype through ATen's own kernels. (So on the CPU with
+// torch 1.13 a bf16 attention still sums its products in bf16: widening them as matmul below
+// does would make autograd save float32 copies of q, k, v and the [s, s] probabilities, ~15%
+// more activation memory at the test shapes. Not done.)
 inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
 #if TORCH_VERSION_MAJOR >= 2
   return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
@@ -81,11 +84,11 @@ inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, con
   const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const int64_t sq = q.size(-2), sk = k.size(-2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  at::Tensor scores = compat::matmul(q, k.transpose(-2, -1)).to(acc) * scale;
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).to(acc) * scale;
   at::Tensor future = at::ones({sq, sk}, q.options().dtype(at::kBool)).triu_(1);
   scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
   at::Tensor probs = at::softmax(scores, -1).to(v.scalar_type());
-  return compat::matmul(probs, v);
+  return at::matmul(probs, v);
 #endif
 }
 

@@ -50,7 +50,7 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::
     return r == 1 ? t : t.unsqueeze(2).expand({b, ng, r, len, hd}).reshape({b, nh, len, hd});
   };
   const auto acc = ops::accum_dtype(q.scalar_type());
-  at::Tensor scores = compat::matmul(q, expand(k).transpose(-2, -1)).to(acc) *
+  at::Tensor scores = at::matmul(q, expand(k).transpose(-2, -1)).to(acc) *
                       (1.0 / std::sqrt(static_cast<double>(hd)));
   if (n > 1) {
     const auto idx = at::TensorOptions().dtype(at::kLong).device(q.device());
@@ -58,7 +58,7 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::
         at::arange(len, idx).unsqueeze(0) > (at::arange(n, idx) + pos).unsqueeze(1);  // [n, len]
     scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
   }
-  return compat::matmul(at::softmax(scores, -1).to(v.scalar_type()), expand(v));
+  return at::matmul(at::softmax(scores, -1).to(v.scalar_type()), expand(v));
 }
 
 // [b, s, ng, ds] -> [b, s, nh, ds]: head h reads group h / (nh / ng).
