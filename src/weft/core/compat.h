@@ -124,13 +124,8 @@ inline bool gemm_writes_float32(const at::Tensor& acc, const at::Tensor& a, cons
 // in the compute dtype and added as a cast (one more pass over the buffer). Same dtypes: a plain
 // addmm_ (cuBLAS sums in float32 and rounds once).
 inline void addmm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
-  if (narrow_off_cuda(a, b)) {  // float32 sums, one rounding (matmul above)
-    if (acc.scalar_type() == at::kFloat)
-      acc.addmm_(a.to(at::kFloat), b.to(at::kFloat));
-    else
-      acc.copy_(at::addmm(acc.to(at::kFloat), a.to(at::kFloat), b.to(at::kFloat)));
-    return;
-  }
+  if (narrow_off_cuda(a, b))  // float32 sums, one rounding (matmul above)
+    return addmm_accumulate(acc, a.to(at::kFloat), b.to(at::kFloat));
   if (a.scalar_type() == acc.scalar_type() && b.scalar_type() == acc.scalar_type()) {
     acc.addmm_(a, b);
     return;
@@ -147,13 +142,8 @@ inline void addmm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Ten
 // acc = a @ b, acc's old values ignored (NaN included), the dtypes as for addmm_accumulate: the
 // first write of a weight gradient into a buffer that was not zeroed (a GEMM with beta 0).
 inline void mm_write(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
-  if (narrow_off_cuda(a, b)) {  // float32 sums, one rounding (matmul above)
-    if (acc.scalar_type() == at::kFloat)
-      at::mm_out(acc, a.to(at::kFloat), b.to(at::kFloat));
-    else
-      acc.copy_(at::mm(a.to(at::kFloat), b.to(at::kFloat)));
-    return;
-  }
+  if (narrow_off_cuda(a, b))  // float32 sums, one rounding (matmul above)
+    return mm_write(acc, a.to(at::kFloat), b.to(at::kFloat));
   if (a.scalar_type() == acc.scalar_type() && b.scalar_type() == acc.scalar_type()) {
     at::mm_out(acc, a, b);
     return;

@@ -79,8 +79,8 @@ at::Tensor ssd_final_state(const MambaScanInputs& in, int64_t chunk) {
     const at::Tensor cs = (dt * in.A).cumsum(1);                   // [b, q, nh]
     const at::Tensor last = cs.narrow(1, q - 1, 1);                // [b, 1, nh]
     const at::Tensor u = in.x.narrow(1, t0, q) * (dt * (last - cs).exp()).unsqueeze(-1);
-    const at::Tensor add = compat::matmul(u.permute({0, 2, 3, 1}),               // [b, nh, hd, q]
-                                      Bh.narrow(1, t0, q).permute({0, 2, 1, 3}));  // [b, nh, q, ds]
+    const at::Tensor add = compat::matmul(u.permute({0, 2, 3, 1}),  // [b, nh, hd, q]
+                                          Bh.narrow(1, t0, q).permute({0, 2, 1, 3}));  // [b, nh, q, ds]
     S = S * last.squeeze(1).exp().view({b, nh, 1, 1}) + add;
   }
   return S;
