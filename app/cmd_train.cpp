@@ -131,6 +131,26 @@ void add_flags(CLI::App* c, TrainArgs* a) {
   c->add_flag("--add-qkv-bias", m.add_qkv_bias,
               "a bias on the query/key/value projection only (Megatron's flag; Qwen2); weft's "
               "other linear layers have none");
+  c->add_flag("--multi-latent-attention", m.multi_latent_attention,
+              "multi-latent attention (DeepSeek-V2/V3's; Megatron's MLA): queries, keys and "
+              "values from low-rank latents, --num-query-groups and --kv-channels unused");
+  opt("--q-lora-rank", m.q_lora_rank,
+      "MLA: rank of the query latent (0: queries projected from the hidden state, Megatron's "
+      "None)");
+  opt("--kv-lora-rank", m.kv_lora_rank, "MLA: rank of the key/value latent");
+  opt("--qk-head-dim", m.qk_head_dim, "MLA: query/key channels per head without position");
+  opt("--qk-pos-emb-head-dim", m.qk_pos_emb_head_dim,
+      "MLA: rotated query/key channels per head (the key's shared by the heads)");
+  opt("--v-head-dim", m.v_head_dim, "MLA: value channels per head");
+  c->add_option("--rope-type", m.rope_type,
+                "rope or yarn (Megatron's default: yarn with --multi-latent-attention, rope "
+                "otherwise; yarn only with MLA)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  opt("--rotary-scaling-factor", m.rotary_scaling_factor,
+      "MLA's YaRN: the context scaling factor (1: plain RoPE)");
+  opt("--mscale", m.mscale, "MLA's YaRN: mscale of the rotary tables' attention factor");
+  opt("--mscale-all-dim", m.mscale_all_dim,
+      "MLA's YaRN: mscale of the softmax scale (and the tables' divisor)");
   opt("--seq-length", m.seq_length, "sequence length");
   opt("--vocab-size", m.vocab_size,
       "the model's vocabulary without a tokenizer; NullTokenizer's V and TikTokenizer's ids "

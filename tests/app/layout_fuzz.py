@@ -49,13 +49,24 @@ def draw_model(rng):
         a.append("--untie-embeddings-and-output-weights")
     if rng.random() < 0.3:
         a.append("--qk-layernorm")
-    if rng.random() < 0.3:
+    # Multi-latent attention (DeepSeek's; its own RoPE, so none of the position flags below).
+    mla = kind != "hybrid" and rng.random() < 0.25
+    if mla:
+        a += ["--multi-latent-attention", "--kv-lora-rank", "24", "--qk-head-dim", "16",
+              "--qk-pos-emb-head-dim", "8", "--v-head-dim", str(rng.choice([8, 16]))]
+        if rng.random() < 0.5:
+            a += ["--q-lora-rank", "20"]
+        if rng.random() < 0.5:  # YaRN with mscales (tables and softmax scale)
+            a += ["--rotary-scaling-factor", "40", "--mscale", "0.9", "--mscale-all-dim", "0.5"]
+        else:
+            a += ["--rope-type", "rope"]
+    if not mla and rng.random() < 0.3:
         a.append("--add-qkv-bias")
     if rng.random() < 0.3:
         a += ["--kv-channels", "32"]
     # Position encodings (Megatron's flags): part of each head rotated, linear position
     # interpolation, Llama 3's scaling, or none; all are per position, so no layout changes them.
-    rope = rng.random()
+    rope = 1.0 if mla else rng.random()
     if rope < 0.1:
         a += ["--rotary-percent", "0.5"]
     elif rope < 0.2:

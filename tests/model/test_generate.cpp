@@ -51,6 +51,28 @@ ModelConfig partial_rotary_config() {
   return c;
 }
 
+// DeepSeek-like multi-latent attention: a query latent, the latent norms, YaRN with mscales
+// (tables and softmax scale), values narrower than queries, an MoE layer and MTP.
+ModelConfig mla_config() {
+  ModelConfig c = dense_config();
+  c.multi_latent_attention = true;
+  c.q_lora_rank = 12;
+  c.kv_lora_rank = 10;
+  c.qk_head_dim = 6;
+  c.qk_pos_emb_head_dim = 8;
+  c.v_head_dim = 4;
+  c.qk_layernorm = true;
+  c.rotary_scaling_factor = 40;
+  c.mscale = 0.9;
+  c.mscale_all_dim = 0.5;
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_ffn_hidden_size = 24;
+  c.moe_layer_pattern = {0, 1, 1};
+  c.mtp_num_layers = 1;
+  return c;
+}
+
 ModelConfig moe_config() {
   ModelConfig c = dense_config();
   c.untie_embeddings_and_output_weights = true;
@@ -181,6 +203,7 @@ const Case kCases[] = {{"dense", dense_config},
                        {"qk-layernorm", qk_config},
                        {"partial-rotary", partial_rotary_config},
                        {"moe", moe_config},
+                       {"mla", mla_config},
                        {"hybrid", hybrid_config},
                        {"nemotron", nemotron_config}};
 
@@ -416,6 +439,20 @@ TEST(ConfigJson, RoundTripDenseMoeHybrid) {
   nemo.moe_router_dtype = "fp32";
   nemo.moe_router_load_balancing_type = "seq_aux_loss";
   expect_round_trip(nemo);
+  // MLA: its sizes and YaRN settings (keys written only for MLA models); the rope type as
+  // resolved (unset: yarn).
+  ModelConfig mla = mla_config();
+  expect_round_trip(mla);
+  TrainConfig t;
+  t.model = mla;
+  const ModelConfig back = model_config_from_json(train_config_to_json(t)["model"]);
+  EXPECT_TRUE(back.mla() && back.yarn());
+  EXPECT_EQ(back.q_lora_rank, 12);
+  EXPECT_EQ(back.v_head_dim, 4);
+  EXPECT_EQ(back.mscale_all_dim, 0.5);
+  EXPECT_EQ(make_rotary_tables(back, torch::kCPU, torch::kDouble).cos.size(1), 8);
+  t.model = dense_config();
+  EXPECT_FALSE(train_config_to_json(t)["model"].contains("multi_latent_attention"));
 }
 
 TEST(ConfigJson, MissingKeyIsNamed) {

@@ -172,11 +172,97 @@ struct Reference {
     return torch::cat({a * cs - b * sns, b * cs + a * sns, x.slice(3, rd, hd)}, 3);
   }
 
+  // YaRN's attention factor: 0.1 m ln(f) + 1 above factor 1.
+  static double yarn_m(double f, double m) { return f <= 1 ? 1.0 : 0.1 * m * std::log(f) + 1.0; }
+
+  // The frequency of MLA's rotated pair i of d channels: base^(-2i/d), or with YaRN the
+  // interpolated frequency (over the factor) where i is past the dim of one rotation in the
+  // original 4096 positions, the extrapolated one below the dim of 32 rotations, and a linear
+  // ramp between (Megatron's floor/ceil of the two dims).
+  double mla_frequency(int64_t i, int64_t d) const {
+    const double base = cfg.rotary_base, f = cfg.rotary_scaling_factor;
+    const double extra = std::pow(base, -2.0 * static_cast<double>(i) / d);
+    if (cfg.rope_type == "rope") return extra;
+    auto dim_of = [&](double rotations) {
+      return d * std::log(4096.0 / (rotations * 2 * M_PI)) / (2 * std::log(base));
+    };
+    const double low = std::max(std::floor(dim_of(32)), 0.0);
+    const double high = std::min(std::ceil(dim_of(1)), static_cast<double>(d - 1));
+    const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+    return extra / f * ramp + extra * (1 - ramp);
+  }
+
+  // DeepSeek's RoPE on x [b, s, heads, d]: pair (2i, 2i + 1) turned as a complex number by
+  // pos * mla_frequency(i), times YaRN's mscale ratio (both q and k, so the scores take its
+  // square). Channels stay interleaved; MLA's de-interleaved order gives the same dot products.
+  torch::Tensor mla_rope(const torch::Tensor& x) const {
+    const int64_t s = x.size(1), d = x.size(3), half = d / 2;
+    const double f = cfg.rotary_scaling_factor;
+    const double m = cfg.rope_type == "rope" ? 1.0 : yarn_m(f, cfg.mscale) / yarn_m(f, cfg.mscale_all_dim);
+    std::vector<double> c, sn;
+    for (int64_t p = 0; p < s; ++p)
+      for (int64_t i = 0; i < half; ++i) {
+        const double theta = static_cast<double>(p) * mla_frequency(i, d);
+        c.push_back(m * std::cos(theta));
+        sn.push_back(m * std::sin(theta));
+      }
+    auto opts = torch::TensorOptions().dtype(torch::kDouble);
+    const torch::Tensor cs = torch::tensor(c, opts).view({1, s, 1, half}).to(x.scalar_type());
+    const torch::Tensor sns = torch::tensor(sn, opts).view({1, s, 1, half}).to(x.scalar_type());
+    const torch::Tensor pairs = x.reshape({x.size(0), s, x.size(2), half, 2});
+    const torch::Tensor re = pairs.select(4, 0), im = pairs.select(4, 1);
+    return torch::stack({re * cs - im * sns, re * sns + im * cs}, 4).reshape(x.sizes());
+  }
+
+  // Multi-latent attention of xn [b, s, h] -> [b, s, nh dv], per head from the weights'
+  // documented rows: scores q_n . k_n over dn + dr channels, scaled by mscale_all^2 / sqrt(dn +
+  // dr), over the head's own values.
+  torch::Tensor mla_attention(const torch::Tensor& xn, const std::string& p) const {
+    const int64_t b = xn.size(0), s = xn.size(1), nh = cfg.num_attention_heads;
+    const int64_t dn = cfg.qk_head_dim, dr = cfg.qk_pos_emb_head_dim, dv = cfg.v_head_dim;
+    const int64_t kvr = cfg.kv_lora_rank;
+    const std::string a = p + "self_attention.";
+    torch::Tensor q;
+    if (cfg.q_lora_rank > 0) {
+      torch::Tensor lat = xn.matmul(get(a + "linear_q_down_proj.weight").t());
+      if (cfg.qk_layernorm) lat = rms(lat, get(a + "q_layernorm.weight"), cfg.norm_epsilon);
+      q = lat.matmul(get(a + "linear_q_up_proj.weight").t());
+    } else {
+      q = xn.matmul(get(a + "linear_q_proj.weight").t());
+    }
+    q = q.view({b, s, nh, dn + dr});
+    const torch::Tensor down = get(a + "linear_kv_down_proj.weight");
+    torch::Tensor c = xn.matmul(down.slice(0, 0, kvr).t());
+    if (cfg.qk_layernorm) c = rms(c, get(a + "kv_layernorm.weight"), cfg.norm_epsilon);
+    const torch::Tensor k_pe = mla_rope(xn.matmul(down.slice(0, kvr, kvr + dr).t()).unsqueeze(2));
+    const torch::Tensor q_pe = mla_rope(q.slice(3, dn, dn + dr).contiguous());
+    const torch::Tensor up = get(a + "linear_kv_up_proj.weight");
+    const double f = cfg.rotary_scaling_factor, ma = yarn_m(f, cfg.mscale_all_dim);
+    const double scale = ma * ma / std::sqrt(static_cast<double>(dn + dr));
+    const torch::Tensor future = torch::ones({s, s}, torch::kBool).triu(1);
+    std::vector<torch::Tensor> heads;
+    for (int64_t n = 0; n < nh; ++n) {
+      const int64_t row = n * (dn + dv);
+      const torch::Tensor k_nope = c.matmul(up.slice(0, row, row + dn).t());        // [b, s, dn]
+      const torch::Tensor v = c.matmul(up.slice(0, row + dn, row + dn + dv).t());   // [b, s, dv]
+      torch::Tensor scores = torch::bmm(q.select(2, n).slice(2, 0, dn), k_nope.transpose(1, 2)) +
+                             torch::bmm(q_pe.select(2, n), k_pe.select(2, 0).transpose(1, 2));
+      scores = (scores * scale).masked_fill(future, -INFINITY);
+      heads.push_back(torch::bmm(torch::softmax(scores, -1), v));
+    }
+    return torch::cat(heads, -1);
+  }
+
   torch::Tensor layer(const torch::Tensor& x, int l) const {
     const std::string p = "decoder.layers." + std::to_string(l) + ".";
+    if (cfg.mla()) {
+      const torch::Tensor xn = rms(x, get(p + "input_layernorm.weight"), cfg.norm_epsilon);
+      const torch::Tensor h1 =
+          x + mla_attention(xn, p).matmul(get(p + "self_attention.linear_proj.weight").t());
+      return mlp_residual(h1, p);
+    }
     const int64_t b = x.size(0), s = x.size(1), nh = cfg.num_attention_heads;
     const int64_t ng = cfg.num_query_groups, hd = cfg.head_dim(), r = nh / ng;
-    const int64_t ffn = cfg.ffn_hidden_size;
     // Row index lists from transformer.h's documented order.
     std::vector<int64_t> qi, ki, vi;
     for (int64_t g = 0; g < ng; ++g) {
@@ -213,6 +299,12 @@ struct Reference {
     }
     const torch::Tensor attn = torch::cat(heads, -1);
     const torch::Tensor h1 = x + attn.matmul(get(p + "self_attention.linear_proj.weight").t());
+    return mlp_residual(h1, p);
+  }
+
+  // h1 + the layer's MLP of pre_mlp_layernorm(h1).
+  torch::Tensor mlp_residual(const torch::Tensor& h1, const std::string& p) const {
+    const int64_t ffn = cfg.ffn_hidden_size;
     const torch::Tensor xn2 = rms(h1, get(p + "pre_mlp_layernorm.weight"), cfg.norm_epsilon);
     const torch::Tensor fc1 = get(p + "mlp.linear_fc1.weight");
     if (cfg.squared_relu) {  // Megatron's squared_relu: relu(x)^2, fc1 [ffn, h], no gate
@@ -337,6 +429,97 @@ TEST(ModelReference, Float64QkvBias) {
   ModelConfig cfg = small_config(false, 4, 2);
   cfg.add_qkv_bias = true;
   check_against_reference(cfg, torch::kFloat, 1e-5);
+}
+
+// Multi-latent attention (--multi-latent-attention) against the reference's per-head MLA with
+// DeepSeek's complex-pair RoPE: queries from the hidden state and through a latent, the latent
+// norms (--qk-layernorm; random weights), plain RoPE and YaRN with a factor whose pairs fall in
+// all three bands (dr 16: extrapolated below pair 2, interpolated from 6, the ramp between) and
+// mscales that scale both the tables and the softmax, tied and untied, float64 and float32.
+ModelConfig mla_config(bool tied, int q_lora_rank, bool norms, const char* rope_type) {
+  ModelConfig c = small_config(tied, 4, 4);
+  c.multi_latent_attention = true;
+  c.q_lora_rank = q_lora_rank;
+  c.kv_lora_rank = 12;
+  c.qk_head_dim = 8;
+  c.qk_pos_emb_head_dim = 16;
+  c.v_head_dim = 6;
+  c.qk_layernorm = norms;
+  c.rope_type = rope_type;
+  if (std::string(rope_type) == "yarn") {
+    c.rotary_scaling_factor = 40;
+    c.mscale = 0.9;
+    c.mscale_all_dim = 0.5;
+  }
+  return c;
+}
+
+TEST(ModelReference, Float64MultiLatentAttention) {
+  check_against_reference(mla_config(false, 0, false, "rope"), torch::kDouble, 1e-10);
+  check_against_reference(mla_config(true, 10, true, "rope"), torch::kDouble, 1e-10);
+  check_against_reference(mla_config(false, 10, true, "yarn"), torch::kDouble, 1e-10);
+  check_against_reference(mla_config(true, 0, true, "yarn"), torch::kDouble, 1e-10);
+  check_against_reference(mla_config(false, 10, true, "yarn"), torch::kFloat, 1e-5);
+  // The same tables as Megatron's defaults: --rope-type unset is YaRN, at factor 1 plain RoPE.
+  ModelConfig yarn1 = mla_config(false, 0, false, "");
+  EXPECT_TRUE(yarn1.yarn());
+  const RotaryTables a = make_rotary_tables(yarn1, torch::kCPU, torch::kDouble);
+  yarn1.rope_type = "rope";
+  const RotaryTables b = make_rotary_tables(yarn1, torch::kCPU, torch::kDouble);
+  EXPECT_TRUE(torch::equal(a.cos, b.cos) && torch::equal(a.sin, b.sin));
+  EXPECT_EQ(attention_softmax_scale(yarn1), 0.0);
+  EXPECT_NEAR(attention_softmax_scale(mla_config(false, 0, false, "yarn")),
+              std::pow(0.05 * std::log(40.0) + 1, 2) / std::sqrt(24.0), 1e-15);
+}
+
+// MLA's weights: Megatron's names and shapes, no GQA weights, and the flags MLA cannot take.
+TEST(ModelReference, MultiLatentAttentionWeightsAndRefusals) {
+  ModelConfig c = mla_config(false, 10, true, "yarn");
+  std::map<std::string, std::vector<int64_t>> got;
+  for (const ParamSpec& s : layer_param_specs(c, 0)) got[s.name] = s.shape;
+  const std::string a = "decoder.layers.0.self_attention.";
+  const std::map<std::string, std::vector<int64_t>> want = {
+      {"decoder.layers.0.input_layernorm.weight", {32}},
+      {a + "linear_q_down_proj.weight", {10, 32}},
+      {a + "q_layernorm.weight", {10}},
+      {a + "linear_q_up_proj.weight", {4 * 24, 10}},
+      {a + "linear_kv_down_proj.weight", {12 + 16, 32}},
+      {a + "kv_layernorm.weight", {12}},
+      {a + "linear_kv_up_proj.weight", {4 * (8 + 6), 12}},
+      {a + "linear_proj.weight", {32, 4 * 6}},
+      {"decoder.layers.0.pre_mlp_layernorm.weight", {32}},
+      {"decoder.layers.0.mlp.linear_fc1.weight", {96, 32}},
+      {"decoder.layers.0.mlp.linear_fc2.weight", {32, 48}}};
+  EXPECT_EQ(got, want);
+  c.q_lora_rank = 0;
+  c.qk_layernorm = false;
+  got.clear();
+  for (const ParamSpec& s : layer_param_specs(c, 0)) got[s.name] = s.shape;
+  EXPECT_EQ(got.count(a + "linear_q_proj.weight"), 1u);
+  EXPECT_EQ(got.count(a + "kv_layernorm.weight"), 0u);
+  EXPECT_EQ(got.size(), 8u);
+  auto refused = [](ModelConfig m, const char* flag) {
+    try {
+      check_model_config(m);
+      ADD_FAILURE() << "accepted: " << flag;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+    }
+  };
+  ModelConfig m = mla_config(false, 0, false, "rope");
+  auto with = [&](auto change) { ModelConfig x = m; change(x); return x; };
+  refused(with([](ModelConfig& x) { x.rotary_percent = 0.5; }), "--rotary-percent");
+  refused(with([](ModelConfig& x) { x.use_rope_scaling = true; }), "--use-rope-scaling");
+  refused(with([](ModelConfig& x) { x.add_qkv_bias = true; }), "--add-qkv-bias");
+  refused(with([](ModelConfig& x) { x.position_embedding_type = "none"; }),
+          "--position-embedding-type");
+  refused(with([](ModelConfig& x) { x.qk_pos_emb_head_dim = 7; }), "--qk-pos-emb-head-dim");
+  refused(with([](ModelConfig& x) { x.kv_lora_rank = 0; }), "--kv-lora-rank");
+  refused(with([](ModelConfig& x) { x.rope_type = "ntk"; }), "--rope-type");
+  refused(with([](ModelConfig& x) { x.rotary_scaling_factor = 0; }), "--rotary-scaling-factor");
+  ModelConfig gqa = small_config(false);
+  gqa.rope_type = "yarn";
+  refused(gqa, "--rope-type");
 }
 
 // --kv-channels: a head dim other than hidden / heads, wider (4 heads of 16 at hidden 32) and

@@ -32,6 +32,10 @@ namespace weft {
 namespace fs = std::filesystem;
 
 std::string hf_model_type(const ModelConfig& c) {
+  if (c.mla())
+    fail_usage("hf export: --multi-latent-attention: weft exports Llama, Qwen2/3, Mixtral, "
+               "Qwen3-MoE and NemotronH, none of which has MLA (DeepSeek-V3's mapping is not "
+               "written yet)");
   if (c.moe() && c.moe_apply_probs_on_input)
     fail_usage("hf export: --moe-apply-probs-on-input has no Hugging Face equivalent here "
                "(Mixtral, Qwen3-MoE and NemotronH weigh each expert's output, not its input)");

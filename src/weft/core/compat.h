@@ -68,22 +68,25 @@ inline at::Generator make_cpu_generator(uint64_t seed) {
   return at::detail::createCPUGenerator(seed);
 }
 
-// Causal scaled-dot-product attention, no dropout, scale 1/sqrt(head_dim).
-// q, k, v: [b, heads, s, hd] with the same number of heads (callers expand GQA groups first).
-// Returns [b, heads, s, hd] in q's dtype. Query i attends to keys 0..i.
-// torch >= 2.0: the fused kernel (flash / memory-efficient / math, chosen by PyTorch).
-// torch 1.13: a plain implementation; scores, mask and softmax in float32 (float64 for float64
+// Causal scaled-dot-product attention, no dropout, scale 1/sqrt(head_dim) (or `scale` where
+// positive). q, k: [b, heads, s, hd], v [b, heads, s, dv] with the same number of heads (callers
+// expand GQA groups first). Returns [b, heads, s, dv] in q's dtype. Query i attends to keys 0..i.
+// torch >= 2.1: the fused kernel (flash / memory-efficient / math, chosen by PyTorch).
+// Older: a plain implementation; scores, mask and softmax in float32 (float64 for float64
 // inputs), the two matmuls in the input dtype through ATen's own kernels. (So on the CPU with
 // torch 1.13 a bf16 attention still sums its products in bf16: widening them as matmul below
 // does would make autograd save float32 copies of q, k, v and the [s, s] probabilities, ~15%
 // more activation memory at the test shapes. Not done.)
-inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-#if TORCH_VERSION_MAJOR >= 2
-  return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   double scale = 0) {
+#if WEFT_TORCH_AT_LEAST(2, 1)
+  return at::scaled_dot_product_attention(
+      q, k, v, {}, 0.0, /*is_causal=*/true,
+      scale > 0 ? c10::optional<double>(scale) : c10::optional<double>());
 #else
   const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const int64_t sq = q.size(-2), sk = k.size(-2);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).to(acc) * scale;
   at::Tensor future = at::ones({sq, sk}, q.options().dtype(at::kBool)).triu_(1);
   scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
@@ -96,17 +99,18 @@ inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, con
 // nh a multiple of ng (query head h uses key/value head h / (nh/ng)). torch >= 2.5 passes the
 // groups to the fused kernel (enable_gqa, no copy); older versions expand k and v first.
 inline at::Tensor causal_attention_gqa(const at::Tensor& q, const at::Tensor& k,
-                                       const at::Tensor& v) {
+                                       const at::Tensor& v, double scale = 0) {
 #if WEFT_TORCH_AT_LEAST(2, 5)
-  return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, c10::nullopt,
-                                          /*enable_gqa=*/true);
+  return at::scaled_dot_product_attention(
+      q, k, v, {}, 0.0, /*is_causal=*/true,
+      scale > 0 ? c10::optional<double>(scale) : c10::optional<double>(), /*enable_gqa=*/true);
 #else
   const int64_t r = q.size(1) / k.size(1);
   auto expand = [r](const at::Tensor& t) {
     const int64_t b = t.size(0), ng = t.size(1), s = t.size(2), hd = t.size(3);
     return t.unsqueeze(2).expand({b, ng, r, s, hd}).reshape({b, ng * r, s, hd});
   };
-  return causal_attention(q, r == 1 ? k : expand(k), r == 1 ? v : expand(v));
+  return causal_attention(q, r == 1 ? k : expand(k), r == 1 ? v : expand(v), scale);
 #endif
 }
 

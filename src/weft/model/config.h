@@ -78,8 +78,34 @@ struct ModelConfig {
   std::string position_embedding_type = "rope";
   bool rotary() const { return position_embedding_type == "rope"; }
   int rotary_dim() const {  // the rotated channels per head (all of them without rope)
+    if (multi_latent_attention) return qk_pos_emb_head_dim;
     return rotary() ? static_cast<int>(head_dim() * rotary_percent) : head_dim();
   }
+  // Multi-latent attention (--multi-latent-attention; DeepSeek-V2/V3's, Megatron's MLASelfAttention
+  // with its flags and defaults; model/transformer.h documents the weights). Queries come from
+  // the hidden state (q_lora_rank 0, Megatron's None) or through a rank-q_lora_rank latent; keys
+  // and values from one rank-kv_lora_rank latent. Each head's query and key are qk_head_dim
+  // channels without position plus qk_pos_emb_head_dim rotated ones (the key's shared by the
+  // heads), its value v_head_dim channels. --num-query-groups and --kv-channels are not used.
+  bool multi_latent_attention = false;
+  int q_lora_rank = 0;             // --q-lora-rank (0: none)
+  int kv_lora_rank = 32;           // --kv-lora-rank
+  int qk_head_dim = 128;           // --qk-head-dim
+  int qk_pos_emb_head_dim = 64;    // --qk-pos-emb-head-dim
+  int v_head_dim = 128;            // --v-head-dim
+  // --rope-type: "rope" or "yarn" (empty: Megatron's default, yarn with MLA). YaRN's frequencies
+  // (make_rotary_tables) with --rotary-scaling-factor, --mscale, --mscale-all-dim and MLA's fixed
+  // original context 4096, beta_fast 32 and beta_slow 1; at factor 1 YaRN is plain RoPE.
+  std::string rope_type;
+  double rotary_scaling_factor = 1.0;  // --rotary-scaling-factor
+  double mscale = 1.0;                 // --mscale
+  double mscale_all_dim = 0.0;         // --mscale-all-dim
+  static constexpr double kYarnOriginalContext = 4096.0;
+  static constexpr double kYarnBetaFast = 32.0;
+  static constexpr double kYarnBetaSlow = 1.0;
+  bool mla() const { return multi_latent_attention; }
+  bool yarn() const { return mla() && rope_type != "rope"; }
+  int mla_q_head_dim() const { return qk_head_dim + qk_pos_emb_head_dim; }
   bool untie_embeddings_and_output_weights = false;  // --untie-embeddings-and-output-weights
   bool bf16 = false;             // --bf16: bf16 compute and weights; fp32 otherwise
 

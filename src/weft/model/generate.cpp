@@ -41,17 +41,19 @@ RotaryTables rotary_for(const ModelConfig& cfg, int64_t positions, c10::Device d
 
 // Attention of q [b, nh, n, hd] at positions [pos, pos + n) over k, v [b, ng, pos + n, hd]:
 // query i sees keys 0 .. pos + i. Scores, mask and softmax in the accumulation dtype, the two
-// matmuls in the compute dtype, scale 1/sqrt(hd), as the training attention.
+// matmuls in the compute dtype, scale 1/sqrt(hd) (or `scale` where positive), as the training
+// attention. v's head dim may differ from q's (MLA).
 at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            int64_t pos) {
+                            int64_t pos, double scale) {
   const int64_t b = q.size(0), nh = q.size(1), n = q.size(2), hd = q.size(3);
   const int64_t ng = k.size(1), len = k.size(2), r = nh / ng;
   auto expand = [&](const at::Tensor& t) {  // GQA: query head h reads group h / r
-    return r == 1 ? t : t.unsqueeze(2).expand({b, ng, r, len, hd}).reshape({b, nh, len, hd});
+    const int64_t d = t.size(3);
+    return r == 1 ? t : t.unsqueeze(2).expand({b, ng, r, len, d}).reshape({b, nh, len, d});
   };
   const auto acc = ops::accum_dtype(q.scalar_type());
   at::Tensor scores = at::matmul(q, expand(k).transpose(-2, -1)).to(acc) *
-                      (1.0 / std::sqrt(static_cast<double>(hd)));
+                      (scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(hd)));
   if (n > 1) {
     const auto idx = at::TensorOptions().dtype(at::kLong).device(q.device());
     const at::Tensor future =
@@ -165,7 +167,10 @@ DecodeState::DecodeState(const InferenceModel& model, int64_t batch, int64_t cap
   const auto acc = compute.dtype(ops::accum_dtype(model.dtype()));
   for (const LayerHandles& w : model.layers()) {
     LayerCache c;
-    if (w.linear_qkv.source) {
+    if (w.has_attention() && cfg.mla()) {  // every head its own key and value
+      c.k = at::zeros({batch, cfg.num_attention_heads, capacity, cfg.mla_q_head_dim()}, compute);
+      c.v = at::zeros({batch, cfg.num_attention_heads, capacity, cfg.v_head_dim}, compute);
+    } else if (w.has_attention()) {
       c.k = at::zeros({batch, cfg.num_query_groups, capacity, cfg.head_dim()}, compute);
       c.v = at::zeros_like(c.k);
     }
@@ -186,9 +191,11 @@ at::Tensor DecodeState::attention(const at::Tensor& x, const LayerHandles& w, La
   const AttentionQkv a = attention_qkv(x, w, rope_, cfg, pos);
   c.k.narrow(2, pos, n).copy_(a.k);
   c.v.narrow(2, pos, n).copy_(a.v);
+  const double scale = attention_softmax_scale(cfg);
   const at::Tensor attn =
-      pos == 0 ? compat::causal_attention_gqa(a.q, a.k, a.v)  // the training attention
-               : cached_attention(a.q, c.k.narrow(2, 0, pos + n), c.v.narrow(2, 0, pos + n), pos);
+      pos == 0 ? compat::causal_attention_gqa(a.q, a.k, a.v, scale)  // the training attention
+               : cached_attention(a.q, c.k.narrow(2, 0, pos + n), c.v.narrow(2, 0, pos + n), pos,
+                                  scale);
   return attention_residual(x, attn, w, cfg);
 }
 
@@ -239,7 +246,7 @@ at::Tensor DecodeState::forward(const at::Tensor& tokens) {
   at::Tensor x = embed_tokens(tokens.to(model_.device(), at::kLong), model_.embedding());
   for (size_t l = 0; l < caches_.size(); ++l) {
     const LayerHandles& w = model_.layers()[l];
-    if (w.linear_qkv.source) x = attention(x, w, caches_[l]);
+    if (w.has_attention()) x = attention(x, w, caches_[l]);
     if (w.mamba.in_proj.source) x = x + mamba(x, w.mamba, caches_[l]);
     x = mlp_block(x, w, cfg);
   }

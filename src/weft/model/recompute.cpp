@@ -57,15 +57,14 @@ void parse_recompute_flags(bool activations, const std::string& granularity,
       else if (m == "mlp") r.mlp = true;
       else if (m == "moe") r.moe = true;
       else if (m == "shared_experts") r.shared_experts = true;
-      else if (m == "moe_act" || m == "layernorm")
+      else if (m == "moe_act" || m == "layernorm" || m == "mla_up_proj")
         fail_usage("--recompute-modules {} is not implemented in weft (Megatron recomputes it "
                    "with output-discarding checkpoints); weft recomputes core_attn, mlp, moe and "
                    "shared_experts",
                    m);
-      else if (m == "mla_up_proj" || m == "gdn_norm_out" || m == "gdp_in_proj" ||
-               m == "gdp_qkv" || m == "mhc")
-        fail_usage("--recompute-modules {}: weft's model has no such module (no multi-latent "
-                   "attention, gated delta nets or hyper-connections); it recomputes core_attn, "
+      else if (m == "gdn_norm_out" || m == "gdp_in_proj" || m == "gdp_qkv" || m == "mhc")
+        fail_usage("--recompute-modules {}: weft's model has no such module (no gated delta "
+                   "nets or hyper-connections); it recomputes core_attn, "
                    "mlp, moe and shared_experts",
                    m);
       else

@@ -67,7 +67,80 @@ at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& rope, int64_t p
   return rd == hd ? out : at::cat({out, x.narrow(-1, rd, hd - rd)}, -1);
 }
 
+// --multi-latent-attention's sizes and what it cannot take. Megatron's MLA builds its own
+// rotary embedding over the qk_pos_emb_head_dim channels from --rotary-base and the YaRN flags
+// only; the other position flags would be ignored there, so they are refused here.
+void check_mla_config(const ModelConfig& cfg) {
+  auto positive = [](int v, const char* flag) {
+    if (v <= 0) fail_usage("{} must be positive with --multi-latent-attention, got {}", flag, v);
+  };
+  if (cfg.q_lora_rank < 0) fail_usage("--q-lora-rank must be positive (got {})", cfg.q_lora_rank);
+  positive(cfg.kv_lora_rank, "--kv-lora-rank");
+  positive(cfg.qk_head_dim, "--qk-head-dim");
+  positive(cfg.qk_pos_emb_head_dim, "--qk-pos-emb-head-dim");
+  positive(cfg.v_head_dim, "--v-head-dim");
+  if (cfg.qk_pos_emb_head_dim % 2 != 0)
+    fail_usage("--qk-pos-emb-head-dim {} must be even (RoPE rotates pairs of channels)",
+               cfg.qk_pos_emb_head_dim);
+  if (!cfg.rope_type.empty() && cfg.rope_type != "rope" && cfg.rope_type != "yarn")
+    fail_usage("--rope-type must be rope or yarn (got '{}')", cfg.rope_type);
+  if (!cfg.rotary())
+    fail_usage("--position-embedding-type {} with --multi-latent-attention: MLA always rotates "
+               "its --qk-pos-emb-head-dim channels (use rope)", cfg.position_embedding_type);
+  if (cfg.rotary_percent != 1.0)
+    fail_usage("--rotary-percent {} with --multi-latent-attention: MLA rotates all of its "
+               "--qk-pos-emb-head-dim channels", cfg.rotary_percent);
+  if (cfg.use_rope_scaling)
+    fail_usage("--use-rope-scaling with --multi-latent-attention: MLA's long-context scaling is "
+               "YaRN (--rope-type yarn, --rotary-scaling-factor)");
+  if (cfg.rotary_seq_len_interpolation_factor > 0)
+    fail_usage("--rotary-seq-len-interpolation-factor with --multi-latent-attention: MLA's "
+               "rotary embedding takes no position interpolation");
+  if (cfg.add_qkv_bias)
+    fail_usage("--add-qkv-bias with --multi-latent-attention: MLA's projections have no bias");
+  if (!(cfg.rotary_scaling_factor > 0) || !std::isfinite(cfg.rotary_scaling_factor))
+    fail_usage("--rotary-scaling-factor must be a finite positive number (got {})",
+               cfg.rotary_scaling_factor);
+  if (!std::isfinite(cfg.mscale) || !std::isfinite(cfg.mscale_all_dim))
+    fail_usage("--mscale and --mscale-all-dim must be finite (got {} and {})", cfg.mscale,
+               cfg.mscale_all_dim);
+}
+
+// YaRN's attention factor for a scaling factor and an mscale: 0.1 mscale ln(factor) + 1 above
+// factor 1, else 1.
+double yarn_mscale(double factor, double mscale) {
+  return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
+
 }  // namespace
+
+double attention_softmax_scale(const ModelConfig& cfg) {
+  if (!cfg.mla()) return 0.0;
+  const double m = yarn_mscale(cfg.rotary_scaling_factor, cfg.mscale_all_dim);
+  return m == 1.0 ? 0.0 : m * m / std::sqrt(static_cast<double>(cfg.mla_q_head_dim()));
+}
+
+at::Tensor yarn_frequencies(const ModelConfig& cfg) {
+  // Megatron's YarnRotaryEmbedding over d = qk_pos_emb_head_dim: the extrapolated frequencies
+  // base^(-2i/d) and the interpolated ones (the same over the factor) mixed by a ramp over the
+  // pair index i between the correction dims of beta_fast and beta_slow rotations in the
+  // original context (floor and ceil, clamped to [0, d - 1]).
+  const int64_t d = cfg.qk_pos_emb_head_dim;
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor extra = at::pow(cfg.rotary_base, at::arange(0, d / 2, f64) * (-2.0 / d));
+  const at::Tensor inter = extra / cfg.rotary_scaling_factor;
+  auto correction_dim = [&](double rotations) {
+    return d * std::log(ModelConfig::kYarnOriginalContext / (rotations * 2 * M_PI)) /
+           (2 * std::log(cfg.rotary_base));
+  };
+  const double low = std::max(std::floor(correction_dim(ModelConfig::kYarnBetaFast)), 0.0);
+  double high = std::min(std::ceil(correction_dim(ModelConfig::kYarnBetaSlow)),
+                         static_cast<double>(d - 1));
+  if (low == high) high += 0.001;
+  const at::Tensor ramp = ((at::arange(d / 2, f64) - low) / (high - low)).clamp(0, 1);
+  const at::Tensor keep = 1.0 - ramp;  // the share of the extrapolated frequency
+  return inter * (1.0 - keep) + extra * keep;
+}
 
 void check_model_config(const ModelConfig& cfg) {
   auto positive = [](int v, const char* flag) {
@@ -80,18 +153,24 @@ void check_model_config(const ModelConfig& cfg) {
   positive(cfg.num_query_groups, "--num-query-groups");
   positive(cfg.seq_length, "--seq-length");
   positive(cfg.vocab_size, "--vocab-size");
+  if (cfg.mla()) {
+    check_mla_config(cfg);
+  } else if (!cfg.rope_type.empty() && cfg.rope_type != "rope") {
+    fail_usage("--rope-type {}: only --multi-latent-attention takes another rope type than rope "
+               "(as Megatron asserts)", cfg.rope_type);
+  }
   if (cfg.kv_channels != -1 && cfg.kv_channels <= 0)
     fail_usage("--kv-channels must be positive, or -1 for --hidden-size / --num-attention-heads "
                "(got {})", cfg.kv_channels);
-  if (cfg.kv_channels == -1 && cfg.hidden_size % cfg.num_attention_heads != 0) {
+  if (cfg.kv_channels == -1 && !cfg.mla() && cfg.hidden_size % cfg.num_attention_heads != 0) {
     fail_usage("--hidden-size ({}) must be a multiple of --num-attention-heads ({}), or give the "
                "head dim with --kv-channels", cfg.hidden_size, cfg.num_attention_heads);
   }
-  if (cfg.num_attention_heads % cfg.num_query_groups != 0) {
+  if (!cfg.mla() && cfg.num_attention_heads % cfg.num_query_groups != 0) {
     fail_usage("--num-attention-heads ({}) must be a multiple of --num-query-groups ({})",
                cfg.num_attention_heads, cfg.num_query_groups);
   }
-  if (cfg.head_dim() % 2 != 0) {
+  if (!cfg.mla() && cfg.head_dim() % 2 != 0) {
     fail_usage("head dim ({} = {}) must be even for RoPE",
                cfg.kv_channels > 0 ? "--kv-channels" : "--hidden-size / --num-attention-heads",
                cfg.head_dim());
@@ -103,7 +182,7 @@ void check_model_config(const ModelConfig& cfg) {
                cfg.rotary_seq_len_interpolation_factor);
   if (!(cfg.rotary_percent > 0 && cfg.rotary_percent <= 1))
     fail_usage("--rotary-percent must be in (0, 1] (got {})", cfg.rotary_percent);
-  if (cfg.rotary_dim() < 2 || cfg.rotary_dim() % 2 != 0)
+  if (!cfg.mla() && (cfg.rotary_dim() < 2 || cfg.rotary_dim() % 2 != 0))
     fail_usage("--rotary-percent {} rotates int({} x {}) = {} channels of each head; that must be "
                "even and at least 2", cfg.rotary_percent, cfg.head_dim(), cfg.rotary_percent,
                cfg.rotary_dim());
@@ -259,7 +338,29 @@ std::vector<ParamSpec> block_param_specs(const ModelConfig& cfg, const std::stri
   const bool mlp = (symbol == 'T' && !moe) || symbol == '-';
   const bool routed = (symbol == 'T' && moe) || symbol == 'E';
   WEFT_CHECK(attention || mlp || routed || symbol == 'M', "unknown layer symbol '{}'", symbol);
-  if (attention) {
+  if (attention && cfg.mla()) {
+    const int64_t qr = cfg.q_lora_rank, kvr = cfg.kv_lora_rank;
+    const std::string sa = p + "self_attention.";
+    out.push_back(spec(p + "input_layernorm.weight", {h}, InitKind::kOnes, false));
+    if (qr > 0) {
+      out.push_back(spec(sa + "linear_q_down_proj.weight", {qr, h}, InitKind::kNormal, true));
+      if (cfg.qk_layernorm)
+        out.push_back(spec(sa + "q_layernorm.weight", {qr}, InitKind::kOnes, false));
+      out.push_back(spec(sa + "linear_q_up_proj.weight", {nh * cfg.mla_q_head_dim(), qr},
+                         InitKind::kNormal, true));
+    } else {
+      out.push_back(spec(sa + "linear_q_proj.weight", {nh * cfg.mla_q_head_dim(), h},
+                         InitKind::kNormal, true));
+    }
+    out.push_back(spec(sa + "linear_kv_down_proj.weight", {kvr + cfg.qk_pos_emb_head_dim, h},
+                       InitKind::kNormal, true));
+    if (cfg.qk_layernorm)
+      out.push_back(spec(sa + "kv_layernorm.weight", {kvr}, InitKind::kOnes, false));
+    out.push_back(spec(sa + "linear_kv_up_proj.weight",
+                       {nh * (cfg.qk_head_dim + cfg.v_head_dim), kvr}, InitKind::kNormal, true));
+    out.push_back(spec(sa + "linear_proj.weight", {h, nh * cfg.v_head_dim},
+                       InitKind::kScaledNormal, true));
+  } else if (attention) {
     out.push_back(spec(p + "input_layernorm.weight", {h}, InitKind::kOnes, false));
     out.push_back(spec(p + "self_attention.linear_qkv.weight", {(nh + 2 * ng) * hd, h},
                        InitKind::kNormal, true));
@@ -403,6 +504,12 @@ LayerHandles layer_handles(ParamSource* src, int first, const std::vector<ParamS
       {"self_attention.q_layernorm.weight", &h.q_layernorm},
       {"self_attention.k_layernorm.weight", &h.k_layernorm},
       {"self_attention.linear_proj.weight", &h.linear_proj},
+      {"self_attention.linear_q_proj.weight", &h.linear_q_proj},
+      {"self_attention.linear_q_down_proj.weight", &h.linear_q_down_proj},
+      {"self_attention.linear_q_up_proj.weight", &h.linear_q_up_proj},
+      {"self_attention.linear_kv_down_proj.weight", &h.linear_kv_down_proj},
+      {"self_attention.kv_layernorm.weight", &h.kv_layernorm},
+      {"self_attention.linear_kv_up_proj.weight", &h.linear_kv_up_proj},
       {"pre_mlp_layernorm.weight", &h.pre_mlp_layernorm},
       {"mlp.linear_fc1.weight", &h.linear_fc1},
       {"mlp.linear_fc2.weight", &h.linear_fc2},
@@ -514,14 +621,19 @@ RotaryTables make_rotary_tables(const ModelConfig& cfg, c10::Device device, c10:
   const at::Tensor exponent = at::arange(0, rd / 2, f64) * (-2.0 / static_cast<double>(rd));
   at::Tensor inv_freq = at::pow(cfg.rotary_base, exponent);                        // base^(-2i/rd)
   if (cfg.use_rope_scaling) inv_freq = llama3_scaled_frequencies(inv_freq, cfg.rope_scaling_factor);
+  if (cfg.yarn()) inv_freq = yarn_frequencies(cfg);
   at::Tensor positions = at::arange(cfg.seq_length, f64);
   if (cfg.rotary_seq_len_interpolation_factor > 0)  // Megatron's seq *= 1 / factor
     positions = positions * (1.0 / cfg.rotary_seq_len_interpolation_factor);
   const at::Tensor angles = at::outer(positions, inv_freq);  // [s, rd/2]
   const at::Tensor full = at::cat({angles, angles}, -1);                           // [s, rd]
+  // YaRN's attention factor scales cos and sin (so both q and k), as Megatron's.
+  const double m = cfg.yarn() ? yarn_mscale(cfg.rotary_scaling_factor, cfg.mscale) /
+                                    yarn_mscale(cfg.rotary_scaling_factor, cfg.mscale_all_dim)
+                              : 1.0;
   RotaryTables t;
-  t.cos = full.cos().to(device, dtype);
-  t.sin = full.sin().to(device, dtype);
+  t.cos = (m == 1.0 ? full.cos() : full.cos() * m).to(device, dtype);
+  t.sin = (m == 1.0 ? full.sin() : full.sin() * m).to(device, dtype);
   return t;
 }
 
@@ -549,9 +661,55 @@ at::Tensor recomputed_mlp(const at::Tensor& x, ParamHandle fc1, ParamHandle fc2,
 
 namespace {
 
+// MLA's RoPE on x [b, s, heads, d] at positions [pos, pos + s): the channels de-interleaved
+// (even ones first, then odd ones: DeepSeek's pairs (2i, 2i + 1) become (i, i + d/2)), then
+// rotate-half. The result stays in that order, for q and k alike, so q.k is the pairs' rotation.
+at::Tensor mla_rope(const at::Tensor& x, const RotaryTables& rope, int64_t pos) {
+  const int64_t d = x.size(3);
+  const at::Tensor halves = at::cat({x.slice(3, 0, d, 2), x.slice(3, 1, d, 2)}, 3);
+  return apply_rotary(halves.transpose(1, 2), rope, pos).transpose(1, 2);
+}
+
+// attention_qkv of multi-latent attention, from xn = input_layernorm(x): q [b, nh, s, dn + dr],
+// k the same, v [b, nh, s, dv] (transformer.h documents the weights' rows).
+AttentionQkv mla_qkv(const at::Tensor& xn, const LayerHandles& w, const RotaryTables& rope,
+                     const ModelConfig& cfg, int64_t pos) {
+  const int64_t nh = cfg.num_attention_heads, dn = cfg.qk_head_dim;
+  const int64_t dr = cfg.qk_pos_emb_head_dim, dv = cfg.v_head_dim, kvr = cfg.kv_lora_rank;
+  const int64_t b = xn.size(0), s = xn.size(1);
+  auto norm = [&](const at::Tensor& t, ParamHandle weight) {  // the latents' --qk-layernorm
+    return weight.source ? ops::rms_norm(t.contiguous(), weight, cfg.norm_epsilon) : t;
+  };
+  at::Tensor q;
+  if (w.linear_q_proj.source) {
+    q = ops::linear(xn, w.linear_q_proj);
+  } else {
+    q = ops::linear(norm(ops::linear(xn, w.linear_q_down_proj), w.q_layernorm), w.linear_q_up_proj);
+  }
+  q = q.view({b, s, nh, dn + dr});
+  const at::Tensor down = ops::linear(xn, w.linear_kv_down_proj);  // [b, s, kvr + dr]
+  const at::Tensor kv = ops::linear(norm(down.narrow(2, 0, kvr), w.kv_layernorm),
+                                    w.linear_kv_up_proj)
+                            .view({b, s, nh, dn + dv});
+  const at::Tensor q_pe = mla_rope(q.narrow(3, dn, dr), rope, pos);
+  const at::Tensor k_pe = mla_rope(down.narrow(2, kvr, dr).unsqueeze(2), rope, pos);  // one head
+  AttentionQkv out;
+  out.q = at::cat({q.narrow(3, 0, dn), q_pe}, 3).transpose(1, 2);
+  out.k = at::cat({kv.narrow(3, 0, dn), k_pe.expand({b, s, nh, dr})}, 3).transpose(1, 2);
+  out.v = kv.narrow(3, dn, dv).contiguous().transpose(1, 2);
+  return out;
+}
+
 // attention_qkv from xn = input_layernorm(x).
 AttentionQkv attention_qkv_normed(const at::Tensor& xn, const LayerHandles& w,
                                   const RotaryTables& rope, const ModelConfig& cfg, int64_t pos) {
+  if (cfg.mla()) {
+    WEFT_CHECK(rope.cos.defined() && pos >= 0 && pos + xn.size(1) <= rope.cos.size(0) &&
+                   rope.cos.size(1) == cfg.rotary_dim(),
+               "decoder_layer: positions [{}, {}) need rotary tables of at least [{}, {}]", pos,
+               pos + xn.size(1), pos + xn.size(1), cfg.rotary_dim());
+    return mla_qkv(xn, w, rope, cfg, pos);
+  }
   const int64_t nh = cfg.num_attention_heads, ng = cfg.num_query_groups;
   const int64_t hd = cfg.head_dim(), r = nh / ng;
   const int64_t b = xn.size(0), s = xn.size(1);
@@ -597,11 +755,12 @@ AttentionQkv attention_qkv_normed(const at::Tensor& xn, const LayerHandles& w,
   return out;
 }
 
-// linear_proj(attn), attn [b, nh, s, hd] the attention's output per head.
+// linear_proj(attn), attn [b, nh, s, dv] the attention's output per head (dv: the head dim, or
+// MLA's --v-head-dim).
 at::Tensor attention_projection(const at::Tensor& attn, const LayerHandles& w,
                                 const ModelConfig& cfg) {
-  const int64_t nh = cfg.num_attention_heads, hd = cfg.head_dim();
-  return ops::linear(attn.transpose(1, 2).reshape({attn.size(0), attn.size(2), nh * hd}),
+  const int64_t nh = cfg.num_attention_heads, dv = attn.size(3);
+  return ops::linear(attn.transpose(1, 2).reshape({attn.size(0), attn.size(2), nh * dv}),
                      w.linear_proj);
 }
 
@@ -632,10 +791,11 @@ at::Tensor mlp_output(const at::Tensor& xn, const LayerHandles& w, const ModelCo
 // The attention of q, k, v (grouped-query, causal), recomputed in the backward where
 // --recompute-modules names core_attn.
 at::Tensor core_attention(const AttentionQkv& a, const ModelConfig& cfg) {
-  if (!cfg.recompute.core_attn) return compat::causal_attention_gqa(a.q, a.k, a.v);
+  const double scale = attention_softmax_scale(cfg);
+  if (!cfg.recompute.core_attn) return compat::causal_attention_gqa(a.q, a.k, a.v, scale);
   return recomputed(
-      [](const std::vector<at::Tensor>& in, bool) {
-        return std::vector<at::Tensor>{compat::causal_attention_gqa(in[0], in[1], in[2])};
+      [scale](const std::vector<at::Tensor>& in, bool) {
+        return std::vector<at::Tensor>{compat::causal_attention_gqa(in[0], in[1], in[2], scale)};
       },
       {a.q, a.k, a.v})[0];
 }
@@ -672,9 +832,9 @@ Residual decoder_layer(Residual in, const LayerHandles& w, const RotaryTables& r
                        const ModelConfig& cfg, at::Tensor* aux_loss) {
   const int64_t h = cfg.hidden_size;
   WEFT_CHECK(in.x.dim() == 3 && in.x.size(2) == h, "decoder_layer: input must be [b, s, {}]", h);
-  if (!w.linear_qkv.source || !w.pre_mlp_layernorm.source || w.mamba.in_proj.source) {
+  if (!w.has_attention() || !w.pre_mlp_layernorm.source || w.mamba.in_proj.source) {
     at::Tensor hidden = in.hidden();
-    if (w.linear_qkv.source) {  // x + attention(input_layernorm(x))
+    if (w.has_attention()) {  // x + attention(input_layernorm(x))
       const AttentionQkv a = attention_qkv(hidden, w, rope, cfg, 0);
       hidden = attention_residual(hidden, core_attention(a, cfg), w, cfg);
     }

@@ -12,6 +12,19 @@
 // - linear_fc1.weight [2*ffn, h]: rows [0, ffn) are the gate (SiLU applied), rows [ffn, 2*ffn)
 //   the up projection; with --squared-relu [ffn, h], no gate (MlpSpec).
 // RoPE rotates the two halves of each head (rotate-half, non-interleaved), as Megatron's default.
+//
+// Multi-latent attention (--multi-latent-attention, Megatron's MLASelfAttention; nh heads, dn =
+// --qk-head-dim, dr = --qk-pos-emb-head-dim, dv = --v-head-dim), under self_attention.:
+// - linear_q_proj.weight [nh (dn + dr), h], or with --q-lora-rank r: linear_q_down_proj.weight
+//   [r, h], q_layernorm.weight [r] (--qk-layernorm), linear_q_up_proj.weight [nh (dn + dr), r].
+//   Rows per head: dn channels without position, then dr rotated ones.
+// - linear_kv_down_proj.weight [kv_lora_rank + dr, h]: the latent, then one key head's dr rotated
+//   channels, shared by every head; kv_layernorm.weight [kv_lora_rank] (--qk-layernorm) on the
+//   latent; linear_kv_up_proj.weight [nh (dn + dv), kv_lora_rank], rows per head: dn key
+//   channels, then dv value channels. linear_proj.weight [h, nh dv].
+// The dr channels are DeepSeek's interleaved pairs (2i, 2i + 1): MLA's RoPE takes the even
+// channels, then the odd ones, and rotates the halves, as Megatron's. Scale 1/sqrt(dn + dr), times
+// YaRN's mscale(--rotary-scaling-factor, --mscale-all-dim)^2 (attention_softmax_scale).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -87,6 +100,9 @@ struct LayerHandles {
   ParamHandle linear_proj;        // self_attention.linear_proj.weight [h, nh*hd]
   ParamHandle q_layernorm;        // self_attention.q_layernorm.weight [hd] (--qk-layernorm)
   ParamHandle k_layernorm;        // self_attention.k_layernorm.weight [hd] (--qk-layernorm)
+  // Multi-latent attention (header comment); q_layernorm is then the query latent's norm.
+  ParamHandle linear_q_proj, linear_q_down_proj, linear_q_up_proj;
+  ParamHandle linear_kv_down_proj, kv_layernorm, linear_kv_up_proj;
   ParamHandle pre_mlp_layernorm;  // pre_mlp_layernorm.weight      [h]
   ParamHandle linear_fc1;         // mlp.linear_fc1.weight [2*ffn, h]   (dense layers)
   ParamHandle linear_fc2;         // mlp.linear_fc2.weight [h, ffn]     (dense layers)
@@ -96,6 +112,8 @@ struct LayerHandles {
   MambaHandles mamba;             // mixer.* (Mamba layers)
   MoeExperts* experts = nullptr;  // MoE layers: runs the routed experts; not owned
   RouterBias* router_bias = nullptr;  // MoE layers with --moe-router-enable-expert-bias; not owned
+  // Whether the layer has self-attention (grouped-query or multi-latent).
+  bool has_attention() const { return linear_qkv.source || linear_kv_down_proj.source; }
 };
 // Handles of the layer under `prefix` among `specs`, registered at indices first.. of `source`
 // (specs[i] at first + i); matched by name.
@@ -121,9 +139,16 @@ struct RotaryTables {
   at::Tensor cos, sin;
 };
 // cos and sin of position * frequency, [seq_length, rotary_dim()] (each frequency twice,
-// rotate-half form; the head dim unless --rotary-percent < 1), computed in float64 and cast to
-// `dtype`; with --use-rope-scaling the frequencies are llama3_scaled_frequencies'.
+// rotate-half form; the head dim unless --rotary-percent < 1, MLA's qk_pos_emb_head_dim),
+// computed in float64 and cast to `dtype`; with --use-rope-scaling the frequencies are
+// llama3_scaled_frequencies', with MLA's YaRN yarn_frequencies' and both tables times YaRN's
+// mscale(factor, --mscale) / mscale(factor, --mscale-all-dim).
 RotaryTables make_rotary_tables(const ModelConfig& cfg, c10::Device device, c10::ScalarType dtype);
+// The attention's softmax scale: 0 for the default 1/sqrt(q's head dim); with MLA and YaRN's
+// mscale-all-dim factor m != 1, m^2 / sqrt(qk_head_dim + qk_pos_emb_head_dim) (Megatron's).
+double attention_softmax_scale(const ModelConfig& cfg);
+// YaRN's frequencies (float64, one per rotated pair of MLA's qk_pos_emb_head_dim channels).
+at::Tensor yarn_frequencies(const ModelConfig& cfg);
 // Llama 3.x RoPE scaling of the frequencies inv_freq (float64, one per rotated pair) by `factor`,
 // with ModelConfig's fixed low/high-frequency factors 1 and 4 and original context 8192.
 at::Tensor llama3_scaled_frequencies(const at::Tensor& inv_freq, double factor);

@@ -95,6 +95,16 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   get(j, "mamba_num_groups", &m.mamba_num_groups, false);
   get(j, "mamba_num_heads", &m.mamba_num_heads, false);
   get(j, "mamba_chunk_size", &m.mamba_chunk_size, false);  // not written today: default 128
+  get(j, "multi_latent_attention", &m.multi_latent_attention, false);  // written with MLA only
+  get(j, "q_lora_rank", &m.q_lora_rank, false);
+  get(j, "kv_lora_rank", &m.kv_lora_rank, false);
+  get(j, "qk_head_dim", &m.qk_head_dim, false);
+  get(j, "qk_pos_emb_head_dim", &m.qk_pos_emb_head_dim, false);
+  get(j, "v_head_dim", &m.v_head_dim, false);
+  get(j, "rope_type", &m.rope_type, false);
+  get(j, "rotary_scaling_factor", &m.rotary_scaling_factor, false);
+  get(j, "mscale", &m.mscale, false);
+  get(j, "mscale_all_dim", &m.mscale_all_dim, false);
   try {
     check_model_config(m);
   } catch (const UsageError& e) {
@@ -115,8 +125,17 @@ std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelCon
   auto cmp = [&](const char* flag, const auto& a, const auto& b) {
     if (!(a == b)) to->push_back(fmt::format("{} {} (checkpoint: {})", flag, text(a), text(b)));
   };
+  cmp("--multi-latent-attention", run.mla(), saved.mla());
+  if (run.mla() && saved.mla()) {  // shapes that can agree by chance across these flags
+    cmp("--num-attention-heads", run.num_attention_heads, saved.num_attention_heads);
+    cmp("--q-lora-rank", run.q_lora_rank, saved.q_lora_rank);
+    cmp("--kv-lora-rank", run.kv_lora_rank, saved.kv_lora_rank);
+    cmp("--qk-head-dim", run.qk_head_dim, saved.qk_head_dim);
+    cmp("--qk-pos-emb-head-dim", run.qk_pos_emb_head_dim, saved.qk_pos_emb_head_dim);
+    cmp("--v-head-dim", run.v_head_dim, saved.v_head_dim);
+  }
   // Heads and groups: 8 heads in 4 groups have the QKV rows of 4 heads in 2 at the same width.
-  if (run.hidden_size == saved.hidden_size) {
+  if (run.hidden_size == saved.hidden_size && !run.mla() && !saved.mla()) {
     cmp("--num-attention-heads", run.num_attention_heads, saved.num_attention_heads);
     if (run.num_query_groups != saved.num_query_groups &&
         run.num_attention_heads == saved.num_attention_heads &&
@@ -137,6 +156,13 @@ std::vector<std::string> model_mismatches(const ModelConfig& run, const ModelCon
     cmp("--rope-scaling-factor", run.rope_scaling_factor, saved.rope_scaling_factor);
   cmp("--rotary-seq-len-interpolation-factor", run.rotary_seq_len_interpolation_factor,
       saved.rotary_seq_len_interpolation_factor);
+  if (run.mla() && saved.mla()) {
+    cmp("--rope-type", std::string(run.yarn() ? "yarn" : "rope"),
+        std::string(saved.yarn() ? "yarn" : "rope"));
+    cmp("--rotary-scaling-factor", run.rotary_scaling_factor, saved.rotary_scaling_factor);
+    cmp("--mscale", run.mscale, saved.mscale);
+    cmp("--mscale-all-dim", run.mscale_all_dim, saved.mscale_all_dim);
+  }
   to = &out;
   cmp("--norm-epsilon", run.norm_epsilon, saved.norm_epsilon);
   cmp("--squared-relu", run.squared_relu, saved.squared_relu);
@@ -195,6 +221,16 @@ bool take_checkpoint_model_args(ModelConfig* run, const ModelConfig& saved,
   take("--num-query-groups", m.num_query_groups, saved.num_query_groups);
   take("--kv-channels", m.kv_channels, saved.head_dim());
   take("--qk-layernorm", m.qk_layernorm, saved.qk_layernorm);
+  take("--multi-latent-attention", m.multi_latent_attention, saved.multi_latent_attention);
+  take("--q-lora-rank", m.q_lora_rank, saved.q_lora_rank);
+  take("--kv-lora-rank", m.kv_lora_rank, saved.kv_lora_rank);
+  take("--qk-head-dim", m.qk_head_dim, saved.qk_head_dim);
+  take("--qk-pos-emb-head-dim", m.qk_pos_emb_head_dim, saved.qk_pos_emb_head_dim);
+  take("--v-head-dim", m.v_head_dim, saved.v_head_dim);
+  take("--rope-type", m.rope_type, saved.rope_type);
+  take("--rotary-scaling-factor", m.rotary_scaling_factor, saved.rotary_scaling_factor);
+  take("--mscale", m.mscale, saved.mscale);
+  take("--mscale-all-dim", m.mscale_all_dim, saved.mscale_all_dim);
   take("--add-qkv-bias", m.add_qkv_bias, saved.add_qkv_bias);
   take("--seq-length", m.seq_length, saved.seq_length);
   take("--vocab-size", m.vocab_size, saved.vocab_size);

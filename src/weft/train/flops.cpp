@@ -15,7 +15,20 @@ struct LayerCost {
   double extra = 0;   // FLOPs per token beyond 6 * params (attention scores, SSD)
 };
 
+// Multi-latent attention: the down and up projections met by every token, and the scores of
+// (dn + dr)-channel queries and keys over dv-channel values, causal.
+LayerCost mla_cost(const ModelConfig& m) {
+  const double h = m.hidden_size, nh = m.num_attention_heads, qr = m.q_lora_rank;
+  const double kvr = m.kv_lora_rank, qhd = m.mla_q_head_dim(), dv = m.v_head_dim;
+  const double norms = m.qk_layernorm ? (qr > 0 ? qr : 0) + kvr : 0;
+  const double q = qr > 0 ? h * qr + qr * nh * qhd : h * nh * qhd;
+  return {h + q + h * (kvr + m.qk_pos_emb_head_dim) + kvr * nh * (m.qk_head_dim + dv) +
+              nh * dv * h + norms,
+          3.0 * m.seq_length * nh * (qhd + dv)};
+}
+
 LayerCost attention_cost(const ModelConfig& m) {
+  if (m.mla()) return mla_cost(m);
   const double h = m.hidden_size, nh = m.num_attention_heads, ng = m.num_query_groups;
   const double hd = m.head_dim();
   return {h * (nh + 2 * ng) * hd + nh * hd * h + h + (m.qk_layernorm ? 2 * hd : 0),

@@ -104,7 +104,31 @@ struct ActModel {
   int64_t mlp_act(const MlpSpec& s) const {
     return s.squared_relu ? 2 * B * s.ffn : (fused ? 3 : 4) * B * s.ffn;
   }
+  // An RMSNorm over n channels: its input's share (unfused ATen keeps x^2 too) and rstd.
+  int64_t norm_over(int64_t n) const {
+    if (fused) return B * n + 4;
+    return (TORCH_VERSION_MAJOR < 2 ? 8 : 4) * n + B * n + 4;
+  }
+  // Multi-latent attention (an estimate from what its ops save, not checked against a measured
+  // peak): the down projections' input, the query latent (--q-lora-rank, with its norm), the
+  // key/value latent (a copy and its norm's output with --qk-layernorm, else the down
+  // projection's output it views), the rotations' de-interleaved inputs (q's heads and the one
+  // key head, twice: x and its rotated half), and q, k (nh (dn + dr) each), v and the
+  // projection's input (nh dv each) as in attention().
+  int64_t mla_attention() const {
+    const int64_t h = m.hidden_size, nh = m.num_attention_heads, s = m.seq_length;
+    const int64_t qr = m.q_lora_rank, kvr = m.kv_lora_rank, dr = m.qk_pos_emb_head_dim;
+    const int64_t qk = B * nh * m.mla_q_head_dim(), v = B * nh * m.v_head_dim;
+    int64_t a = norm() + B * h;
+    if (qr > 0) a += m.qk_layernorm ? norm_over(qr) + B * qr : B * qr;
+    a += m.qk_layernorm ? B * kvr + norm_over(kvr) : B * (kvr + dr);
+    a += 2 * B * (nh + 1) * dr;
+    if (m.recompute.core_attn) return a + 2 * qk + 2 * v;
+    if (flash) return a + 2 * qk + 2 * v + 4 * nh;
+    return a + 2 * qk + 2 * v + 4 * nh * s + (B == 2 ? 2 * nh * s : 0);
+  }
   int64_t attention() const {
+    if (m.mla()) return mla_attention();
     const int64_t h = m.hidden_size, nh = m.num_attention_heads, ng = m.num_query_groups;
     const int64_t hd = m.head_dim(), s = m.seq_length;
     int64_t a = norm() + B * h;  // input_layernorm, linear_qkv's input

@@ -53,7 +53,29 @@ const std::chrono::steady_clock::time_point kProcessStart = std::chrono::steady_
 
 bool exit_signal_received() { return g_exit_signal != 0; }
 
+// Every key but MLA's.
+static nlohmann::json train_config_json(const TrainConfig& c);
+
 nlohmann::json train_config_to_json(const TrainConfig& c) {
+  nlohmann::json j = train_config_json(c);
+  const ModelConfig& m = c.model;
+  if (m.mla()) {  // written only for MLA models, so that other configs keep their bytes
+    nlohmann::json& model = j["model"];
+    model["multi_latent_attention"] = true;
+    model["q_lora_rank"] = m.q_lora_rank;
+    model["kv_lora_rank"] = m.kv_lora_rank;
+    model["qk_head_dim"] = m.qk_head_dim;
+    model["qk_pos_emb_head_dim"] = m.qk_pos_emb_head_dim;
+    model["v_head_dim"] = m.v_head_dim;
+    model["rope_type"] = m.yarn() ? "yarn" : "rope";
+    model["rotary_scaling_factor"] = m.rotary_scaling_factor;
+    model["mscale"] = m.mscale;
+    model["mscale_all_dim"] = m.mscale_all_dim;
+  }
+  return j;
+}
+
+static nlohmann::json train_config_json(const TrainConfig& c) {
   const ModelConfig& m = c.model;
   auto dt = [](c10::ScalarType t) { return t == at::kBFloat16 ? "bf16" : "fp32"; };
   return {
@@ -217,17 +239,17 @@ void validate_train_config(const TrainConfig& c, int world_size) {
                "both as its all-to-all exchange and has no flex dispatcher)",
                c.moe_token_dispatcher_type);
   if (m.hidden_size < 1 || m.num_attention_heads < 1 ||
-      (m.kv_channels == -1 && m.hidden_size % m.num_attention_heads))
+      (m.kv_channels == -1 && !m.mla() && m.hidden_size % m.num_attention_heads))
     fail_usage("--hidden-size {} must be a positive multiple of --num-attention-heads {}, or "
                "give the head dim with --kv-channels", m.hidden_size, m.num_attention_heads);
   if (m.kv_channels != -1 && m.kv_channels < 1)
     fail_usage("--kv-channels must be >= 1, or -1 for --hidden-size / --num-attention-heads "
                "(got {})", m.kv_channels);
-  if (m.head_dim() % 2)
+  if (!m.mla() && m.head_dim() % 2)
     fail_usage("head dim ({} = {}) must be even for RoPE",
                m.kv_channels > 0 ? "--kv-channels" : "--hidden-size/--num-attention-heads",
                m.head_dim());
-  if (m.num_query_groups < 1 || m.num_attention_heads % m.num_query_groups)
+  if (m.num_query_groups < 1 || (!m.mla() && m.num_attention_heads % m.num_query_groups))
     fail_usage("--num-attention-heads {} must be a multiple of --num-query-groups {}",
                m.num_attention_heads, m.num_query_groups);
   if (m.ffn_hidden_size < 1) fail_usage("--ffn-hidden-size must be >= 1");

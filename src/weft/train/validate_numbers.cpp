@@ -53,6 +53,14 @@ void validate_numeric_flags(const TrainConfig& c) {
     check_int("--rotary-seq-len-interpolation-factor", m.rotary_seq_len_interpolation_factor, 1,
               "or not given");
   check_real("--norm-epsilon", m.norm_epsilon, 0, kInf, true);
+  if (m.mla()) {
+    check_int("--q-lora-rank", m.q_lora_rank, 0, "0: none");
+    check_int("--kv-lora-rank", m.kv_lora_rank, 1);
+    check_int("--qk-head-dim", m.qk_head_dim, 1);
+    check_int("--qk-pos-emb-head-dim", m.qk_pos_emb_head_dim, 2);
+    check_int("--v-head-dim", m.v_head_dim, 1);
+    check_real("--rotary-scaling-factor", m.rotary_scaling_factor, 0, kInf, true);
+  }
   check_int("--num-experts", m.num_experts, 0);
   check_int("--moe-router-topk", m.moe_router_topk, 1);
   if (m.moe_ffn_hidden_size != -1)
