@@ -101,9 +101,12 @@ inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, con
 inline at::Tensor causal_attention_gqa(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v, double scale = 0) {
 #if WEFT_TORCH_AT_LEAST(2, 5)
+  // Values of another head dim than q's (MLA) come with a key/value head per query head; the
+  // memory-efficient kernel takes them but not enable_gqa, so the flag is left off there.
+  const bool gqa = v.size(-1) == q.size(-1) || q.size(1) != k.size(1);
   return at::scaled_dot_product_attention(
       q, k, v, {}, 0.0, /*is_causal=*/true,
-      scale > 0 ? c10::optional<double>(scale) : c10::optional<double>(), /*enable_gqa=*/true);
+      scale > 0 ? c10::optional<double>(scale) : c10::optional<double>(), /*enable_gqa=*/gqa);
 #else
   const int64_t r = q.size(1) / k.size(1);
   auto expand = [r](const at::Tensor& t) {

@@ -1,5 +1,5 @@
 // The Llama-style decoder, written as functions over ParamHandles: token embedding, pre-norm
-// layers (RMSNorm, RoPE, grouped-query causal attention, SwiGLU or
+// layers (RMSNorm, RoPE, grouped-query or multi-latent causal attention, SwiGLU or
 // squared-ReLU MLP), final norm, output layer,
 // and the language-model loss. No parallelism here: callers (parallel/) decide which pieces run
 // on which rank and where the weights come from.
@@ -49,7 +49,8 @@ void check_moe_config(const ModelConfig& cfg);
 ParamSpec embedding_param_spec(const ModelConfig& cfg);      // embedding.word_embeddings.weight
 // One layer's own parameters under `prefix` (e.g. "decoder.layers.3."). `symbol` is the layer's
 // kind: 'T' a transformer layer (attention, then an MLP, or MoE when `moe`), or a hybrid
-// model's '*' attention, '-' MLP, 'E' MoE, 'M' Mamba-2. Order: input_layernorm,
+// model's '*' attention, '-' MLP, 'E' MoE, 'M' Mamba-2. Order (MLA: its weights in the order of
+// the header comment in place of the QKV ones): input_layernorm,
 // self_attention.linear_qkv (weight, then bias with --add-qkv-bias), the q/k layernorms
 // (--qk-layernorm), self_attention.linear_proj; pre_mlp_layernorm, mlp.linear_fc1,
 // mlp.linear_fc2 | mlp.router, mlp.shared_experts.linear_fc1/fc2 (with shared experts);
