@@ -192,7 +192,7 @@ void add_ckpt_command(CLI::App* app) {
   };
   CLI::App* ex = ck->add_subcommand("export", "write a checkpoint in the Hugging Face layout "
                                               "(Llama, Qwen2, Qwen3, Qwen3-MoE, Mixtral, "
-                                              "NemotronH)");
+                                              "DeepSeek-V3, NemotronH)");
   ex->add_option("CKPT", *dir, "save directory or iter_NNNNNNN directory")->required();
   ex->add_option("OUT", *other, "new output directory")->required();
   ex->add_option("--format", *format, "hf")->capture_default_str();

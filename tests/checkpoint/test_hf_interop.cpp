@@ -22,6 +22,7 @@
 #include "support/tiny_config.h"
 #include "weft/checkpoint/full_read.h"
 #include "weft/checkpoint/hf_config.h"
+#include "weft/checkpoint/hf_deepseek_v3.h"
 #include "weft/checkpoint/hf_export.h"
 #include "weft/checkpoint/hf_import.h"
 #include "weft/checkpoint/safetensors.h"
@@ -1108,6 +1109,195 @@ TEST(HfInterop, MixtralRoundTrip) {
     EXPECT_TRUE(at::equal(hf_tensor(f, "model.layers.2.block_sparse_moe.experts.3.w3.weight"), fc1.narrow(0, 24, 24)));
     hf_import_checkpoint(ck + "/ex", ck + "/im");
     expect_same_weights(w, weights_of(ck + "/im"));
+  }();
+  barrier();
+}
+
+// A DeepSeek-V3-shaped model (multi-latent attention with a query latent and the latent norms,
+// YaRN with mscales, a dense first layer, a sigmoid router with trained expert biases over 2
+// groups, 2 shared experts, a routing scale, an MTP depth; pipeline 2 x expert 2) goes out as
+// DeepseekV3ForCausalLM and back, bitwise but for the MTP depth, which transformers has no
+// layout for; its hub-style config.json (transformers 4's rope_scaling) reads as the same
+// model; what DeepSeek-V3 cannot hold is refused naming the key.
+TrainConfig deepseek() {
+  TrainConfig c = tiny(true);
+  ModelConfig& m = c.model;
+  m.multi_latent_attention = true;
+  m.q_lora_rank = 16;
+  m.kv_lora_rank = 12;
+  m.qk_head_dim = 8;
+  m.qk_pos_emb_head_dim = 8;
+  m.v_head_dim = 6;
+  m.qk_layernorm = true;
+  m.norm_epsilon = 1e-6;
+  m.rotary_scaling_factor = 40;
+  m.mscale = 0.9;
+  m.mscale_all_dim = 0.5;
+  m.num_experts = 4;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = 24;
+  m.moe_shared_expert_intermediate_size = 48;
+  m.moe_layer_pattern = {0, 1, 1, 1};
+  m.moe_router_score_function = "sigmoid";
+  m.moe_router_enable_expert_bias = true;
+  m.moe_router_bias_update_rate = 0.01;
+  m.moe_router_num_groups = 2;
+  m.moe_router_group_topk = 1;
+  m.moe_router_topk_scaling_factor = 2.5;
+  m.mtp_num_layers = 1;
+  c.layout.pp = 2;
+  c.layout.ep = 2;
+  return c;
+}
+
+TEST(HfInterop, DeepSeekV3RoundTrip) {
+  const std::string ck = trained(deepseek(), 4, "hfdsv3");
+  if (rank0()) [&] {
+    hf_export_checkpoint(ck, ck + "/ex", {});
+    const nlohmann::json cfg = read_json(ck + "/ex/config.json");
+    EXPECT_EQ(cfg["model_type"], "deepseek_v3");
+    EXPECT_EQ(cfg["architectures"], nlohmann::json::array({"DeepseekV3ForCausalLM"}));
+    EXPECT_EQ(cfg["q_lora_rank"], 16);
+    EXPECT_EQ(cfg["kv_lora_rank"], 12);
+    EXPECT_EQ(cfg["qk_nope_head_dim"], 8);
+    EXPECT_EQ(cfg["qk_rope_head_dim"], 8);
+    EXPECT_EQ(cfg["v_head_dim"], 6);
+    EXPECT_EQ(cfg["num_key_value_heads"], 4);
+    EXPECT_EQ(cfg["first_k_dense_replace"], 1);
+    EXPECT_EQ(cfg["n_routed_experts"], 4);
+    EXPECT_EQ(cfg["n_shared_experts"], 2);
+    EXPECT_EQ(cfg["moe_intermediate_size"], 24);
+    EXPECT_EQ(cfg["intermediate_size"], 48);
+    EXPECT_EQ(cfg["n_group"], 2);
+    EXPECT_EQ(cfg["topk_group"], 1);
+    EXPECT_EQ(cfg["norm_topk_prob"], true);
+    EXPECT_EQ(cfg["routed_scaling_factor"], 2.5);
+    EXPECT_EQ(cfg["rope_interleave"], true);
+    EXPECT_EQ(cfg["rope_parameters"]["rope_type"], "yarn");
+    EXPECT_EQ(cfg["rope_parameters"]["factor"], 40.0);
+    EXPECT_EQ(cfg["rope_parameters"]["mscale_all_dim"], 0.5);
+    EXPECT_EQ(cfg["rope_parameters"]["original_max_position_embeddings"], 4096);
+    const double m9 = 0.09 * std::log(40.0) + 1, m5 = 0.05 * std::log(40.0) + 1;
+    EXPECT_NEAR(cfg["rope_parameters"]["attention_factor"].get<double>(), m9 / m5, 1e-15);
+    const std::string f = ck + "/ex/model.safetensors";
+    const nlohmann::json h = raw_header(f);
+    const auto w = weights_of(ck);
+    auto same = [&](const std::string& hf, const std::string& weft) {
+      ASSERT_TRUE(h.contains(hf)) << hf;
+      EXPECT_TRUE(at::equal(hf_tensor(f, hf), w.at(weft))) << hf << " vs " << weft;
+    };
+    const std::string a = "decoder.layers.2.self_attention.";
+    same("model.layers.2.self_attn.q_a_proj.weight", a + "linear_q_down_proj.weight");
+    same("model.layers.2.self_attn.q_a_layernorm.weight", a + "q_layernorm.weight");
+    same("model.layers.2.self_attn.q_b_proj.weight", a + "linear_q_up_proj.weight");
+    same("model.layers.2.self_attn.kv_a_proj_with_mqa.weight", a + "linear_kv_down_proj.weight");
+    same("model.layers.2.self_attn.kv_a_layernorm.weight", a + "kv_layernorm.weight");
+    same("model.layers.2.self_attn.kv_b_proj.weight", a + "linear_kv_up_proj.weight");
+    same("model.layers.2.self_attn.o_proj.weight", a + "linear_proj.weight");
+    EXPECT_EQ(h["model.layers.2.self_attn.kv_b_proj.weight"]["shape"], nlohmann::json({4 * 14, 12}));
+    same("model.layers.2.post_attention_layernorm.weight", "decoder.layers.2.pre_mlp_layernorm.weight");
+    same("model.layers.2.mlp.gate.weight", "decoder.layers.2.mlp.router.weight");
+    same("model.layers.2.mlp.gate.e_score_correction_bias", "decoder.layers.2.mlp.router.expert_bias");
+    EXPECT_EQ(h["model.layers.2.mlp.gate.e_score_correction_bias"]["dtype"], "F32");
+    double biases = 0;  // a layer's may stay zero (balanced counts), not all of them
+    for (int l = 1; l < 4; ++l)
+      biases += w.at(fmt::format("decoder.layers.{}.mlp.router.expert_bias", l)).abs().sum().item<double>();
+    EXPECT_GT(biases, 0.0) << "the biases did not train";
+    same("model.layers.2.mlp.experts.3.down_proj.weight", "decoder.layers.2.mlp.experts.3.linear_fc2.weight");
+    const at::Tensor fc1 = w.at("decoder.layers.2.mlp.experts.3.linear_fc1.weight");
+    EXPECT_TRUE(at::equal(hf_tensor(f, "model.layers.2.mlp.experts.3.gate_proj.weight"), fc1.narrow(0, 0, 24)));
+    EXPECT_TRUE(at::equal(hf_tensor(f, "model.layers.2.mlp.experts.3.up_proj.weight"), fc1.narrow(0, 24, 24)));
+    const at::Tensor sfc1 = w.at("decoder.layers.2.mlp.shared_experts.linear_fc1.weight");
+    EXPECT_TRUE(at::equal(hf_tensor(f, "model.layers.2.mlp.shared_experts.up_proj.weight"), sfc1.narrow(0, 48, 48)));
+    EXPECT_EQ(h["model.layers.0.mlp.gate_proj.weight"]["shape"], nlohmann::json({48, 32}));
+    EXPECT_FALSE(h.contains("model.layers.0.mlp.gate.weight"));
+    same("lm_head.weight", "output_layer.weight");
+    for (const auto& [name, e] : h.items()) EXPECT_EQ(name.find("mtp"), std::string::npos) << name;
+
+    hf_import_checkpoint(ck + "/ex", ck + "/im");
+    std::map<std::string, at::Tensor> main;  // the checkpoint less its MTP depth
+    for (const auto& [k, t] : w)
+      if (k.rfind("mtp.", 0) != 0) main[k] = t;
+    expect_same_weights(main, weights_of(ck + "/im"));
+    const ModelConfig m = model_of(ck + "/im");
+    EXPECT_TRUE(m.mla() && m.yarn() && m.qk_layernorm && m.moe_router_enable_expert_bias);
+    EXPECT_EQ(m.q_lora_rank, 16);
+    EXPECT_EQ(m.v_head_dim, 6);
+    EXPECT_EQ(m.mscale, 0.9);
+    EXPECT_EQ(m.mscale_all_dim, 0.5);
+    EXPECT_EQ(m.moe_layer_pattern, (std::vector<int>{0, 1, 1, 1}));
+    EXPECT_EQ(m.moe_shared_expert_intermediate_size, 48);
+    EXPECT_EQ(m.moe_router_num_groups, 2);
+    EXPECT_EQ(m.moe_router_group_topk, 1);
+    EXPECT_EQ(m.moe_router_topk_scaling_factor, 2.5);
+    EXPECT_EQ(m.moe_router_dtype, "fp32");
+    hf_export_checkpoint(ck + "/im", ck + "/ex2", {});
+    expect_same_files(ck + "/ex", ck + "/ex2");
+
+    // The hub's form: transformers 4's rope_scaling with its "type", mscale 1 and 1, no
+    // attention_factor; q_lora_rank null is linear_q_proj; the MTP layers past the main ones.
+    nlohmann::json hub = cfg;
+    hub.erase("rope_parameters");
+    hub["rope_scaling"] = {{"type", "yarn"}, {"factor", 40}, {"mscale", 1.0},
+                           {"mscale_all_dim", 1.0}, {"original_max_position_embeddings", 4096},
+                           {"beta_fast", 32}, {"beta_slow", 1}};
+    hub["q_lora_rank"] = nullptr;
+    const ModelConfig hm = hf_model_config_from_json(hub);
+    EXPECT_EQ(hm.q_lora_rank, 0);
+    EXPECT_EQ(hm.mscale, 1.0);
+    EXPECT_EQ(hm.mscale_all_dim, 1.0);
+    EXPECT_NEAR(attention_softmax_scale(hm), std::pow(0.1 * std::log(40.0) + 1, 2) / 4.0, 1e-15);
+    hub["rope_scaling"].erase("mscale");  // transformers: mscale(f, 1), Megatron's M = 1 over
+    hub["rope_scaling"]["mscale_all_dim"] = 0;
+    EXPECT_EQ(hf_model_config_from_json(hub).mscale, 1.0);
+    hub["rope_scaling"] = nullptr;
+    EXPECT_EQ(hf_model_config_from_json(hub).rope_type, "rope");
+    EXPECT_TRUE(hf_deepseek_v3_mtp_tensor("model.layers.4.eh_proj.weight", 4));
+    EXPECT_FALSE(hf_deepseek_v3_mtp_tensor("model.layers.3.mlp.gate.weight", 4));
+    EXPECT_FALSE(hf_deepseek_v3_mtp_tensor("model.norm.weight", 4));
+    auto refused = [&](const char* key, nlohmann::json value, const std::string& needle) {
+      nlohmann::json bad = cfg;
+      bad[key] = value;
+      try {
+        hf_model_config_from_json(bad);
+        ADD_FAILURE() << "accepted " << key << " = " << value.dump();
+      } catch (const UsageError& e) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      }
+    };
+    refused("rope_interleave", false, "rope_interleave");
+    refused("rms_norm_eps", 1e-5, "rms_norm_eps");
+    refused("num_key_value_heads", 2, "num_key_value_heads");
+    refused("n_group", 3, "n_group");
+    refused("norm_topk_prob", false, "norm_topk_prob");
+    refused("hidden_act", "gelu", "hidden_act");
+    refused("n_shared_experts", 0, "n_shared_experts");
+    nlohmann::json long_ctx = cfg["rope_parameters"];
+    long_ctx["original_max_position_embeddings"] = 8192;
+    refused("rope_scaling", long_ctx, "original_max_position_embeddings");  // preferred
+    // What DeepSeek-V3 cannot hold is refused on export, naming the flag.
+    auto unexportable = [](ModelConfig c, const std::string& needle) {
+      try {
+        hf_model_type(c);
+        ADD_FAILURE() << "exported: " << needle;
+      } catch (const UsageError& e) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      }
+    };
+    ModelConfig base = deepseek().model;
+    ASSERT_EQ(hf_model_type(base), "deepseek_v3");
+    auto with = [&](auto change) { ModelConfig x = base; change(x); return x; };
+    unexportable(with([](ModelConfig& x) { x.qk_layernorm = false; }), "--qk-layernorm");
+    unexportable(with([](ModelConfig& x) { x.norm_epsilon = 1e-5; }), "--norm-epsilon");
+    unexportable(with([](ModelConfig& x) { x.moe_shared_expert_intermediate_size = 36; }),
+                 "--moe-shared-expert-intermediate-size");
+    unexportable(with([](ModelConfig& x) { x.moe_layer_pattern = {1, 0, 1, 1}; }),
+                 "--moe-layer-freq");
+    unexportable(with([](ModelConfig& x) {
+                   x.moe_router_score_function = "softmax";
+                   x.moe_router_enable_expert_bias = false;
+                 }),
+                 "--moe-router-score-function");
   }();
   barrier();
 }

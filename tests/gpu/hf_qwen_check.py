@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""weft's Qwen2, Qwen3-MoE and Mixtral imports (docs/hf-interop.md) against transformers.
+"""weft's Qwen2, Qwen3-MoE, Mixtral and DeepSeek-V3 imports (docs/hf-interop.md) against transformers.
 
 Two phases, because transformers lives on the GPU machine and a full weft build (ICU, the
 tokenizers) here:
@@ -9,16 +9,21 @@ tokenizers) here:
       tied (as Qwen2.5-0.5B) and untied (weft's --add-qkv-bias); Qwen3MoeForCausalLM with a
       dense first layer (mlp_only_layers), a head dim of its own and norm_topk_prob true and
       false (weft's --qk-layernorm MoE, --moe-router-pre-softmax for false); MixtralForCausalLM
-      (weft's MoE without q/k norms, never compared with transformers before). For each: a
+      (weft's MoE without q/k norms, never compared with transformers before);
+      DeepseekV3ForCausalLM (weft's multi-latent attention with a query latent and YaRN, a dense
+      first layer, a sigmoid router with random expert biases over 4 groups, a shared expert and
+      a routing scale). For each: a
       random sequence D of S token ids, transformers' float64 loss of predicting D[1:] + [D[0]]
       from D, and the same loss with a planted difference the check must tell apart (Qwen2: the
-      q/k/v biases zeroed; Qwen3-MoE: norm_topk_prob flipped; Mixtral: the router zeroed).
+      q/k/v biases zeroed; Qwen3-MoE: norm_topk_prob flipped; Mixtral: the router zeroed;
+      DeepSeek-V3: rope_interleave off).
       Biases, norm weights, routers, experts and the q/k scale are made random and large
       enough that every part moves the loss. The models are saved in bfloat16 and read back:
       the reference is transformers' float64 loss of the files, checked against a float64
       forward written in this script from the architectures' definitions (to 1e-7: transformers
       computes RMSNorm, the RoPE tables and the routers' softmax in float32 even in a float64
-      model).
+      model; DeepSeek-V3 has no such forward here: weft's test_model checks its MLA against a
+      reference of its own).
 
   check OUTDIR WEFT       (here, with the weft binary WEFT)
       for each model: a corpus of 64 copies of D as NullTokenizer text (space-separated ids, no
@@ -52,7 +57,8 @@ import sys
 GEN_PROMPT, GEN_NEW = 8, 24  # greedy decoding: prompt D[:8], 24 new tokens
 TOL = 1e-6  # weft's float32 loss against the float64 references, relative
 SHAPE = dict(hidden=256, ffn=704, layers=4, heads=8, groups=4, vocab=1024, seq=128)
-MODELS = ("qwen2_tied", "qwen2_untied", "qwen3_moe_norm", "qwen3_moe_prob", "mixtral")
+MODELS = ("qwen2_tied", "qwen2_untied", "qwen3_moe_norm", "qwen3_moe_prob", "mixtral",
+          "deepseek_v3")
 
 
 def fail(msg):
@@ -80,6 +86,25 @@ def make_model(name, torch):
             for n, p in m.named_parameters():
                 if n.endswith("_proj.bias"):
                     p.zero_()
+        return model, plant
+    if name == "deepseek_v3":  # weft's MLA with YaRN and a DeepSeek-V3 MoE
+        from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+        for k in ("use_sliding_window", "sliding_window", "num_key_value_heads"):
+            del common[k]
+        cfg = DeepseekV3Config(
+            tie_word_embeddings=False, num_key_value_heads=SHAPE["heads"], q_lora_rank=96,
+            kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+            n_routed_experts=8, num_experts_per_tok=4, n_group=4, topk_group=2,
+            moe_intermediate_size=128, n_shared_experts=1, first_k_dense_replace=1,
+            routed_scaling_factor=2.5, norm_topk_prob=True, rope_interleave=True,
+            **{**common, "rope_parameters": {
+                "rope_type": "yarn", "rope_theta": 1e6, "factor": 40.0, "mscale": 0.9,
+                "mscale_all_dim": 0.5, "original_max_position_embeddings": 4096,
+                "beta_fast": 32.0, "beta_slow": 1.0}})
+        model = DeepseekV3ForCausalLM(cfg)
+
+        def plant(m):  # rotate the pairs as halves: weft's (Megatron's) de-interleave matters
+            m.config.rope_interleave = False
         return model, plant
     if name == "mixtral":  # weft's MoE without q/k norms; transformers 5 fuses its experts too
         del common["use_sliding_window"]
@@ -226,6 +251,8 @@ def cmd_reference(a):
     import transformers
 
     for i, name in enumerate(MODELS):
+        if name not in a.models:
+            continue
         torch.manual_seed(11 + i)
         model, plant = make_model(name, torch)
         model = model.to(torch.float32)
@@ -237,7 +264,7 @@ def cmd_reference(a):
             for n, p in model.named_parameters():
                 if n.endswith("norm.weight"):
                     p.uniform_(0.5, 1.5)
-                if n.endswith(("q_proj.weight", "k_proj.weight")):
+                if n.endswith(("q_proj.weight", "k_proj.weight", "q_b_proj.weight", "kv_b_proj.weight")):
                     p.mul_(4.0)
                 if n.endswith("_proj.bias"):
                     p.uniform_(-1.0, 1.0)
@@ -247,6 +274,9 @@ def cmd_reference(a):
                 if ".experts." in n:  # large enough that the experts' output rivals attention's
                     p.normal_(0.0, 0.06)
                     n_experts += 1
+            for n, b in model.named_buffers():
+                if n.endswith("e_score_correction_bias"):  # DeepSeek-V3: biases that choose
+                    b.uniform_(-0.3, 0.3)
         if n_experts == 0 and not name.startswith("qwen2"):
             fail(f"{name}: no parameter named like '.experts.' to make larger")
         # Saved in bfloat16 (half the bytes to carry back from the GPU machine), then read back:
@@ -273,8 +303,9 @@ def cmd_reference(a):
         m64 = load(torch.float64)
         ref = loss_of(m64)
         ref32 = loss_of(load(torch.float32))  # how far float32 arithmetic alone moves it
-        indep = independent_loss(model_dir, config, seq.tolist(), labels, torch)
-        if abs(indep - ref) > 1e-7 * abs(ref):  # transformers' norms, RoPE, routers in float32
+        indep = (None if name == "deepseek_v3" else
+                 independent_loss(model_dir, config, seq.tolist(), labels, torch))
+        if indep is not None and abs(indep - ref) > 1e-7 * abs(ref):  # transformers' norms, RoPE, routers in float32
             fail(f"{name}: transformers' loss {ref} and the forward written here {indep} differ")
         greedy, margin = greedy_of(m64, seq[:GEN_PROMPT], torch)
         with torch.no_grad():
@@ -335,7 +366,7 @@ def cmd_exported(a):
     import torch
     from transformers import AutoModelForCausalLM
     ok_all = True
-    for name in MODELS:
+    for name in a.models:
         d = os.path.join(a.exportdir, name)
         with open(os.path.join(d, "weft_reference.json")) as f:
             ref = json.load(f)
@@ -352,7 +383,7 @@ def cmd_exported(a):
 
 def cmd_check(a):
     ok_all = True
-    for name in MODELS:
+    for name in a.models:
         d = os.path.join(a.outdir, name)
         ref_path = os.path.join(d, "reference.json")
         if not os.path.exists(ref_path):
@@ -451,6 +482,8 @@ def main():
     c.add_argument("--export-dir", help="also export each import here, for `exported`")
     e = sub.add_parser("exported")
     e.add_argument("exportdir")
+    for q in (r, c, e):
+        q.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     a = p.parse_args()
     {"reference": cmd_reference, "check": cmd_check, "exported": cmd_exported}[a.cmd](a)
 

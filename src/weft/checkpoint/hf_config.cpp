@@ -22,6 +22,7 @@
 #include <optional>
 
 #include "weft/checkpoint/format.h"
+#include "weft/checkpoint/hf_deepseek_v3.h"
 #include "weft/checkpoint/hf_json.h"
 #include "weft/checkpoint/hf_nemotron_h.h"
 #include "weft/checkpoint/hf_qwen3_moe.h"
@@ -32,13 +33,14 @@ namespace weft {
 namespace fs = std::filesystem;
 
 std::string hf_model_type(const ModelConfig& c) {
-  if (c.mla())
-    fail_usage("hf export: --multi-latent-attention: weft exports Llama, Qwen2/3, Mixtral, "
-               "Qwen3-MoE and NemotronH, none of which has MLA (DeepSeek-V3's mapping is not "
-               "written yet)");
   if (c.moe() && c.moe_apply_probs_on_input)
     fail_usage("hf export: --moe-apply-probs-on-input has no Hugging Face equivalent here "
-               "(Mixtral, Qwen3-MoE and NemotronH weigh each expert's output, not its input)");
+               "(Mixtral, Qwen3-MoE, DeepSeek-V3 and NemotronH weigh each expert's output, not "
+               "its input)");
+  if (c.mla()) {  // DeepSeek-V3, where the model is one (hf_deepseek_v3.h)
+    hf_deepseek_v3_check(c);
+    return "deepseek_v3";
+  }
   if (c.hybrid()) {  // NemotronH, where the model is one (hf_nemotron_h.h)
     hf_nemotron_h_check(c);
     return "nemotron_h";
@@ -95,6 +97,7 @@ std::string hf_model_type(const ModelConfig& c) {
 std::vector<HfTensorMap> hf_tensor_maps(const ModelConfig& c) {
   const std::string type = hf_model_type(c);
   if (type == "nemotron_h") return hf_nemotron_h_tensor_maps(c);
+  if (type == "deepseek_v3") return hf_deepseek_v3_tensor_maps(c);
   const int64_t h = c.hidden_size, nh = c.num_attention_heads, ng = c.num_query_groups;
   const int64_t hd = c.head_dim(), f = c.ffn_hidden_size, fe = c.expert_ffn(), V = c.vocab_size;
   std::vector<HfTensorMap> out;
@@ -197,8 +200,8 @@ at::Tensor hf_merge(const HfTensorMap& m, const std::vector<at::Tensor>& parts,
 nlohmann::json hf_config_from_model(const ModelConfig& c, const std::string& torch_dtype,
                                     const nlohmann::json& special_ids) {
   const std::string type = hf_model_type(c);
-  if (type == "nemotron_h") {
-    nlohmann::json j = hf_nemotron_h_config(c);
+  if (type == "nemotron_h" || type == "deepseek_v3") {
+    nlohmann::json j = type == "nemotron_h" ? hf_nemotron_h_config(c) : hf_deepseek_v3_config(c);
     j["torch_dtype"] = torch_dtype;
     j["dtype"] = torch_dtype;
     for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
@@ -383,6 +386,7 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
   std::string type;
   hf_get(j, "model_type", &type, true);
   if (type == "nemotron_h") return hf_nemotron_h_model_config(j);
+  if (type == "deepseek_v3") return hf_deepseek_v3_model_config(j);
   // Mistral (with no sliding window, refused below otherwise) is Llama's architecture under
   // Llama's tensor names; it imports as a dense model and exports as LlamaForCausalLM. Qwen2
   // is Llama with biases on q_proj, k_proj and v_proj (--add-qkv-bias); Qwen3 is Llama with an
@@ -390,7 +394,7 @@ ModelConfig hf_model_config_from_json(const nlohmann::json& j) {
   if (type != "llama" && type != "mistral" && type != "qwen2" && type != "qwen3" &&
       type != "qwen3_moe" && type != "mixtral")
     fail_usage("hf import: config.json model_type '{}' is not supported (llama, mistral, qwen2, "
-               "qwen3, qwen3_moe, mixtral or nemotron_h)", type);
+               "qwen3, qwen3_moe, mixtral, deepseek_v3 or nemotron_h)", type);
   const bool qwen = type == "qwen2" || type == "qwen3" || type == "qwen3_moe";
   ModelConfig m;
   m.qk_layernorm = type == "qwen3" || type == "qwen3_moe";

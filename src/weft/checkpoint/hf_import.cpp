@@ -23,6 +23,7 @@
 #include "weft/checkpoint/crc32c.h"
 #include "weft/checkpoint/format.h"
 #include "weft/checkpoint/hf_config.h"
+#include "weft/checkpoint/hf_deepseek_v3.h"
 #include "weft/checkpoint/safetensors.h"
 #include "weft/core/error.h"
 #include "weft/core/remove_tree.h"
@@ -134,11 +135,14 @@ HfModelReader::HfModelReader(const std::string& dir) {
   for (const HfTensorMap& m : maps)
     for (const std::string& n : m.hf) expected.insert(n);
   const bool extra_lm_head = cfg.tied() && where_.count("lm_head.weight");
-  int mtp = 0;  // NemotronH's multi-token-prediction tensors: transformers ignores them too
+  // The multi-token-prediction tensors of NemotronH (mtp.*) and DeepSeek-V3 (the layers past
+  // num_hidden_layers): transformers ignores them too.
+  int mtp = 0;
   for (const auto& [name, file] : where_) {
     if (expected.count(name) || (extra_lm_head && name == "lm_head.weight")) continue;
     if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;
-    if (cfg.hybrid() && name.rfind("mtp.", 0) == 0) {
+    if ((cfg.hybrid() && name.rfind("mtp.", 0) == 0) ||
+        (cfg.mla() && hf_deepseek_v3_mtp_tensor(name, cfg.num_layers))) {
       ++mtp;
       continue;
     }
@@ -146,8 +150,9 @@ HfModelReader::HfModelReader(const std::string& dir) {
                "config.json)", name, file, config_.value("model_type", "?"));
   }
   if (mtp > 0)
-    std::fprintf(stderr, "weft: warning: hf import: %d multi-token-prediction tensor(s) (mtp.*) "
-                 "skipped; the imported model has no MTP layers\n", mtp);
+    std::fprintf(stderr, "weft: warning: hf import: %d multi-token-prediction tensor(s) (%s) "
+                 "skipped; the imported model has no MTP layers\n", mtp,
+                 cfg.mla() ? "model.layers past num_hidden_layers" : "mtp.*");
   // NemotronH's e_score_correction_bias (HfTensorMap::float32): absent, transformers routes
   // with zeros; all zeros, it is weft's model without --moe-router-enable-expert-bias; any
   // non-zero (a model trained with aux-loss-free balancing) turns the flag on, so that a
