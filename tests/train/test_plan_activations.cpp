@@ -1,8 +1,8 @@
 // weft plan's activation estimate (train/plan.h) against a measurement: the bytes one
 // microbatch's forward leaves for backward, measured on the CPU as the growth of the bytes malloc
 // holds across the forward (one thread, so glibc's main arena and mmap see all of it), are within
-// 5% of the plan's estimate for the ATen op chains, for dense fp32/bf16, MoE, MTP and hybrid
-// Mamba-2 models. One rank.
+// 5% of the plan's estimate for the ATen op chains, for dense fp32/bf16, MoE, MTP, MLA and
+// hybrid Mamba-2 models. One rank.
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
@@ -93,6 +93,33 @@ TEST(Plan, ActivationEstimateMatchesMeasuredCpuForward) {
   TrainConfig hybrid32 = hybrid;
   hybrid32.model.bf16 = false;
   expect_activations_close(hybrid32, "hybrid Mamba-2 fp32");
+}
+
+// Multi-latent attention: the latents, their norms, the rotations and q, k, v of their own
+// widths (values narrower than queries), with and without a query latent, and under selective
+// core_attn recomputation.
+TEST(Plan, MultiLatentActivationEstimateMatchesMeasuredCpuForward) {
+  at::set_num_threads(1);
+  TrainConfig m = base_config();
+  m.model.bf16 = true;
+  m.model.multi_latent_attention = true;
+  m.model.q_lora_rank = 192;  // heads 3x and 1.5x as wide as the GQA model's 32, so that a
+  m.model.kv_lora_rank = 128;  // GQA-shaped estimate fails
+  m.model.qk_head_dim = 64;
+  m.model.qk_pos_emb_head_dim = 32;
+  m.model.v_head_dim = 48;
+  m.model.qk_layernorm = true;
+  m.model.rotary_scaling_factor = 40;
+  expect_activations_close(m, "MLA bf16");
+  TrainConfig plain = m;
+  plain.model.bf16 = false;
+  plain.model.q_lora_rank = 0;
+  plain.model.qk_layernorm = false;
+  expect_activations_close(plain, "MLA fp32, no query latent, no latent norms");
+  TrainConfig sel = m;
+  sel.model.recompute.granularity = "selective";
+  sel.model.recompute.core_attn = true;
+  expect_activations_close(sel, "MLA bf16, selective core_attn");
 }
 
 // Activation recomputation: what the recomputed pieces keep instead of their activations.
