@@ -218,7 +218,8 @@ def main():
                     for x, y in zip(r[1:], g[1:]):
                         worst = max(worst, abs(x - y) / max(1e-6, abs(x)))
                 bad = bad or worst > TOL
-            print(f"trial {trial} ({mode}, {kind}): {'FAIL' if bad else 'ok'}, worst relative "
+            mla = ", MLA" if "--multi-latent-attention" in model else ""
+            print(f"trial {trial} ({mode}, {kind}{mla}): {'FAIL' if bad else 'ok'}, worst relative "
                   f"difference {worst:.2e}", flush=True)
             if bad:
                 failed += 1
