@@ -778,6 +778,12 @@ void resolve_train_args(TrainArgs* a) {
   const int ignored_groups = t.model.num_query_groups;
   if (!a->group_query_attention) t.model.num_query_groups = t.model.num_attention_heads;
   else if (!groups_given) t.model.num_query_groups = 1;
+  // Megatron asserts both: MLA has a key and a value per head; the fused down projection is MLA's.
+  if (t.model.multi_latent_attention && a->group_query_attention)
+    fail_usage("--group-query-attention with --multi-latent-attention: MLA has a key and a value "
+               "per attention head (Megatron refuses the two together)");
+  if (!t.model.multi_latent_attention && a->app->get_option("--mla-down-proj-fusion")->count() > 0)
+    fail_usage("--mla-down-proj-fusion needs --multi-latent-attention (as Megatron asserts)");
   t.model.position_embedding_type = a->recipe.position_embedding_type;  // checked below
   // Megatron's older flags: --use-rotary-position-embeddings sets rope; --no-position-embedding
   // is an error beside another type than rope.

@@ -49,9 +49,12 @@ def draw_model(rng):
         a.append("--untie-embeddings-and-output-weights")
     if rng.random() < 0.3:
         a.append("--qk-layernorm")
-    # Multi-latent attention (DeepSeek's; its own RoPE, so none of the position flags below).
+    # Multi-latent attention (DeepSeek's; its own RoPE, so none of the position flags below;
+    # no --group-query-attention, which Megatron refuses beside it).
     mla = kind != "hybrid" and rng.random() < 0.25
     if mla:
+        gqa = a.index("--group-query-attention")
+        del a[gqa:gqa + 3]  # the flag and --num-query-groups G
         a += ["--multi-latent-attention", "--kv-lora-rank", "24", "--qk-head-dim", "16",
               "--qk-pos-emb-head-dim", "8", "--v-head-dim", str(rng.choice([8, 16]))]
         if rng.random() < 0.5:

@@ -1177,6 +1177,7 @@ TEST(HfInterop, DeepSeekV3RoundTrip) {
     EXPECT_EQ(cfg["rope_parameters"]["factor"], 40.0);
     EXPECT_EQ(cfg["rope_parameters"]["mscale_all_dim"], 0.5);
     EXPECT_EQ(cfg["rope_parameters"]["original_max_position_embeddings"], 4096);
+    EXPECT_EQ(cfg["max_position_embeddings"], 40 * 4096);  // transformers 4 derives the factor
     const double m9 = 0.09 * std::log(40.0) + 1, m5 = 0.05 * std::log(40.0) + 1;
     EXPECT_NEAR(cfg["rope_parameters"]["attention_factor"].get<double>(), m9 / m5, 1e-15);
     const std::string f = ck + "/ex/model.safetensors";
@@ -1252,9 +1253,11 @@ TEST(HfInterop, DeepSeekV3RoundTrip) {
     EXPECT_EQ(hf_model_config_from_json(hub).mscale, 1.0);
     hub["rope_scaling"] = nullptr;
     EXPECT_EQ(hf_model_config_from_json(hub).rope_type, "rope");
-    EXPECT_TRUE(hf_deepseek_v3_mtp_tensor("model.layers.4.eh_proj.weight", 4));
-    EXPECT_FALSE(hf_deepseek_v3_mtp_tensor("model.layers.3.mlp.gate.weight", 4));
-    EXPECT_FALSE(hf_deepseek_v3_mtp_tensor("model.norm.weight", 4));
+    EXPECT_TRUE(hf_deepseek_v3_mtp_tensor("model.layers.4.eh_proj.weight", 4, 1));
+    EXPECT_FALSE(hf_deepseek_v3_mtp_tensor("model.layers.5.eh_proj.weight", 4, 1));
+    EXPECT_FALSE(hf_deepseek_v3_mtp_tensor("model.layers.4.eh_proj.weight", 4, 0));
+    EXPECT_FALSE(hf_deepseek_v3_mtp_tensor("model.layers.3.mlp.gate.weight", 4, 1));
+    EXPECT_FALSE(hf_deepseek_v3_mtp_tensor("model.norm.weight", 4, 1));
     auto refused = [&](const char* key, nlohmann::json value, const std::string& needle) {
       nlohmann::json bad = cfg;
       bad[key] = value;

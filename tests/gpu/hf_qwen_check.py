@@ -275,8 +275,10 @@ def cmd_reference(a):
                     p.normal_(0.0, 0.06)
                     n_experts += 1
             for n, b in model.named_buffers():
-                if n.endswith("e_score_correction_bias"):  # DeepSeek-V3: biases that choose
-                    b.uniform_(-0.3, 0.3)
+                if n.endswith("e_score_correction_bias"):  # DeepSeek-V3: biases that choose;
+                    # non-negative: transformers masks the groups left out with 0, Megatron
+                    # (and weft) with -inf, which differ where a biased score is negative
+                    b.uniform_(0.0, 0.3)
         if n_experts == 0 and not name.startswith("qwen2"):
             fail(f"{name}: no parameter named like '.experts.' to make larger")
         # Saved in bfloat16 (half the bytes to carry back from the GPU machine), then read back:

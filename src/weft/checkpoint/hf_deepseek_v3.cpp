@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <string>
 
@@ -122,8 +123,17 @@ void read_rope(const nlohmann::json& j, ModelConfig* m) {
   if (auto t = rope->find("truncate"); t != rope->end() && !t->is_null() && *t != true)
     fail_usage("hf import: config.json {}.truncate is {}; weft's YaRN rounds the correction range "
                "to whole dims", key, t->dump());
+  // transformers 5 takes factor as given (max_position_embeddings / original where absent);
+  // 4.x replaced it by that ratio whenever original_max_position_embeddings was given. The hub's
+  // configs (163840 / 4096 = 40) mean the same in both; others are read as transformers 5 does.
+  const double ratio = hf_get_or(j, "max_position_embeddings", 4096) / original;
   std::optional<double> factor = number("factor");
-  if (!factor) factor = hf_get_or(j, "max_position_embeddings", 4096) / original;
+  if (!factor) factor = ratio;
+  if (*factor != ratio)
+    std::fprintf(stderr, "weft: warning: hf import: config.json %s.factor %g differs from "
+                 "max_position_embeddings / original_max_position_embeddings = %g, which "
+                 "transformers 4 used instead; read as transformers 5 does (factor %g)\n",
+                 key, *factor, ratio, *factor);
   if (!(*factor > 0) || !std::isfinite(*factor))
     fail_usage("hf import: config.json {}.factor {} must be a positive number", key, *factor);
   const double mscale = number("mscale").value_or(0), all = number("mscale_all_dim").value_or(0);
@@ -151,14 +161,15 @@ void read_rope(const nlohmann::json& j, ModelConfig* m) {
 
 }  // namespace
 
-bool hf_deepseek_v3_mtp_tensor(const std::string& name, int num_layers) {
+bool hf_deepseek_v3_mtp_tensor(const std::string& name, int num_layers, int mtp_layers) {
   const std::string layers = "model.layers.";
   if (name.rfind(layers, 0) != 0) return false;
   const size_t dot = name.find('.', layers.size());
   const std::string index = name.substr(layers.size(), dot - layers.size());
   if (index.empty() || index.size() > 9 || index.find_first_not_of("0123456789") != std::string::npos)
     return false;
-  return std::stoi(index) >= num_layers;
+  const int layer = std::stoi(index);
+  return layer >= num_layers && layer < num_layers + mtp_layers;
 }
 
 void hf_deepseek_v3_check(const ModelConfig& c) {
@@ -175,6 +186,11 @@ void hf_deepseek_v3_check(const ModelConfig& c) {
            "transformers' latent norms take 1e-6 whatever rms_norm_eps says, and weft has one "
            "epsilon");
   if (c.squared_relu) refuse("--squared-relu", "its MLPs and experts are SwiGLU");
+  if (scaled(c) && c.rotary_scaling_factor * ModelConfig::kYarnOriginalContext !=
+                       std::floor(c.rotary_scaling_factor * ModelConfig::kYarnOriginalContext))
+    refuse(fmt::format("--rotary-scaling-factor {}", c.rotary_scaling_factor),
+           "its max_position_embeddings, factor x 4096 (from which transformers 4 computes the "
+           "factor), must be a whole number");
   if (!c.yarn() && c.rotary_scaling_factor > 1 && c.mscale_all_dim != 0)
     refuse("--rope-type rope with --rotary-scaling-factor and --mscale-all-dim",
            "transformers scales the softmax by mscale_all_dim only with rope_type yarn");
@@ -292,7 +308,10 @@ nlohmann::json hf_deepseek_v3_config(const ModelConfig& c) {
       {"attention_bias", false},
       {"attention_dropout", 0.0},
       {"vocab_size", c.vocab_size},
-      {"max_position_embeddings", c.seq_length},
+      // With YaRN, factor x the original context: transformers 4 computed the factor from it.
+      {"max_position_embeddings",
+       scaled(c) ? static_cast<int64_t>(c.rotary_scaling_factor * ModelConfig::kYarnOriginalContext)
+                 : int64_t{c.seq_length}},
       {"tie_word_embeddings", c.tied()},
       {"initializer_range", c.init_method_std},
       {"num_nextn_predict_layers", 0},
@@ -316,11 +335,9 @@ ModelConfig hf_deepseek_v3_model_config(const nlohmann::json& j) {
                m.num_attention_heads);
   // transformers' defaults where a key is absent (configuration_deepseek_v3.py); q_lora_rank
   // null is a query projected from the hidden state.
-  if (auto it = j.find("q_lora_rank"); it != j.end() && it->is_null())
-    m.q_lora_rank = 0;
-  else
-    m.q_lora_rank = hf_get_or(j, "q_lora_rank", 1536);
-  if (m.q_lora_rank < 1 && !(j.contains("q_lora_rank") && j["q_lora_rank"].is_null()))
+  const bool no_q_latent = j.contains("q_lora_rank") && j["q_lora_rank"].is_null();
+  m.q_lora_rank = no_q_latent ? 0 : hf_get_or(j, "q_lora_rank", 1536);
+  if (!no_q_latent && m.q_lora_rank < 1)
     fail_usage("hf import: config.json q_lora_rank {} must be positive or null", m.q_lora_rank);
   m.kv_lora_rank = hf_get_or(j, "kv_lora_rank", 512);
   m.qk_head_dim = hf_get_or(j, "qk_nope_head_dim", 128);

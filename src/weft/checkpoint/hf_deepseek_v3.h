@@ -39,7 +39,8 @@ nlohmann::json hf_deepseek_v3_config(const ModelConfig& c);
 // The ModelConfig of a deepseek_v3 config.json; refuses, naming the key, what weft cannot run.
 ModelConfig hf_deepseek_v3_model_config(const nlohmann::json& j);
 // Whether `name` is one of the hub's MTP tensors of a deepseek_v3 model of `num_layers` layers
-// (model.layers.{L}.* with L >= num_layers), which import skips.
-bool hf_deepseek_v3_mtp_tensor(const std::string& name, int num_layers);
+// and `mtp_layers` (num_nextn_predict_layers) MTP layers: model.layers.{L}.* with L in
+// [num_layers, num_layers + mtp_layers), which import skips.
+bool hf_deepseek_v3_mtp_tensor(const std::string& name, int num_layers, int mtp_layers);
 
 }  // namespace weft

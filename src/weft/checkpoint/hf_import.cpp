@@ -24,6 +24,7 @@
 #include "weft/checkpoint/format.h"
 #include "weft/checkpoint/hf_config.h"
 #include "weft/checkpoint/hf_deepseek_v3.h"
+#include "weft/checkpoint/hf_json.h"
 #include "weft/checkpoint/safetensors.h"
 #include "weft/core/error.h"
 #include "weft/core/remove_tree.h"
@@ -138,11 +139,12 @@ HfModelReader::HfModelReader(const std::string& dir) {
   // The multi-token-prediction tensors of NemotronH (mtp.*) and DeepSeek-V3 (the layers past
   // num_hidden_layers): transformers ignores them too.
   int mtp = 0;
+  const int mtp_layers = hf_get_or(config_, "num_nextn_predict_layers", 0);
   for (const auto& [name, file] : where_) {
     if (expected.count(name) || (extra_lm_head && name == "lm_head.weight")) continue;
     if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;
     if ((cfg.hybrid() && name.rfind("mtp.", 0) == 0) ||
-        (cfg.mla() && hf_deepseek_v3_mtp_tensor(name, cfg.num_layers))) {
+        (cfg.mla() && hf_deepseek_v3_mtp_tensor(name, cfg.num_layers, mtp_layers))) {
       ++mtp;
       continue;
     }

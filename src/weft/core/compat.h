@@ -71,8 +71,8 @@ inline at::Generator make_cpu_generator(uint64_t seed) {
 // Causal scaled-dot-product attention, no dropout, scale 1/sqrt(head_dim) (or `scale` where
 // positive). q, k: [b, heads, s, hd], v [b, heads, s, dv] with the same number of heads (callers
 // expand GQA groups first). Returns [b, heads, s, dv] in q's dtype. Query i attends to keys 0..i.
-// torch >= 2.1: the fused kernel (flash / memory-efficient / math, chosen by PyTorch).
-// Older: a plain implementation; scores, mask and softmax in float32 (float64 for float64
+// torch >= 2.0: the fused kernel (flash / memory-efficient / math, chosen by PyTorch).
+// torch 1.13: a plain implementation; scores, mask and softmax in float32 (float64 for float64
 // inputs), the two matmuls in the input dtype through ATen's own kernels. (So on the CPU with
 // torch 1.13 a bf16 attention still sums its products in bf16: widening them as matmul below
 // does would make autograd save float32 copies of q, k, v and the [s, s] probabilities, ~15%
@@ -83,6 +83,10 @@ inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, con
   return at::scaled_dot_product_attention(
       q, k, v, {}, 0.0, /*is_causal=*/true,
       scale > 0 ? c10::optional<double>(scale) : c10::optional<double>());
+#elif TORCH_VERSION_MAJOR >= 2  // 2.0's attention takes no scale: q carries the ratio to its own
+  const double ratio = scale > 0 ? scale * std::sqrt(static_cast<double>(q.size(-1))) : 1.0;
+  return at::scaled_dot_product_attention(ratio == 1.0 ? q : q * ratio, k, v, {}, 0.0,
+                                          /*is_causal=*/true);
 #else
   const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const int64_t sq = q.size(-2), sk = k.size(-2);

@@ -74,7 +74,12 @@ void check_mla_config(const ModelConfig& cfg) {
   auto positive = [](int v, const char* flag) {
     if (v <= 0) fail_usage("{} must be positive with --multi-latent-attention, got {}", flag, v);
   };
-  if (cfg.q_lora_rank < 0) fail_usage("--q-lora-rank must be positive (got {})", cfg.q_lora_rank);
+  if (cfg.q_lora_rank < 0)
+    fail_usage("--q-lora-rank must be >= 0 (0: none) (got {})", cfg.q_lora_rank);
+  if (cfg.hybrid())
+    fail_usage("--multi-latent-attention with --hybrid-layer-pattern: weft's hybrid attention "
+               "layers are grouped-query attention (Megatron's hybrid stack gives MLA a layer "
+               "symbol of its own, which weft does not have)");
   positive(cfg.kv_lora_rank, "--kv-lora-rank");
   positive(cfg.qk_head_dim, "--qk-head-dim");
   positive(cfg.qk_pos_emb_head_dim, "--qk-pos-emb-head-dim");

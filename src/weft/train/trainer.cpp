@@ -83,7 +83,8 @@ static nlohmann::json train_config_json(const TrainConfig& c) {
        {{"num_layers", m.num_layers}, {"hidden_size", m.hidden_size},
         {"ffn_hidden_size", m.ffn_hidden_size}, {"squared_relu", m.squared_relu},
         {"num_attention_heads", m.num_attention_heads},
-        {"num_query_groups", m.num_query_groups}, {"kv_channels", m.head_dim()},
+        {"num_query_groups", m.num_query_groups},
+        {"kv_channels", m.mla() ? -1 : m.head_dim()},  // MLA: unused (hidden may be < heads)
         {"qk_layernorm", m.qk_layernorm}, {"add_qkv_bias", m.add_qkv_bias},
         {"seq_length", m.seq_length},
         {"vocab_size", m.vocab_size}, {"init_method_std", m.init_method_std},
