@@ -39,9 +39,9 @@ struct HfTensorMap {
 // "llama" (dense), "qwen2" (dense with --add-qkv-bias), "qwen3" (dense with --qk-layernorm),
 // "qwen3_moe" (MoE with --qk-layernorm, hf_qwen3_moe.h), "mixtral" (MoE without it: every layer
 // MoE with a softmax router, no shared expert), "deepseek_v3" (multi-latent attention,
-// hf_deepseek_v3.h) or "nemotron_h" (hybrid models, hf_nemotron_h.h). Throws UsageError "hf export: ..." naming the weft flag for a model none
-// represents (mixed dense/MoE layers without q/k norms, shared experts or the sigmoid router
-// outside hybrids, ...).
+// hf_deepseek_v3.h) or "nemotron_h" (hybrid models, hf_nemotron_h.h). Throws UsageError
+// "hf export: ..." naming the weft flag for a model none represents (mixed dense/MoE layers
+// without q/k norms, shared experts or the sigmoid router outside hybrids and MLA, ...).
 std::string hf_model_type(const ModelConfig& cfg);
 
 // The tensors of the model in Hugging Face order (embedding, layer by layer, final norm, output

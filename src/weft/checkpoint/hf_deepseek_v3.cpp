@@ -58,7 +58,8 @@ std::vector<std::string> hf_names(const std::string& suffix, const std::string& 
   };
   for (const auto& [weft, hf] : kNames)
     if (suffix == weft) return {q + hf};
-  if (suffix == "mlp.linear_fc1.weight") return {q + "mlp.gate_proj.weight", q + "mlp.up_proj.weight"};
+  if (suffix == "mlp.linear_fc1.weight")
+    return {q + "mlp.gate_proj.weight", q + "mlp.up_proj.weight"};
   if (suffix == "mlp.shared_experts.linear_fc1.weight")
     return {q + "mlp.shared_experts.gate_proj.weight", q + "mlp.shared_experts.up_proj.weight"};
   const std::string experts = "mlp.experts.";
@@ -73,9 +74,10 @@ std::vector<std::string> hf_names(const std::string& suffix, const std::string& 
 }
 
 // The RoPE of a config.json (rope_scaling where given, as transformers 5 prefers it, else
-// rope_parameters; the base from rope_parameters, else rope_theta) as weft's MLA settings in `m`, transformers' YaRN rules turned into
-// Megatron's: the tables' attention factor A (given, or mscale(f, mscale) / mscale(f,
-// mscale_all_dim) where both are set, else mscale(f, 1)) and the softmax scale's mscale_all_dim.
+// rope_parameters; the base from rope_parameters, else rope_theta) as weft's MLA settings in
+// `m`, transformers' YaRN rules turned into Megatron's: the tables' attention factor A (given,
+// or mscale(f, mscale) / mscale(f, mscale_all_dim) where both are set, else mscale(f, 1)) and
+// the softmax scale's mscale_all_dim.
 void read_rope(const nlohmann::json& j, ModelConfig* m) {
   m->rotary_base = hf_get_or(j, "rope_theta", 10000.0);
   const nlohmann::json* rope = nullptr;
@@ -166,7 +168,8 @@ bool hf_deepseek_v3_mtp_tensor(const std::string& name, int num_layers, int mtp_
   if (name.rfind(layers, 0) != 0) return false;
   const size_t dot = name.find('.', layers.size());
   const std::string index = name.substr(layers.size(), dot - layers.size());
-  if (index.empty() || index.size() > 9 || index.find_first_not_of("0123456789") != std::string::npos)
+  if (index.empty() || index.size() > 9 ||
+      index.find_first_not_of("0123456789") != std::string::npos)
     return false;
   const int layer = std::stoi(index);
   return layer >= num_layers && layer < num_layers + mtp_layers;
@@ -210,7 +213,8 @@ void hf_deepseek_v3_check(const ModelConfig& c) {
              "its dense layers are the first first_k_dense_replace");
   if (c.moe_drops_tokens())
     refuse("--moe-expert-capacity-factor", "transformers' DeepSeek-V3 drops no tokens");
-  const bool grouped = c.moe_router_group_topk > 0 && c.moe_router_group_topk < c.moe_router_num_groups;
+  const bool grouped =
+      c.moe_router_group_topk > 0 && c.moe_router_group_topk < c.moe_router_num_groups;
   if (grouped && c.moe_router_topk / c.moe_router_group_topk != 2)
     refuse(fmt::format("--moe-router-group-topk {} with --moe-router-topk {}",
                        c.moe_router_group_topk, c.moe_router_topk),
