@@ -363,6 +363,29 @@ def safetensors_tensors(model_dir):
     return out
 
 
+def same_tensors(ours, theirs):
+    """Whether two {name: (dtype, shape, bytes)} maps hold the same tensors byte for byte, but
+    for a float32 tensor of ours where theirs is bfloat16 (the expert biases, which weft always
+    writes in float32): equal when theirs widened to float32 (two zero bytes below each
+    little-endian bfloat16) is ours."""
+    if ours.keys() != theirs.keys():
+        print(f"tensor names differ: ours only {sorted(ours.keys() - theirs.keys())[:4]}, "
+              f"theirs only {sorted(theirs.keys() - ours.keys())[:4]}")
+        return False
+    for k, (dt, shape, data) in ours.items():
+        tdt, tshape, tdata = theirs[k]
+        if shape != tshape:
+            return False
+        if dt == "F32" and tdt == "BF16":
+            tdata = b"".join(b"\0\0" + tdata[i:i + 2] for i in range(0, len(tdata), 2))
+        elif dt != tdt:
+            return False
+        if data != tdata:
+            print(f"{k}: {dt} bytes differ from the original's {tdt}")
+            return False
+    return True
+
+
 def cmd_exported(a):
     """transformers reads weft's exports (check --export-dir) and gives the reference loss."""
     import torch
@@ -454,7 +477,8 @@ def cmd_check(a):
             exp = os.path.join(a.export_dir, name)
             run([a.weft, "ckpt", "export", imported, exp, "--dtype", "bf16"],
                 os.path.join(work, "export.log"))
-            same = safetensors_tensors(exp) == safetensors_tensors(os.path.join(d, "model"))
+            same = same_tensors(safetensors_tensors(exp),
+                                safetensors_tensors(os.path.join(d, "model")))
             if not same:
                 print(f"{name}: weft's bf16 export does not hold the imported files' tensors "
                       "byte for byte")
