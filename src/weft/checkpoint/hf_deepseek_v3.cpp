@@ -17,17 +17,6 @@
 namespace weft {
 namespace {
 
-// YaRN's attention factor (transformers' and Megatron's get_mscale).
-double mscale_of(double factor, double mscale) {
-  return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
-}
-
-// The tables' factor of weft's YaRN: mscale(f, --mscale) / mscale(f, --mscale-all-dim).
-double attention_factor(const ModelConfig& c) {
-  return mscale_of(c.rotary_scaling_factor, c.mscale) /
-         mscale_of(c.rotary_scaling_factor, c.mscale_all_dim);
-}
-
 // Whether `c` rotates with YaRN frequencies other than plain RoPE's.
 bool scaled(const ModelConfig& c) { return c.yarn() && c.rotary_scaling_factor > 1; }
 
@@ -140,8 +129,8 @@ void read_rope(const nlohmann::json& j, ModelConfig* m) {
     fail_usage("hf import: config.json {}.factor {} must be a positive number", key, *factor);
   const double mscale = number("mscale").value_or(0), all = number("mscale_all_dim").value_or(0);
   const bool both = mscale != 0 && all != 0;
-  const double derived = both ? mscale_of(*factor, mscale) / mscale_of(*factor, all)
-                              : mscale_of(*factor, 1);
+  const double derived = both ? yarn_mscale(*factor, mscale) / yarn_mscale(*factor, all)
+                              : yarn_mscale(*factor, 1);
   const std::optional<double> given = number("attention_factor");
   const double a = given ? *given : derived;
   m->rotary_scaling_factor = *factor;
@@ -157,11 +146,31 @@ void read_rope(const nlohmann::json& j, ModelConfig* m) {
   // (so that a re-export writes the same number), 1 where it used mscale(f, 1) over 1, else
   // solved.
   if (both && a == derived) m->mscale = mscale;
-  else if (all == 0 && a == mscale_of(*factor, 1)) m->mscale = 1.0;
-  else m->mscale = (a * mscale_of(*factor, all) - 1.0) / (0.1 * std::log(*factor));
+  else if (all == 0 && a == yarn_mscale(*factor, 1)) m->mscale = 1.0;
+  else m->mscale = (a * yarn_mscale(*factor, all) - 1.0) / (0.1 * std::log(*factor));
 }
 
 }  // namespace
+
+void hf_read_deepseek_v3_router(const nlohmann::json& j, int groups, int topk_groups,
+                                double default_scaling, ModelConfig* m) {
+  if (groups != 1 && topk_groups != groups) {  // group-limited routing that limits
+    if (topk_groups < 1 || m->moe_router_topk / topk_groups != 2)
+      fail_usage("hf import: config.json n_group {} with topk_group {} and num_experts_per_tok "
+                 "{}: transformers scores a group by its top 2 experts, weft (as Megatron) by "
+                 "its top num_experts_per_tok / topk_group; they agree only when that is 2",
+                 groups, topk_groups, m->moe_router_topk);
+    m->moe_router_num_groups = groups;
+    m->moe_router_group_topk = topk_groups;
+  }
+  const bool norm = hf_get_or(j, "norm_topk_prob", true);
+  if (norm != (m->moe_router_topk > 1))
+    fail_usage("hf import: config.json norm_topk_prob {} with num_experts_per_tok {}: weft "
+               "normalises the top-k weights exactly when k > 1 (as Megatron)", norm,
+               m->moe_router_topk);
+  const double scaling = hf_get_or(j, "routed_scaling_factor", default_scaling);
+  m->moe_router_topk_scaling_factor = scaling == 1.0 ? 0.0 : scaling;
+}
 
 bool hf_deepseek_v3_mtp_tensor(const std::string& name, int num_layers, int mtp_layers) {
   const std::string layers = "model.layers.";
@@ -271,7 +280,7 @@ nlohmann::json hf_deepseek_v3_config(const ModelConfig& c) {
                {"factor", c.rotary_scaling_factor},
                {"mscale", c.mscale},
                {"mscale_all_dim", c.mscale_all_dim},
-               {"attention_factor", attention_factor(c)},
+               {"attention_factor", yarn_attention_factor(c)},
                {"original_max_position_embeddings",
                 static_cast<int64_t>(ModelConfig::kYarnOriginalContext)},
                {"beta_fast", ModelConfig::kYarnBetaFast},
@@ -391,22 +400,7 @@ ModelConfig hf_deepseek_v3_model_config(const nlohmann::json& j) {
     if (topk_groups < 1 || topk_groups > groups)
       fail_usage("hf import: config.json topk_group {} must be in [1, n_group {}]", topk_groups,
                  groups);
-    if (topk_groups != groups) {  // group-limited routing that limits
-      if (m.moe_router_topk / topk_groups != 2)
-        fail_usage("hf import: config.json n_group {} with topk_group {} and num_experts_per_tok "
-                   "{}: transformers scores a group by its top 2 experts, weft (as Megatron) by "
-                   "its top num_experts_per_tok / topk_group; they agree only when that is 2",
-                   groups, topk_groups, m.moe_router_topk);
-      m.moe_router_num_groups = groups;
-      m.moe_router_group_topk = topk_groups;
-    }
-    const bool norm = hf_get_or(j, "norm_topk_prob", true);
-    if (norm != (m.moe_router_topk > 1))
-      fail_usage("hf import: config.json norm_topk_prob {} with num_experts_per_tok {}: weft "
-                 "normalises the top-k weights exactly when k > 1 (as Megatron)", norm,
-                 m.moe_router_topk);
-    const double scaling = hf_get_or(j, "routed_scaling_factor", 2.5);
-    m.moe_router_topk_scaling_factor = scaling == 1.0 ? 0.0 : scaling;
+    hf_read_deepseek_v3_router(j, groups, topk_groups, 2.5, &m);
   }
   try {
     check_model_config(m);

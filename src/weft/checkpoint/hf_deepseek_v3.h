@@ -38,6 +38,13 @@ std::vector<HfTensorMap> hf_deepseek_v3_tensor_maps(const ModelConfig& c);
 nlohmann::json hf_deepseek_v3_config(const ModelConfig& c);
 // The ModelConfig of a deepseek_v3 config.json; refuses, naming the key, what weft cannot run.
 ModelConfig hf_deepseek_v3_model_config(const nlohmann::json& j);
+// The routing of transformers' DeepSeek-V3 router (NemotronH's too) into `m`, whose
+// moe_router_topk is set: n_group `groups` with topk_group `topk_groups` as weft's group-limited
+// routing where it limits (transformers' group score, a group's top 2, must be weft's top
+// topk / topk_group), norm_topk_prob (weft normalises exactly when k > 1) and
+// routed_scaling_factor (default `default_scaling`). Refusals name the key.
+void hf_read_deepseek_v3_router(const nlohmann::json& j, int groups, int topk_groups,
+                                double default_scaling, ModelConfig* m);
 // Whether `name` is one of the hub's MTP tensors of a deepseek_v3 model of `num_layers` layers
 // and `mtp_layers` (num_nextn_predict_layers) MTP layers: model.layers.{L}.* with L in
 // [num_layers, num_layers + mtp_layers), which import skips.

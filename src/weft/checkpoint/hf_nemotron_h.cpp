@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <string>
 
+#include "weft/checkpoint/hf_deepseek_v3.h"
 #include "weft/checkpoint/hf_json.h"
 #include "weft/core/error.h"
 #include "weft/model/hybrid.h"
@@ -325,23 +326,8 @@ ModelConfig hf_nemotron_h_model_config(const nlohmann::json& j) {
                  "MoE layers have a shared expert", m.moe_shared_expert_intermediate_size);
     m.moe_router_dtype = "fp32";  // transformers' and vLLM's router GEMM is in float32
     hf_refuse_unless(j, "moe_latent_size", nullptr, "weft's experts have no latent projection");
-    const int groups = hf_get_or(j, "n_group", 1), topk_groups = hf_get_or(j, "topk_group", 1);
-    if (groups != 1 && topk_groups != groups) {  // group-limited routing that limits
-      if (topk_groups < 1 || m.moe_router_topk / topk_groups != 2)
-        fail_usage("hf import: config.json n_group {} with topk_group {} and num_experts_per_tok "
-                   "{}: transformers scores a group by its top 2 experts, weft (as Megatron) by "
-                   "its top num_experts_per_tok / topk_group; they agree only when that is 2",
-                   groups, topk_groups, m.moe_router_topk);
-      m.moe_router_num_groups = groups;
-      m.moe_router_group_topk = topk_groups;
-    }
-    const bool norm = hf_get_or(j, "norm_topk_prob", true);
-    if (norm != (m.moe_router_topk > 1))
-      fail_usage("hf import: config.json norm_topk_prob {} with num_experts_per_tok {}: weft "
-                 "normalises the top-k weights exactly when k > 1 (as Megatron)", norm,
-                 m.moe_router_topk);
-    const double scaling = hf_get_or(j, "routed_scaling_factor", 1.0);
-    m.moe_router_topk_scaling_factor = scaling == 1.0 ? 0.0 : scaling;
+    hf_read_deepseek_v3_router(j, hf_get_or(j, "n_group", 1), hf_get_or(j, "topk_group", 1), 1.0,
+                               &m);
   }
   try {
     check_model_config(m);

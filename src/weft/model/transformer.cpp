@@ -111,13 +111,17 @@ void check_mla_config(const ModelConfig& cfg) {
                cfg.mscale_all_dim);
 }
 
-// YaRN's attention factor for a scaling factor and an mscale: 0.1 mscale ln(factor) + 1 above
-// factor 1, else 1.
+}  // namespace
+
 double yarn_mscale(double factor, double mscale) {
   return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
 }
 
-}  // namespace
+double yarn_attention_factor(const ModelConfig& cfg) {
+  if (!cfg.yarn()) return 1.0;
+  return yarn_mscale(cfg.rotary_scaling_factor, cfg.mscale) /
+         yarn_mscale(cfg.rotary_scaling_factor, cfg.mscale_all_dim);
+}
 
 double attention_softmax_scale(const ModelConfig& cfg) {
   if (!cfg.mla()) return 0.0;
@@ -633,9 +637,7 @@ RotaryTables make_rotary_tables(const ModelConfig& cfg, c10::Device device, c10:
   const at::Tensor angles = at::outer(positions, inv_freq);  // [s, rd/2]
   const at::Tensor full = at::cat({angles, angles}, -1);                           // [s, rd]
   // YaRN's attention factor scales cos and sin (so both q and k), as Megatron's.
-  const double m = cfg.yarn() ? yarn_mscale(cfg.rotary_scaling_factor, cfg.mscale) /
-                                    yarn_mscale(cfg.rotary_scaling_factor, cfg.mscale_all_dim)
-                              : 1.0;
+  const double m = yarn_attention_factor(cfg);
   RotaryTables t;
   t.cos = (m == 1.0 ? full.cos() : full.cos() * m).to(device, dtype);
   t.sin = (m == 1.0 ? full.sin() : full.sin() * m).to(device, dtype);
@@ -708,20 +710,14 @@ AttentionQkv mla_qkv(const at::Tensor& xn, const LayerHandles& w, const RotaryTa
 // attention_qkv from xn = input_layernorm(x).
 AttentionQkv attention_qkv_normed(const at::Tensor& xn, const LayerHandles& w,
                                   const RotaryTables& rope, const ModelConfig& cfg, int64_t pos) {
-  if (cfg.mla()) {
-    WEFT_CHECK(rope.cos.defined() && pos >= 0 && pos + xn.size(1) <= rope.cos.size(0) &&
-                   rope.cos.size(1) == cfg.rotary_dim(),
-               "decoder_layer: positions [{}, {}) need rotary tables of at least [{}, {}]", pos,
-               pos + xn.size(1), pos + xn.size(1), cfg.rotary_dim());
-    return mla_qkv(xn, w, rope, cfg, pos);
-  }
-  const int64_t nh = cfg.num_attention_heads, ng = cfg.num_query_groups;
-  const int64_t hd = cfg.head_dim(), r = nh / ng;
   const int64_t b = xn.size(0), s = xn.size(1);
   WEFT_CHECK(rope.cos.defined() && pos >= 0 && pos + s <= rope.cos.size(0) &&
                  rope.cos.size(1) == cfg.rotary_dim(),
              "decoder_layer: positions [{}, {}) need rotary tables of at least [{}, {}]", pos,
              pos + s, pos + s, cfg.rotary_dim());
+  if (cfg.mla()) return mla_qkv(xn, w, rope, cfg, pos);
+  const int64_t nh = cfg.num_attention_heads, ng = cfg.num_query_groups;
+  const int64_t hd = cfg.head_dim(), r = nh / ng;
   // Fused rows per group g: r query heads, then g's key head, then its value head.
   at::Tensor projected = ops::linear(xn, w.linear_qkv);
   if (w.linear_qkv_bias.source) projected = ops::add_bias(projected, w.linear_qkv_bias);

@@ -148,6 +148,12 @@ RotaryTables make_rotary_tables(const ModelConfig& cfg, c10::Device device, c10:
 // The attention's softmax scale: 0 for the default 1/sqrt(q's head dim); with MLA and YaRN's
 // mscale-all-dim factor m != 1, m^2 / sqrt(qk_head_dim + qk_pos_emb_head_dim) (Megatron's).
 double attention_softmax_scale(const ModelConfig& cfg);
+// YaRN's mscale (Megatron's and transformers' get_mscale): 0.1 mscale ln(factor) + 1 above
+// factor 1, else 1.
+double yarn_mscale(double factor, double mscale);
+// The factor of the rotary tables: mscale(factor, --mscale) / mscale(factor, --mscale-all-dim)
+// with MLA's YaRN, else 1.
+double yarn_attention_factor(const ModelConfig& cfg);
 // YaRN's frequencies (float64, one per rotated pair of MLA's qk_pos_emb_head_dim channels).
 at::Tensor yarn_frequencies(const ModelConfig& cfg);
 // Llama 3.x RoPE scaling of the frequencies inv_freq (float64, one per rotated pair) by `factor`,

@@ -53,32 +53,10 @@ const std::chrono::steady_clock::time_point kProcessStart = std::chrono::steady_
 
 bool exit_signal_received() { return g_exit_signal != 0; }
 
-// Every key but MLA's.
-static nlohmann::json train_config_json(const TrainConfig& c);
-
 nlohmann::json train_config_to_json(const TrainConfig& c) {
-  nlohmann::json j = train_config_json(c);
-  const ModelConfig& m = c.model;
-  if (m.mla()) {  // written only for MLA models, so that other configs keep their bytes
-    nlohmann::json& model = j["model"];
-    model["multi_latent_attention"] = true;
-    model["q_lora_rank"] = m.q_lora_rank;
-    model["kv_lora_rank"] = m.kv_lora_rank;
-    model["qk_head_dim"] = m.qk_head_dim;
-    model["qk_pos_emb_head_dim"] = m.qk_pos_emb_head_dim;
-    model["v_head_dim"] = m.v_head_dim;
-    model["rope_type"] = m.yarn() ? "yarn" : "rope";
-    model["rotary_scaling_factor"] = m.rotary_scaling_factor;
-    model["mscale"] = m.mscale;
-    model["mscale_all_dim"] = m.mscale_all_dim;
-  }
-  return j;
-}
-
-static nlohmann::json train_config_json(const TrainConfig& c) {
   const ModelConfig& m = c.model;
   auto dt = [](c10::ScalarType t) { return t == at::kBFloat16 ? "bf16" : "fp32"; };
-  return {
+  nlohmann::json j = {
       {"model",
        {{"num_layers", m.num_layers}, {"hidden_size", m.hidden_size},
         {"ffn_hidden_size", m.ffn_hidden_size}, {"squared_relu", m.squared_relu},
@@ -148,6 +126,20 @@ static nlohmann::json train_config_json(const TrainConfig& c) {
                 {"eval_global_batch_size", c.eval_global_batch_size},
                 {"eval_micro_batch_size", c.eval_micro_batch_size},
                 {"start_eval_at_iter", c.start_eval_at_iter}}}};
+  if (m.mla()) {  // written only for MLA models, so that other configs keep their bytes
+    nlohmann::json& model = j["model"];
+    model["multi_latent_attention"] = true;
+    model["q_lora_rank"] = m.q_lora_rank;
+    model["kv_lora_rank"] = m.kv_lora_rank;
+    model["qk_head_dim"] = m.qk_head_dim;
+    model["qk_pos_emb_head_dim"] = m.qk_pos_emb_head_dim;
+    model["v_head_dim"] = m.v_head_dim;
+    model["rope_type"] = m.yarn() ? "yarn" : "rope";
+    model["rotary_scaling_factor"] = m.rotary_scaling_factor;
+    model["mscale"] = m.mscale;
+    model["mscale_all_dim"] = m.mscale_all_dim;
+  }
+  return j;
 }
 
 BatchSchedule train_batches(const TrainConfig& c) {
